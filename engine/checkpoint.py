@@ -1,0 +1,60 @@
+"""Reading a Hugging Face checkpoint folder's weights (safetensors, sharded or not)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+from safetensors import SafetensorError, safe_open
+
+from engine.errors import CheckpointError
+from engine.model_config import ModelConfig
+from engine.models import model_class
+from engine.models.base import DecoderLM
+from engine.models.rope import Rotary
+
+INDEX = "model.safetensors.index.json"
+
+
+def weight_files(folder: Path) -> list[Path]:
+    index = folder / INDEX
+    if index.is_file():
+        try:
+            weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
+        except (json.JSONDecodeError, KeyError, TypeError) as exc:
+            raise CheckpointError(f"{index}: malformed index, field 'weight_map': {exc}") from exc
+        files = [folder / f for f in sorted(set(weight_map.values()))]
+        for f in files:
+            if not f.is_file():
+                raise CheckpointError(f"{index}: names shard '{f.name}', which is missing")
+        return files
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        raise CheckpointError(f"{folder}: no *.safetensors weight file found")
+    return files
+
+
+def iter_tensors(files: list[Path]) -> Iterator[tuple[str, str, torch.Tensor]]:
+    for f in files:
+        try:
+            with safe_open(str(f), framework="pt") as handle:
+                for name in handle.keys():
+                    yield f.name, name, handle.get_tensor(name)
+        except (SafetensorError, OSError) as exc:
+            raise CheckpointError(f"{f}: cannot read safetensors file: {exc}") from exc
+
+
+def load_model(folder: Path, cfg: ModelConfig, dtype: torch.dtype, device: torch.device) -> DecoderLM:
+    """Build the registered class for ``cfg`` on ``device`` and fill it from ``folder``."""
+    cls = model_class(cfg.architecture, str(folder / "config.json"))
+    with torch.device("meta"):
+        model = cls(cfg)
+    model = model.to_empty(device=device).to(dtype)
+    if cfg.tie_word_embeddings:
+        model.lm_head.weight = model.model.embed_tokens.weight
+    model.rotary = Rotary(cfg.rope, cfg.head_dim, cfg.max_position_embeddings).to(device)
+    with torch.no_grad():
+        model.load_weights(iter_tensors(weight_files(folder)))
+    return model.eval().requires_grad_(False)

@@ -1,0 +1,52 @@
+"""Engine configuration: a frozen dataclass validated once at start-up."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+DEMO_MODEL = Path(__file__).resolve().parent / "demo_model"
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """``n_ctx``: total cache cells of the unified pool (llama-server's ``-c``); one
+    sequence may use all of it. ``n_seq_max``: sequences (slots). ``max_batch_tokens``:
+    token budget of one step (``-b``)."""
+
+    model: Path = DEMO_MODEL
+    dtype: str = "float32"
+    device: str = "auto"
+    block_size: int = 16
+    n_ctx: int = 4096
+    n_seq_max: int = 4
+    max_batch_tokens: int = 2048
+    n_threads: int | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "model", Path(self.model))
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got '{self.dtype}'")
+        for name in ("block_size", "n_ctx", "n_seq_max", "max_batch_tokens"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be positive")
+        if self.n_threads is not None and self.n_threads <= 0:
+            raise ValueError("n_threads must be positive")
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return DTYPES[self.dtype]
+
+    @property
+    def torch_device(self) -> torch.device:
+        if self.device == "auto":
+            return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        return torch.device(self.device)
+
+    @property
+    def n_blocks(self) -> int:
+        """Pool size: the whole context plus one partly filled block per sequence."""
+        return -(-self.n_ctx // self.block_size) + self.n_seq_max

@@ -1,0 +1,183 @@
+"""The engine: model + memory + sampling, driven step by step.
+
+Step-level API (what the server's scheduler drives from its one engine thread):
+``add_sequence`` -> ``step`` (repeatedly; returns events) -> ``abort``/finish. A
+finished sequence's cache stays in memory for reuse; the caller decides when to drop
+it (``memory.seq_rm``). ``generate`` is the offline convenience built on the same API.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+import torch
+
+from engine.checkpoint import load_model
+from engine.config import EngineConfig
+from engine.detokenizer import IncrementalDetokenizer, StopMatcher
+from engine.model_config import load_model_config
+from engine.planner import plan_step
+from engine.runner import ModelRunner
+from engine.sampler import SampleOutput, SampleRow, sample
+from engine.sampling_params import SamplingParams
+from engine.sequence import FinishReason, Sequence, StepEvent, TokenLogprob
+from engine.tokenizer import Tokenizer
+from memory import PagedKVCache
+
+
+@dataclass
+class Generation:
+    text: str
+    token_ids: list[int]
+    finish_reason: str
+    n_prompt: int
+    logprobs: list[TokenLogprob]
+
+
+class Engine:
+    def __init__(self, config: EngineConfig):
+        self.config = config
+        if config.n_threads:
+            torch.set_num_threads(config.n_threads)
+        self.device = config.torch_device
+        self.model_config = load_model_config(config.model)
+        self.tokenizer = Tokenizer(config.model, self.model_config.eos_token_ids)
+        self.model = load_model(config.model, self.model_config, config.torch_dtype, self.device)
+        self.memory = PagedKVCache(
+            self.model.layer_specs(config.torch_dtype),
+            n_blocks=config.n_blocks,
+            n_seq_max=config.n_seq_max,
+            block_size=config.block_size,
+            device=self.device,
+            rope_shift=self.model.rope_shift,
+        )
+        self.runner = ModelRunner(self.model, self.memory, self.device)
+        self.running: list[Sequence] = []
+        self._rng = random.Random()
+
+    @classmethod
+    def from_pretrained(cls, path: str | None = None, **overrides) -> Engine:
+        if path is not None:
+            overrides["model"] = path
+        return cls(EngineConfig(**overrides))
+
+    @property
+    def n_ctx_seq(self) -> int:
+        """Most tokens one sequence may hold."""
+        return min(self.config.n_ctx, self.model_config.max_position_embeddings)
+
+    # ---- step-level API --------------------------------------------------------
+
+    def add_sequence(
+        self, prompt_ids: list[int], params: SamplingParams, seq_id: int, n_cached: int = 0
+    ) -> Sequence:
+        """Start generating for ``prompt_ids`` in memory sequence ``seq_id``.
+
+        ``n_cached``: the caller guarantees memory already holds ``prompt_ids[:n_cached]``
+        for ``seq_id`` (prefix reuse); everything after it is dropped. At least the last
+        prompt token is recomputed so it yields logits. Raises ValueError on an empty or
+        too long prompt, a busy ``seq_id`` or a token outside the vocabulary.
+        """
+        if not prompt_ids:
+            raise ValueError("the prompt is empty")
+        if len(prompt_ids) >= self.n_ctx_seq:
+            raise ValueError(f"prompt of {len(prompt_ids)} tokens does not fit the context of {self.n_ctx_seq}")
+        if any(s.seq_id == seq_id for s in self.running):
+            raise ValueError(f"sequence {seq_id} is busy")
+        vocab = self.model_config.vocab_size
+        if min(prompt_ids) < 0 or max(prompt_ids) >= vocab:
+            raise ValueError(f"token ids must be in [0, {vocab})")
+        n_cached = max(0, min(n_cached, len(prompt_ids) - 1, self.memory.seq_len(seq_id)))
+        self.memory.seq_rm(seq_id, n_cached)
+        seed = params.seed if params.seed is not None else self._rng.getrandbits(63)
+        seq = Sequence(
+            seq_id=seq_id,
+            prompt_ids=list(prompt_ids),
+            params=params,
+            seed=seed,
+            detok=IncrementalDetokenizer(self.tokenizer, prompt_ids),
+            stopper=StopMatcher(list(params.stop)),
+            n_computed=n_cached,
+        )
+        self.running.append(seq)
+        return seq
+
+    def abort(self, seq: Sequence) -> None:
+        if seq in self.running:
+            self.running.remove(seq)
+            seq.finish_reason = seq.finish_reason or FinishReason.ABORT
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.running)
+
+    @torch.inference_mode()
+    def step(self, keep_logits: bool = False) -> list[StepEvent]:
+        """Run one forward for every planned token of every running sequence; sample
+        where a chunk reaches the end of its tokens. Returns one event per planned
+        sequence (``logits`` attached when ``keep_logits``)."""
+        plan = plan_step(self.running, self.config.max_batch_tokens)
+        if not plan:
+            return []
+        logits = self.runner.run(plan)  # [S, V]
+        samplers = [c.seq for c in plan if c.samples]
+        kept = logits.clone() if keep_logits else None
+        rows = [SampleRow(s.params, s.seed, s.prompt_ids, s.output_ids) for s in samplers]
+        out = sample(logits, rows) if samplers else SampleOutput(tokens=[])
+        events = [StepEvent(c.seq, None, "", False) for c in plan if not c.samples]
+        for i, seq in enumerate(samplers):
+            event = self._accept(seq, i, out)
+            if kept is not None:
+                event.logits = kept[i]
+            events.append(event)
+        self.running = [s for s in self.running if not s.finished]
+        return events
+
+    def _accept(self, seq: Sequence, row: int, out: SampleOutput) -> StepEvent:
+        if len(seq.output_ids) >= seq.params.max_tokens:
+            return self._finish(seq, None, "", FinishReason.LENGTH)
+        tok = out.tokens[row]
+        seq.tokens.append(tok)
+        seq.output_ids.append(tok)
+        if out.logprobs is not None and seq.params.logprobs is not None:
+            n = seq.params.logprobs
+            top = list(zip(out.top_ids[row][:n], out.top_logprobs[row][:n])) if out.top_ids else []
+            seq.logprobs.append(TokenLogprob(tok, out.logprobs[row], top))
+        if tok in self.tokenizer.eos_ids and not seq.params.ignore_eos:
+            return self._finish(seq, tok, "", FinishReason.STOP)
+        result = seq.stopper.push(seq.detok.push(tok))
+        if result.stop is not None:
+            seq.stop_string = result.stop
+            return self._finish(seq, tok, result.text, FinishReason.STOP, flush=False)
+        if len(seq.output_ids) >= seq.params.max_tokens or len(seq.tokens) >= self.n_ctx_seq:
+            return self._finish(seq, tok, result.text, FinishReason.LENGTH)
+        seq.text += result.text
+        return StepEvent(seq, tok, result.text, False)
+
+    def _finish(self, seq: Sequence, tok: int | None, text: str, reason: FinishReason, flush: bool = True) -> StepEvent:
+        if flush:
+            text += seq.stopper.push(seq.detok.flush()).text + seq.stopper.flush()
+        seq.text += text
+        seq.finish_reason = reason
+        return StepEvent(seq, tok, text, True)
+
+    # ---- offline ---------------------------------------------------------------
+
+    def generate(self, prompts: list[str | list[int]], params: SamplingParams | list[SamplingParams]) -> list[Generation]:
+        """Generate for every prompt, all sequences batched together (in waves of
+        ``n_seq_max``). Each wave starts from an empty memory."""
+        plist = params if isinstance(params, list) else [params] * len(prompts)
+        ids = [p if isinstance(p, list) else self.tokenizer.encode(p) for p in prompts]
+        seqs: list[Sequence | None] = [None] * len(ids)
+        todo = list(range(len(ids)))
+        while todo or self.running:
+            free = [s for s in range(self.config.n_seq_max) if all(r.seq_id != s for r in self.running)]
+            while todo and free:
+                i, slot = todo.pop(0), free.pop(0)
+                self.memory.seq_rm(slot)
+                seqs[i] = self.add_sequence(ids[i], plist[i], slot)
+            self.step()
+        return [
+            Generation(s.text, s.output_ids, s.finish_reason.value, len(s.prompt_ids), s.logprobs) for s in seqs
+        ]

@@ -1,0 +1,141 @@
+"""The decoder-only LM all Llama-family architectures share.
+
+Subclasses set class data only: whether q/k/v carry a bias, whether q and k are
+RMS-normalized per head. Module names follow the Hugging Face checkpoint names except
+for the fused projections, which ``FUSED`` maps (checkpoint name -> fused param, shard).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+from torch import nn
+
+from engine.errors import CheckpointError
+from engine.model_config import ModelConfig
+from engine.models.layers import AttentionShape, DecoderLayer, RMSNorm
+from engine.models.rope import Rotary, rotate
+from memory import ForwardView, FullAttentionSpec
+
+FUSED = {
+    "q_proj": ("qkv_proj", 0),
+    "k_proj": ("qkv_proj", 1),
+    "v_proj": ("qkv_proj", 2),
+    "gate_proj": ("gate_up_proj", 0),
+    "up_proj": ("gate_up_proj", 1),
+}
+IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
+_UNFUSED = {v: k for k, v in FUSED.items()}
+
+
+def _checkpoint_name(param: str, shard: int | None) -> str:
+    if shard is None:
+        return param
+    parts = param.split(".")
+    return ".".join(parts[:-2] + [_UNFUSED[(parts[-2], shard)], parts[-1]])
+
+
+class DecoderLM(nn.Module):
+    qkv_bias: bool | None = None  # None: config's attention_bias
+    qk_norm: bool = False
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.cfg = cfg
+        qkv_bias = cfg.attention_bias if self.qkv_bias is None else self.qkv_bias
+        shape = AttentionShape(
+            hidden=cfg.hidden_size,
+            n_heads=cfg.n_heads,
+            n_kv_heads=cfg.n_kv_heads,
+            head_dim=cfg.head_dim,
+            qkv_bias=qkv_bias,
+            o_bias=cfg.attention_bias and self.qkv_bias is None,
+            qk_norm=self.qk_norm,
+            eps=cfg.rms_norm_eps,
+        )
+        self.model = nn.Module()
+        self.model.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.model.layers = nn.ModuleList(
+            DecoderLayer(shape, cfg.intermediate_size, cfg.mlp_bias, i) for i in range(cfg.n_layers)
+        )
+        self.model.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        if cfg.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+        self.rotary = Rotary(cfg.rope, cfg.head_dim, cfg.max_position_embeddings)
+        self._shards = {
+            "qkv_proj": [shape.n_heads * shape.head_dim] + [shape.n_kv_heads * shape.head_dim] * 2,
+            "gate_up_proj": [cfg.intermediate_size] * 2,
+        }
+
+    # ---- memory ----------------------------------------------------------------
+
+    def layer_specs(self, dtype: torch.dtype) -> dict[int, FullAttentionSpec]:
+        """Per-layer memory spec: every layer is full attention in this family."""
+        return {i: FullAttentionSpec(self.cfg.n_kv_heads, self.cfg.head_dim, dtype) for i in range(self.cfg.n_layers)}
+
+    def rope_shift(self, layer: int, k: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
+        """Re-rotate stored keys k: [N, KVH, D] by ``delta`` ([N]) positions."""
+        cos, sin = self.rotary.cos_sin(delta, scaled=False)
+        return rotate(k.float(), cos, sin).to(k.dtype)
+
+    # ---- forward ---------------------------------------------------------------
+
+    def forward(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, view: ForwardView, logit_rows: torch.Tensor
+    ) -> torch.Tensor:
+        """input_ids, positions: [T]; logit_rows: [S] rows to project -> logits [S, vocab] float32."""
+        x = self.model.embed_tokens(input_ids)  # [T, hidden]
+        cos, sin = self.rotary.cos_sin(positions)  # [T, 1, D]
+        for layer in self.model.layers:
+            x = layer(x, cos, sin, view)
+        x = self.model.norm(x[logit_rows])  # [S, hidden]
+        return self.lm_head(x).float()  # [S, vocab]
+
+    # ---- weights ---------------------------------------------------------------
+
+    def _target(self, name: str) -> tuple[str, int | None]:
+        parts = name.split(".")
+        if len(parts) >= 2 and parts[-2] in FUSED:
+            fused, shard = FUSED[parts[-2]]
+            return ".".join(parts[:-2] + [fused, parts[-1]]), shard
+        return name, None
+
+    def load_weights(self, tensors: Iterable[tuple[str, str, torch.Tensor]]) -> None:
+        """Copy (file, name, tensor) triples into the modules; every parameter must be filled.
+
+        Raises CheckpointError naming the file and tensor on a shape mismatch, and the
+        missing tensor names when the checkpoint is incomplete.
+        """
+        params = dict(self.named_parameters(remove_duplicate=False))
+        filled: set[tuple[str, int | None]] = set()
+        for file, name, tensor in tensors:
+            if name.endswith(IGNORED_SUFFIXES) or (name == "lm_head.weight" and self.cfg.tie_word_embeddings):
+                continue
+            target, shard = self._target(name)
+            param = params.get(target)
+            if param is None:
+                raise CheckpointError(f"{file}: unexpected tensor '{name}' for {self.cfg.architecture}")
+            dst = param.data
+            if shard is not None:
+                sizes = self._shards[target.split(".")[-2]]
+                dst = dst.narrow(0, sum(sizes[:shard]), sizes[shard])
+            if tuple(dst.shape) != tuple(tensor.shape):
+                raise CheckpointError(
+                    f"{file}: tensor '{name}' has shape {tuple(tensor.shape)}, expected {tuple(dst.shape)}"
+                )
+            dst.copy_(tensor)
+            filled.add((target, shard))
+        self._check_filled(params, filled)
+
+    def _check_filled(self, params: dict[str, nn.Parameter], filled: set[tuple[str, int | None]]) -> None:
+        missing = []
+        for name in params:
+            if name == "lm_head.weight" and self.cfg.tie_word_embeddings:
+                continue
+            fused = name.split(".")[-2] if "." in name else ""
+            shards = range(len(self._shards[fused])) if fused in self._shards else [None]
+            missing += [_checkpoint_name(name, s) for s in shards if (name, s) not in filled]
+        if missing:
+            raise CheckpointError(f"checkpoint is missing tensors: {', '.join(sorted(set(missing))[:8])}")

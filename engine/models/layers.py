@@ -1,0 +1,90 @@
+"""Shared building blocks of the Llama family: RMSNorm, gated MLP, attention through
+memory, decoder layer. Tokens of all sequences are one flat batch: [T, hidden]."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from engine.models.rope import rotate
+from memory import ForwardView
+
+
+@dataclass(frozen=True)
+class AttentionShape:
+    hidden: int
+    n_heads: int
+    n_kv_heads: int
+    head_dim: int
+    qkv_bias: bool = False
+    o_bias: bool = False
+    qk_norm: bool = False
+    eps: float = 1e-6
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * h.to(x.dtype)
+
+
+class GatedMLP(nn.Module):
+    """down(silu(gate(x)) * up(x)), with gate and up fused into one matmul."""
+
+    def __init__(self, hidden: int, ffn: int, bias: bool = False):
+        super().__init__()
+        self.ffn = ffn
+        self.gate_up_proj = nn.Linear(hidden, 2 * ffn, bias=bias)
+        self.down_proj = nn.Linear(ffn, hidden, bias=bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up_proj(x).split(self.ffn, dim=-1)  # [T, ffn] each
+        return self.down_proj(F.silu(gate) * up)  # [T, hidden]
+
+
+class Attention(nn.Module):
+    def __init__(self, shape: AttentionShape, layer: int):
+        super().__init__()
+        self.s = shape
+        self.layer = layer
+        self.q_size = shape.n_heads * shape.head_dim
+        self.kv_size = shape.n_kv_heads * shape.head_dim
+        self.qkv_proj = nn.Linear(shape.hidden, self.q_size + 2 * self.kv_size, bias=shape.qkv_bias)
+        self.o_proj = nn.Linear(self.q_size, shape.hidden, bias=shape.o_bias)
+        if shape.qk_norm:
+            self.q_norm = RMSNorm(shape.head_dim, shape.eps)
+            self.k_norm = RMSNorm(shape.head_dim, shape.eps)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, view: ForwardView) -> torch.Tensor:
+        s, n_tok = self.s, x.shape[0]
+        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = q.view(n_tok, s.n_heads, s.head_dim)  # [T, H, D]
+        k = k.view(n_tok, s.n_kv_heads, s.head_dim)  # [T, KVH, D]
+        v = v.view(n_tok, s.n_kv_heads, s.head_dim)  # [T, KVH, D]
+        if s.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = rotate(q, cos, sin), rotate(k, cos, sin)
+        out = view.attend(self.layer, q, k, v)  # [T, H, D]
+        return self.o_proj(out.reshape(n_tok, self.q_size))  # [T, hidden]
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, shape: AttentionShape, ffn: int, mlp_bias: bool, layer: int):
+        super().__init__()
+        self.input_layernorm = RMSNorm(shape.hidden, shape.eps)
+        self.self_attn = Attention(shape, layer)
+        self.post_attention_layernorm = RMSNorm(shape.hidden, shape.eps)
+        self.mlp = GatedMLP(shape.hidden, ffn, mlp_bias)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, view: ForwardView) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, view)
+        return x + self.mlp(self.post_attention_layernorm(x))  # [T, hidden]

@@ -1,0 +1,85 @@
+"""Rotary position embeddings (rotate-half layout) with the scaling types of Llama-family
+configs: default, linear, llama3, yarn. Frequencies follow transformers'
+``modeling_rope_utils`` so logits match it."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from engine.model_config import RopeConfig
+
+
+def _default_inv_freq(theta: float, dim: int) -> torch.Tensor:
+    return 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))  # [dim/2]
+
+
+def _llama3(inv_freq: torch.Tensor, rope: RopeConfig, max_pos: int) -> torch.Tensor:
+    old_ctx = rope.original_max_position_embeddings or max_pos
+    low_wavelen = old_ctx / rope.low_freq_factor
+    high_wavelen = old_ctx / rope.high_freq_factor
+    wavelen = 2 * math.pi / inv_freq
+    scaled = torch.where(wavelen > low_wavelen, inv_freq / rope.factor, inv_freq)
+    smooth = (old_ctx / wavelen - rope.low_freq_factor) / (rope.high_freq_factor - rope.low_freq_factor)
+    smoothed = (1 - smooth) * scaled / rope.factor + smooth * scaled
+    medium = ~(wavelen < high_wavelen) & ~(wavelen > low_wavelen)
+    return torch.where(medium, smoothed, scaled)
+
+
+def _yarn_mscale(scale: float, mscale: float = 1.0) -> float:
+    return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0
+
+
+def _yarn(rope: RopeConfig, dim: int, max_pos: int) -> tuple[torch.Tensor, float]:
+    base, factor = rope.theta, rope.factor
+    old_ctx = rope.original_max_position_embeddings or max_pos
+    attn = rope.attention_factor
+    if attn is None:
+        if rope.mscale and rope.mscale_all_dim:
+            attn = _yarn_mscale(factor, rope.mscale) / _yarn_mscale(factor, rope.mscale_all_dim)
+        else:
+            attn = _yarn_mscale(factor)
+
+    def correction_dim(n_rot: float) -> float:
+        return (dim * math.log(old_ctx / (n_rot * 2 * math.pi))) / (2 * math.log(base))
+
+    low, high = correction_dim(rope.beta_fast), correction_dim(rope.beta_slow)
+    if rope.truncate:
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, dim - 1)
+    if low == high:
+        high += 0.001
+    ramp = ((torch.arange(dim // 2, dtype=torch.float32) - low) / (high - low)).clamp(0, 1)
+    pos_freqs = base ** (torch.arange(0, dim, 2).float() / dim)
+    extrapolation = 1 - ramp
+    inv_freq = (1.0 / (factor * pos_freqs)) * (1 - extrapolation) + (1.0 / pos_freqs) * extrapolation
+    return inv_freq, float(attn)
+
+
+class Rotary(torch.nn.Module):
+    def __init__(self, rope: RopeConfig, head_dim: int, max_position_embeddings: int):
+        super().__init__()
+        inv_freq = _default_inv_freq(rope.theta, head_dim)
+        self.attention_scaling = 1.0
+        if rope.rope_type == "linear":
+            inv_freq = inv_freq / rope.factor
+        elif rope.rope_type == "llama3":
+            inv_freq = _llama3(inv_freq, rope, max_position_embeddings)
+        elif rope.rope_type == "yarn":
+            inv_freq, self.attention_scaling = _yarn(rope, head_dim, max_position_embeddings)
+        self.register_buffer("inv_freq", inv_freq, persistent=False)  # [D/2] float32
+
+    def cos_sin(self, positions: torch.Tensor, scaled: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+        """positions: [T] -> cos, sin: [T, 1, D] float32 (broadcast over heads)."""
+        freqs = positions.float()[:, None] * self.inv_freq[None, :]  # [T, D/2]
+        emb = torch.cat((freqs, freqs), dim=-1)  # [T, D]
+        scale = self.attention_scaling if scaled else 1.0
+        return (emb.cos() * scale)[:, None, :], (emb.sin() * scale)[:, None, :]
+
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x: [T, heads, D]; cos, sin: [T, 1, D] -> rotated x (same dtype as x)."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return (x * cos + rotated * sin).to(x.dtype)

@@ -1,0 +1,33 @@
+"""Which tokens run in the next step: decode tokens first, then prefill chunks."""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from engine.sequence import Sequence
+
+
+class Chunk(NamedTuple):
+    seq: Sequence
+    n_tokens: int
+    samples: bool  # the chunk reaches the end of the known tokens: sample the next one
+
+
+def _chunk(seq: Sequence, n: int) -> Chunk:
+    return Chunk(seq, n, seq.n_computed + n == len(seq.tokens))
+
+
+def plan_step(running: list[Sequence], budget: int) -> list[Chunk]:
+    """Every decoding sequence gets its token first (in order, up to ``budget``), then
+    prefilling sequences get chunks first-come first-served until the budget is spent."""
+    plan: list[Chunk] = []
+    for seq in running:
+        if seq.n_pending == 1 and budget > 0:
+            plan.append(_chunk(seq, 1))
+            budget -= 1
+    for seq in running:
+        if seq.n_pending > 1 and budget > 0:
+            n = min(seq.n_pending, budget)
+            plan.append(_chunk(seq, n))
+            budget -= n
+    return plan

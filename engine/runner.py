@@ -1,0 +1,48 @@
+"""Runs one planned step: flat batch tensors -> memory.prepare -> model -> logits."""
+
+from __future__ import annotations
+
+import torch
+
+from engine.models.base import DecoderLM
+from engine.planner import Chunk
+from memory import Memory, MemoryBatch
+
+
+class ModelRunner:
+    def __init__(self, model: DecoderLM, memory: Memory, device: torch.device):
+        self.model = model
+        self.memory = memory
+        self.device = device
+
+    @torch.inference_mode()
+    def run(self, plan: list[Chunk]) -> torch.Tensor:
+        """Compute the plan's tokens; return logits [S, vocab] for the chunks that sample,
+        in plan order. Advances each sequence's ``n_computed``. On failure the new
+        positions are removed again, so memory is as before."""
+        ids, positions, logit_rows = [], [], []
+        row = 0
+        for chunk in plan:
+            seq, start = chunk.seq, chunk.seq.n_computed
+            ids += seq.tokens[start : start + chunk.n_tokens]
+            positions.append(torch.arange(start, start + chunk.n_tokens))
+            row += chunk.n_tokens
+            if chunk.samples:
+                logit_rows.append(row - 1)
+        pos = torch.cat(positions)  # [T]
+        batch = MemoryBatch([c.seq.seq_id for c in plan], [c.n_tokens for c in plan], pos)
+        view = self.memory.prepare(batch)
+        try:
+            logits = self.model(
+                torch.tensor(ids, device=self.device),
+                pos.to(self.device),
+                view,
+                torch.tensor(logit_rows, dtype=torch.long, device=self.device),
+            )  # [S, V]
+        except BaseException:
+            for c in plan:
+                self.memory.seq_rm(c.seq.seq_id, c.seq.n_computed)
+            raise
+        for c in plan:
+            c.seq.n_computed += c.n_tokens
+        return logits

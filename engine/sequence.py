@@ -1,0 +1,70 @@
+"""One generation request as the engine tracks it (no tensors)."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+from engine.detokenizer import IncrementalDetokenizer, StopMatcher
+from engine.sampling_params import SamplingParams
+
+
+class FinishReason(str, enum.Enum):
+    STOP = "stop"  # EOS or a stop string
+    LENGTH = "length"  # max_tokens or the slot's context
+    ABORT = "abort"  # cancelled by the caller
+
+
+@dataclass(eq=False)
+class TokenLogprob:
+    token_id: int
+    logprob: float
+    top: list[tuple[int, float]]
+
+
+@dataclass(eq=False)
+class Sequence:
+    """Memory sequence ``seq_id`` holds the cache of ``tokens[:n_computed]`` at
+    positions 0..n_computed-1. Generated tokens are appended to ``tokens``."""
+
+    seq_id: int
+    prompt_ids: list[int]
+    params: SamplingParams
+    seed: int
+    detok: IncrementalDetokenizer
+    stopper: StopMatcher
+    n_computed: int = 0
+    tokens: list[int] = field(default_factory=list)
+    output_ids: list[int] = field(default_factory=list)
+    logprobs: list[TokenLogprob] = field(default_factory=list)
+    text: str = ""
+    finish_reason: FinishReason | None = None
+    stop_string: str | None = None
+
+    def __post_init__(self) -> None:
+        if not self.tokens:
+            self.tokens = list(self.prompt_ids)
+
+    @property
+    def n_pending(self) -> int:
+        """Known tokens whose cache is not computed yet."""
+        return len(self.tokens) - self.n_computed
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+    @property
+    def is_decoding(self) -> bool:
+        return self.n_pending == 1 and bool(self.output_ids)
+
+
+@dataclass
+class StepEvent:
+    """What one step produced for one sequence."""
+
+    seq: Sequence
+    token_id: int | None  # None: a prefill chunk that sampled nothing
+    text: str
+    finished: bool
+    logits: object = None  # [V] tensor when the step was asked to keep logits

@@ -1,0 +1,87 @@
+"""A checkpoint's tokenizer: tokenizer.json through the ``tokenizers`` library, special
+tokens and chat template from tokenizer_config.json (or chat_template.jinja), EOS ids
+from generation_config.json and config.json."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from tokenizers import Tokenizer as HFTokenizer
+
+from engine.chat_template import ChatTemplate
+from engine.errors import CheckpointError
+
+
+def _read_json(path: Path, required: bool) -> dict[str, Any]:
+    if not path.is_file():
+        if required:
+            raise CheckpointError(f"{path}: file not found")
+        return {}
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise CheckpointError(f"{path}: malformed JSON: {exc}") from exc
+    if not isinstance(data, dict):
+        raise CheckpointError(f"{path}: expected a JSON object")
+    return data
+
+
+def _token_text(value: Any) -> str | None:
+    if isinstance(value, dict):  # transformers' serialized AddedToken
+        return value.get("content")
+    return value if isinstance(value, str) else None
+
+
+def _template_source(folder: Path, tok_cfg: dict[str, Any]) -> str | None:
+    jinja = folder / "chat_template.jinja"
+    if jinja.is_file():
+        return jinja.read_text(encoding="utf-8")
+    src = tok_cfg.get("chat_template")
+    if isinstance(src, list):  # named templates: take "default"
+        named = {t.get("name"): t.get("template") for t in src if isinstance(t, dict)}
+        src = named.get("default") or next(iter(named.values()), None)
+    return src if isinstance(src, str) else None
+
+
+class Tokenizer:
+    def __init__(self, folder: Path, config_eos: tuple[int, ...] = ()):
+        path = folder / "tokenizer.json"
+        if not path.is_file():
+            raise CheckpointError(f"{path}: file not found")
+        try:
+            self.hf = HFTokenizer.from_file(str(path))
+        except Exception as exc:  # tokenizers raises plain Exception subclasses
+            raise CheckpointError(f"{path}: cannot parse tokenizer: {exc}") from exc
+        tok_cfg = _read_json(folder / "tokenizer_config.json", required=False)
+        gen_cfg = _read_json(folder / "generation_config.json", required=False)
+        self.bos_token = _token_text(tok_cfg.get("bos_token"))
+        self.eos_token = _token_text(tok_cfg.get("eos_token"))
+        self.add_bos = bool(tok_cfg.get("add_bos_token", False))
+        self.bos_id = self.hf.token_to_id(self.bos_token) if self.bos_token else None
+        eos = set(config_eos)
+        gen_eos = gen_cfg.get("eos_token_id")
+        eos.update([gen_eos] if isinstance(gen_eos, int) else (gen_eos or []))
+        if self.eos_token and self.hf.token_to_id(self.eos_token) is not None:
+            eos.add(self.hf.token_to_id(self.eos_token))
+        self.eos_ids = frozenset(int(x) for x in eos)
+        source = _template_source(folder, tok_cfg)
+        specials = {"bos_token": self.bos_token, "eos_token": self.eos_token}
+        self.chat_template = ChatTemplate(source, specials) if source else None
+
+    @property
+    def vocab_size(self) -> int:
+        return self.hf.get_vocab_size(with_added_tokens=True)
+
+    def encode(self, text: str, add_special: bool = True) -> list[int]:
+        ids = self.hf.encode(text, add_special_tokens=add_special).ids
+        if add_special and self.add_bos and self.bos_id is not None and (not ids or ids[0] != self.bos_id):
+            ids = [self.bos_id] + ids
+        return ids
+
+    def decode(self, ids: list[int], skip_special: bool = True) -> str:
+        return self.hf.decode(ids, skip_special_tokens=skip_special)
+
+    def piece(self, token_id: int) -> str | None:
+        return self.hf.id_to_token(token_id)

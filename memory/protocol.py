@@ -1,0 +1,168 @@
+"""The memory protocol every cache kind implements (after llama.cpp's llama_memory_i).
+
+A *sequence* is identified by an int in [0, n_seq_max); the server maps one slot to one
+sequence. A sequence holds a set of *positions* (token positions whose cache entries
+are stored). Call order per engine step: ``prepare(batch)`` reserves room for the new
+tokens and returns a per-batch view; the model forward then writes and reads the cache
+only through that view. All other operations run between steps.
+
+Every mutating operation is all-or-nothing: when it raises, the state is unchanged.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+
+import torch
+
+
+class MemoryError_(Exception):
+    """Base class of memory errors (named with a trailing underscore to not shadow
+    the builtin ``MemoryError``)."""
+
+
+class CacheFull(MemoryError_):
+    """Not enough free storage for the operation; nothing was changed."""
+
+
+class IntegrityError(MemoryError_):
+    """An internal bookkeeping invariant does not hold (a bug, never user input)."""
+
+
+class StateMismatch(MemoryError_):
+    """An imported sequence state does not fit this memory (shapes, kind, layers)."""
+
+
+@dataclass(frozen=True)
+class MemoryBatch:
+    """The new tokens of one forward step, grouped by sequence.
+
+    ``seq_ids[i]`` contributes ``n_tokens[i]`` consecutive rows of the flat batch;
+    ``positions`` ([T], int64) holds each row's position. A sequence appears once.
+    """
+
+    seq_ids: list[int]
+    n_tokens: list[int]
+    positions: torch.Tensor  # [T] int64
+
+    @property
+    def n_total(self) -> int:
+        return int(sum(self.n_tokens))
+
+
+@dataclass(frozen=True)
+class MemoryUsage:
+    kind: str
+    n_blocks_total: int
+    n_blocks_used: int
+    block_size: int
+    n_cells_used: int  # logical cells summed over sequences (shared cells count once per sequence)
+
+    @property
+    def ratio(self) -> float:
+        return self.n_blocks_used / self.n_blocks_total if self.n_blocks_total else 0.0
+
+
+@dataclass
+class SeqState:
+    """One sequence's cache as plain tensors, independent of block layout.
+
+    ``positions``: [n] int64, in cell order. ``tensors``: name -> tensor whose first
+    dimension is n (e.g. ``k.3`` = layer 3 keys, [n, kv_heads, head_dim]).
+    ``meta``: string metadata (memory kind, layer count...).
+    """
+
+    positions: torch.Tensor
+    tensors: dict[str, torch.Tensor] = field(default_factory=dict)
+    meta: dict[str, str] = field(default_factory=dict)
+
+
+class ForwardView(ABC):
+    """What a model sees of memory during one forward pass."""
+
+    @abstractmethod
+    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """Store this batch's ``k``/``v`` of ``layer``, then attend.
+
+        q: [T, heads, head_dim]; k, v: [T, kv_heads, head_dim] (keys already rotated).
+        Returns [T, heads, head_dim]. Each row attends to its own sequence's cells whose
+        position is <= the row's position (causal by position).
+        """
+
+
+class Memory(ABC):
+    """Contract shared by all cache kinds. See the module docstring for call order."""
+
+    kind: str = "abstract"
+
+    @abstractmethod
+    def prepare(self, batch: MemoryBatch) -> ForwardView:
+        """Reserve cells for ``batch``'s new tokens and return the view for the forward.
+
+        Mutates: the sequences of the batch gain the batch's positions (their cells hold
+        garbage until the forward writes them; if the forward fails, the caller must
+        ``seq_rm`` those positions). Raises ``CacheFull`` (state unchanged) when storage
+        is short, ``ValueError`` on a malformed batch.
+        """
+
+    @abstractmethod
+    def seq_rm(self, seq: int, p0: int = 0, p1: int | None = None) -> bool:
+        """Drop ``seq``'s positions in [p0, p1) (``p1=None``: to the end; ``seq=-1``:
+        every sequence). Returns False, unchanged, if this kind cannot do it."""
+
+    @abstractmethod
+    def seq_cp(self, src: int, dst: int, p0: int = 0, p1: int | None = None) -> None:
+        """Replace ``dst``'s contents with ``src``'s positions in [p0, p1).
+
+        A prefix is shared, not copied, where the kind allows. Raises ``CacheFull``
+        (unchanged) if a copy is needed and storage is short.
+        """
+
+    @abstractmethod
+    def seq_keep(self, seq: int) -> None:
+        """Drop every sequence but ``seq``."""
+
+    @abstractmethod
+    def seq_add(self, seq: int, p0: int, p1: int | None, delta: int) -> None:
+        """Shift ``seq``'s positions in [p0, p1) by ``delta`` (context shift).
+
+        Keys are re-rotated so attention sees them at their new position. Positions
+        that become negative are dropped. Raises ``NotImplementedError`` when
+        ``can_shift`` is False, ``CacheFull`` (unchanged) if shared storage must be
+        copied first and none is free.
+        """
+
+    @abstractmethod
+    def seq_pos_min(self, seq: int) -> int:
+        """Smallest position held by ``seq``, -1 if empty."""
+
+    @abstractmethod
+    def seq_pos_max(self, seq: int) -> int:
+        """Largest position held by ``seq``, -1 if empty."""
+
+    @abstractmethod
+    def seq_len(self, seq: int) -> int:
+        """Number of cells ``seq`` holds."""
+
+    @abstractmethod
+    def save_seq(self, seq: int) -> SeqState:
+        """Export ``seq``'s cache as layout-independent tensors (no mutation)."""
+
+    @abstractmethod
+    def load_seq(self, seq: int, state: SeqState) -> None:
+        """Replace ``seq``'s contents with ``state``. Validates everything first:
+        raises ``StateMismatch`` or ``CacheFull`` with the state unchanged."""
+
+    @property
+    @abstractmethod
+    def can_shift(self) -> bool:
+        """Whether ``seq_add`` is supported."""
+
+    @abstractmethod
+    def usage(self) -> MemoryUsage:
+        """Storage statistics."""
+
+    @abstractmethod
+    def integrity_check(self) -> None:
+        """Raise ``IntegrityError`` if bookkeeping is inconsistent."""

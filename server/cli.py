@@ -1,0 +1,51 @@
+"""The ``slotserve`` console script."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from engine import DEMO_MODEL, Engine, EngineError, SamplingParams
+
+
+def _generate(args: argparse.Namespace) -> int:
+    try:
+        engine = Engine.from_pretrained(
+            args.model or str(DEMO_MODEL), dtype=args.dtype, n_threads=args.threads, n_seq_max=max(1, len(args.prompt))
+        )
+    except (EngineError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    params = SamplingParams(
+        max_tokens=args.n_predict, temperature=args.temp, top_k=args.top_k, top_p=args.top_p, seed=args.seed
+    )
+    for prompt, gen in zip(args.prompt, engine.generate(args.prompt, params)):
+        print(prompt + gen.text)
+        print(f"--- {len(gen.token_ids)} tokens, finish_reason={gen.finish_reason}", file=sys.stderr)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="slotserve", description="OpenAI-compatible LLM server built around slots")
+    sub = ap.add_subparsers(dest="command", required=True)
+    gen = sub.add_parser("generate", help="generate offline for one or more prompts (all batched together)")
+    gen.add_argument("prompt", nargs="+")
+    gen.add_argument("-m", "--model", default=None, help="Hugging Face checkpoint folder (default: the demo model)")
+    gen.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    gen.add_argument("-n", "--n-predict", type=int, default=128)
+    gen.add_argument("--temp", type=float, default=0.7)
+    gen.add_argument("--top-k", type=int, default=40)
+    gen.add_argument("--top-p", type=float, default=0.95)
+    gen.add_argument("--seed", type=int, default=None)
+    gen.add_argument("-t", "--threads", type=int, default=None)
+    gen.set_defaults(func=_generate)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,65 @@
+"""Tiny random Hugging Face checkpoints built with transformers (the oracle)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+BASE = dict(
+    vocab_size=320,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    max_position_embeddings=512,
+    bos_token_id=None,
+    eos_token_id=None,
+    pad_token_id=None,
+)
+
+
+def write_byte_tokenizer(folder: Path, eos: str | None = None) -> None:
+    """A byte-level BPE with no merges: 256 byte tokens plus specials."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    alphabet = pre_tokenizers.ByteLevel.alphabet()
+    vocab = {ch: i for i, ch in enumerate(sorted(alphabet))}
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens(["<eos>"])
+    tok.save(str(folder / "tokenizer.json"))
+    cfg = {"eos_token": eos, "chat_template": "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"}
+    (folder / "tokenizer_config.json").write_text(json.dumps(cfg))
+
+
+def make_checkpoint(folder: Path, arch: str = "llama", seed: int = 0, noise: float = 0.1, **overrides) -> Path:
+    import transformers
+
+    classes = {
+        "llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM),
+        "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM),
+        "qwen3": (transformers.Qwen3Config, transformers.Qwen3ForCausalLM),
+        "mistral": (transformers.MistralConfig, transformers.MistralForCausalLM),
+    }
+    config_cls, model_cls = classes[arch]
+    torch.manual_seed(seed)
+    config = config_cls(**{**BASE, **overrides})
+    model = model_cls(config)
+    with torch.no_grad():  # random biases and norms too, so every parameter matters
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * noise)
+    folder.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(folder)
+    write_byte_tokenizer(folder)
+    return folder
+
+
+def load_reference(folder: Path):
+    import transformers
+
+    return transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
