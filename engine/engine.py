@@ -69,9 +69,7 @@ class Engine:
 
     # ---- step-level API --------------------------------------------------------
 
-    def add_sequence(
-        self, prompt_ids: list[int], params: SamplingParams, seq_id: int, n_cached: int = 0
-    ) -> Sequence:
+    def add_sequence(self, prompt_ids: list[int], params: SamplingParams, seq_id: int, n_cached: int = 0) -> Sequence:
         """Start generating for ``prompt_ids`` in memory sequence ``seq_id``.
 
         ``n_cached``: the caller guarantees memory already holds ``prompt_ids[:n_cached]``
@@ -164,7 +162,9 @@ class Engine:
 
     # ---- offline ---------------------------------------------------------------
 
-    def generate(self, prompts: list[str | list[int]], params: SamplingParams | list[SamplingParams]) -> list[Generation]:
+    def generate(
+        self, prompts: list[str | list[int]], params: SamplingParams | list[SamplingParams]
+    ) -> list[Generation]:
         """Generate for every prompt, all sequences batched together (in waves of
         ``n_seq_max``). Each wave starts from an empty memory."""
         plist = params if isinstance(params, list) else [params] * len(prompts)
@@ -178,6 +178,4 @@ class Engine:
                 self.memory.seq_rm(slot)
                 seqs[i] = self.add_sequence(ids[i], plist[i], slot)
             self.step()
-        return [
-            Generation(s.text, s.output_ids, s.finish_reason.value, len(s.prompt_ids), s.logprobs) for s in seqs
-        ]
+        return [Generation(s.text, s.output_ids, s.finish_reason.value, len(s.prompt_ids), s.logprobs) for s in seqs]

@@ -67,10 +67,15 @@ def _apply_penalties(logits: torch.Tensor, rows: list[SampleRow]) -> None:
     if not idx:
         return
     vocab, dev = logits.shape[1], logits.device
-    counts = torch.stack([torch.bincount(torch.tensor(rows[i].output_ids, dtype=torch.long), minlength=vocab)[:vocab]
-                          for i in idx]).to(dev, logits.dtype)  # [P, V]
-    seen = torch.stack([torch.bincount(torch.tensor(rows[i].prompt_ids, dtype=torch.long), minlength=vocab)[:vocab]
-                        for i in idx]).to(dev) > 0
+    counts = torch.stack(
+        [torch.bincount(torch.tensor(rows[i].output_ids, dtype=torch.long), minlength=vocab)[:vocab] for i in idx]
+    ).to(dev, logits.dtype)  # [P, V]
+    seen = (
+        torch.stack(
+            [torch.bincount(torch.tensor(rows[i].prompt_ids, dtype=torch.long), minlength=vocab)[:vocab] for i in idx]
+        ).to(dev)
+        > 0
+    )
     seen |= counts > 0  # [P, V]
     p = [rows[i].params for i in idx]
     rep = torch.tensor([x.repetition_penalty for x in p], device=dev)[:, None]

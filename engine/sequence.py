@@ -9,7 +9,7 @@ from engine.detokenizer import IncrementalDetokenizer, StopMatcher
 from engine.sampling_params import SamplingParams
 
 
-class FinishReason(str, enum.Enum):
+class FinishReason(enum.StrEnum):
     STOP = "stop"  # EOS or a stop string
     LENGTH = "length"  # max_tokens or the slot's context
     ABORT = "abort"  # cancelled by the caller

@@ -14,7 +14,7 @@ given by the engine (memory imports no model code).
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 
@@ -271,7 +271,9 @@ class PagedKVCache(Memory):
                 if t is None:
                     raise StateMismatch(f"state lacks tensor {name}")
                 if tuple(t.shape) != (n, spec.n_kv_heads, spec.head_dim):
-                    raise StateMismatch(f"{name} has shape {tuple(t.shape)}, want {(n, spec.n_kv_heads, spec.head_dim)}")
+                    raise StateMismatch(
+                        f"{name} has shape {tuple(t.shape)}, want {(n, spec.n_kv_heads, spec.head_dim)}"
+                    )
         extra = set(state.tensors) - {f"{kv}.{layer}" for layer in self.specs for kv in "kv"}
         if extra:
             raise StateMismatch(f"state has unknown tensors {sorted(extra)[:4]}")

@@ -33,7 +33,10 @@ def write_byte_tokenizer(folder: Path, eos: str | None = None) -> None:
     tok.decoder = decoders.ByteLevel()
     tok.add_special_tokens(["<eos>"])
     tok.save(str(folder / "tokenizer.json"))
-    cfg = {"eos_token": eos, "chat_template": "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"}
+    cfg = {
+        "eos_token": eos,
+        "chat_template": "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}",
+    }
     (folder / "tokenizer_config.json").write_text(json.dumps(cfg))
 
 

@@ -11,13 +11,38 @@ from engine import Engine, SamplingParams
 N_STEPS = 32
 CASES = {
     "llama": ("llama", {}),
-    "llama-llama3-rope": ("llama", {"rope_parameters": {"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0,
-                                                        "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                                                        "original_max_position_embeddings": 64}}),
-    "llama-linear-tied": ("llama", {"rope_parameters": {"rope_type": "linear", "rope_theta": 500.0, "factor": 2.0},
-                                    "tie_word_embeddings": True, "attention_bias": True}),
-    "llama-yarn": ("llama", {"rope_parameters": {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
-                                                 "original_max_position_embeddings": 128}}),
+    "llama-llama3-rope": (
+        "llama",
+        {
+            "rope_parameters": {
+                "rope_type": "llama3",
+                "rope_theta": 10000.0,
+                "factor": 8.0,
+                "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 64,
+            }
+        },
+    ),
+    "llama-linear-tied": (
+        "llama",
+        {
+            "rope_parameters": {"rope_type": "linear", "rope_theta": 500.0, "factor": 2.0},
+            "tie_word_embeddings": True,
+            "attention_bias": True,
+        },
+    ),
+    "llama-yarn": (
+        "llama",
+        {
+            "rope_parameters": {
+                "rope_type": "yarn",
+                "rope_theta": 10000.0,
+                "factor": 4.0,
+                "original_max_position_embeddings": 128,
+            }
+        },
+    ),
     "qwen2": ("qwen2", {}),
     "qwen3": ("qwen3", {}),
     "mistral": ("mistral", {}),
@@ -26,9 +51,16 @@ CASES = {
 
 def reference(model, prompt: list[int]) -> tuple[list[int], list[torch.Tensor]]:
     ids = torch.tensor([prompt])
-    out = model.generate(ids, max_new_tokens=N_STEPS, do_sample=False, output_logits=True,
-                         return_dict_in_generate=True, eos_token_id=None, pad_token_id=0)
-    return out.sequences[0, len(prompt):].tolist(), [x[0] for x in out.logits]
+    out = model.generate(
+        ids,
+        max_new_tokens=N_STEPS,
+        do_sample=False,
+        output_logits=True,
+        return_dict_in_generate=True,
+        eos_token_id=None,
+        pad_token_id=0,
+    )
+    return out.sequences[0, len(prompt) :].tolist(), [x[0] for x in out.logits]
 
 
 @pytest.mark.parametrize("case", list(CASES))

@@ -10,8 +10,12 @@ if TYPE_CHECKING:
     from engine.models.base import DecoderLM
 
 MODELS: dict[str, type[DecoderLM]] = {}
-MODEL_TYPES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
-               "mistral": "MistralForCausalLM"}
+MODEL_TYPES = {
+    "llama": "LlamaForCausalLM",
+    "qwen2": "Qwen2ForCausalLM",
+    "qwen3": "Qwen3ForCausalLM",
+    "mistral": "MistralForCausalLM",
+}
 
 
 def register(name: str):

@@ -1,0 +1,97 @@
+"""Loading checkpoints: transformers 4 and 5 config spellings, sharding, clear errors."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import torch
+from checkpoints import make_checkpoint
+from safetensors.torch import load_file, save_file
+
+from engine import CheckpointError, Engine, SamplingParams, UnsupportedArchitecture
+
+GREEDY = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def base(tmp_path_factory):
+    return make_checkpoint(tmp_path_factory.mktemp("ck") / "llama", "llama", tie_word_embeddings=False)
+
+
+def copy(base, tmp_path):
+    dst = tmp_path / "copy"
+    shutil.copytree(base, dst)
+    return dst
+
+
+def edit_config(folder, fn):
+    cfg = json.loads((folder / "config.json").read_text())
+    fn(cfg)
+    (folder / "config.json").write_text(json.dumps(cfg))
+
+
+def test_transformers4_config_spelling_loads_the_same(base, tmp_path):
+    v4 = copy(base, tmp_path)
+
+    def to_v4(cfg):
+        cfg["torch_dtype"] = cfg.pop("dtype", "float32")
+        cfg["rope_theta"] = cfg.pop("rope_parameters")["rope_theta"]
+        cfg["rope_scaling"] = None
+
+    edit_config(v4, to_v4)
+    want = Engine.from_pretrained(str(base)).generate([[1, 2, 3]], GREEDY)[0].token_ids
+    assert Engine.from_pretrained(str(v4)).generate([[1, 2, 3]], GREEDY)[0].token_ids == want
+
+
+def test_sharded_checkpoint(base, tmp_path):
+    sharded = copy(base, tmp_path)
+    tensors = load_file(sharded / "model.safetensors")
+    (sharded / "model.safetensors").unlink()
+    names = sorted(tensors)
+    halves = {"model-00001-of-00002.safetensors": names[::2], "model-00002-of-00002.safetensors": names[1::2]}
+    weight_map = {}
+    for file, part in halves.items():
+        save_file({n: tensors[n].contiguous() for n in part}, sharded / file)
+        weight_map.update({n: file for n in part})
+    (sharded / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
+    want = Engine.from_pretrained(str(base)).generate([[4, 5]], GREEDY)[0].token_ids
+    assert Engine.from_pretrained(str(sharded)).generate([[4, 5]], GREEDY)[0].token_ids == want
+
+
+def test_bfloat16_runs(base):
+    engine = Engine.from_pretrained(str(base), dtype="bfloat16")
+    assert engine.model.lm_head.weight.dtype == torch.bfloat16
+    assert len(engine.generate([[1, 2, 3]], GREEDY)[0].token_ids) == 8
+
+
+def test_errors_name_file_and_field(base, tmp_path):
+    folder = copy(base, tmp_path)
+    edit_config(folder, lambda c: c.update(architectures=["GPT2LMHeadModel"]))
+    with pytest.raises(UnsupportedArchitecture, match="GPT2LMHeadModel.*supported: LlamaForCausalLM"):
+        Engine.from_pretrained(str(folder))
+    edit_config(folder, lambda c: c.update(architectures=["LlamaForCausalLM"], hidden_size=None))
+    with pytest.raises(CheckpointError, match="config.json.*'hidden_size'"):
+        Engine.from_pretrained(str(folder))
+    (folder / "config.json").write_text("{not json")
+    with pytest.raises(CheckpointError, match="config.json: malformed JSON"):
+        Engine.from_pretrained(str(folder))
+    with pytest.raises(CheckpointError, match="config.json: file not found"):
+        Engine.from_pretrained(str(tmp_path / "nowhere"))
+
+
+def test_missing_tensor_and_missing_tokenizer(base, tmp_path):
+    folder = copy(base, tmp_path)
+    tensors = load_file(folder / "model.safetensors")
+    del tensors["model.layers.1.self_attn.k_proj.weight"]
+    save_file(tensors, folder / "model.safetensors")
+    with pytest.raises(CheckpointError, match="model.layers.1.self_attn.k_proj.weight"):
+        Engine.from_pretrained(str(folder))
+    (folder / "tokenizer.json").unlink()
+    with pytest.raises(CheckpointError, match="tokenizer.json: file not found"):
+        Engine.from_pretrained(str(folder))
+    (folder / "model.safetensors").write_bytes(b"garbage")
+    shutil.copy(base / "tokenizer.json", folder / "tokenizer.json")
+    with pytest.raises(CheckpointError, match="model.safetensors: cannot read"):
+        Engine.from_pretrained(str(folder))
