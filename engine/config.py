@@ -25,6 +25,7 @@ class EngineConfig:
     n_seq_max: int = 4
     max_batch_tokens: int = 2048
     n_threads: int | None = None
+    linear: str = "auto"  # auto | torch | onednn (prepacked; CPU float32 only)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "model", Path(self.model))
@@ -33,6 +34,8 @@ class EngineConfig:
         for name in ("block_size", "n_ctx", "n_seq_max", "max_batch_tokens"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive")
+        if self.linear not in ("auto", "torch", "onednn"):
+            raise ValueError("linear must be auto, torch or onednn")
         if self.n_threads is not None and self.n_threads <= 0:
             raise ValueError("n_threads must be positive")
 

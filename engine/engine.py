@@ -17,6 +17,7 @@ from engine.checkpoint import load_model
 from engine.config import EngineConfig
 from engine.detokenizer import IncrementalDetokenizer, StopMatcher
 from engine.model_config import load_model_config
+from engine.models.packed_linear import onednn_available, pack_linears
 from engine.planner import plan_step
 from engine.runner import ModelRunner
 from engine.sampler import SampleOutput, SampleRow, sample
@@ -44,6 +45,8 @@ class Engine:
         self.model_config = load_model_config(config.model)
         self.tokenizer = Tokenizer(config.model, self.model_config.eos_token_ids)
         self.model = load_model(config.model, self.model_config, config.torch_dtype, self.device)
+        if self._use_onednn():
+            pack_linears(self.model)
         self.memory = PagedKVCache(
             self.model.layer_specs(config.torch_dtype),
             n_blocks=config.n_blocks,
@@ -55,6 +58,11 @@ class Engine:
         self.runner = ModelRunner(self.model, self.memory, self.device)
         self.running: list[Sequence] = []
         self._rng = random.Random()
+
+    def _use_onednn(self) -> bool:
+        cfg = self.config
+        eligible = self.device.type == "cpu" and cfg.torch_dtype == torch.float32 and onednn_available()
+        return eligible and cfg.linear in ("auto", "onednn")
 
     @classmethod
     def from_pretrained(cls, path: str | None = None, **overrides) -> Engine:
