@@ -48,11 +48,15 @@ def build_checkpoint(folder: Path, shape: dict) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
-def run_ours(folder: Path, prompts: list[list[int]], n_new: int) -> float:
+def run_ours(folder: Path, prompts: list[list[int]], n_new: int, linear: str = "auto") -> float:
     from engine import Engine, SamplingParams
 
     engine = Engine.from_pretrained(
-        str(folder), n_ctx=len(prompts) * (len(prompts[0]) + n_new + 16), n_seq_max=len(prompts), max_batch_tokens=4096
+        str(folder),
+        n_ctx=len(prompts) * (len(prompts[0]) + n_new + 16),
+        n_seq_max=len(prompts),
+        max_batch_tokens=4096,
+        linear=linear,
     )
     params = SamplingParams(temperature=0.0, max_tokens=n_new, ignore_eos=True)
     engine.generate([prompts[0][:8]], SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True))  # warm-up
@@ -78,12 +82,12 @@ def run_hf(folder: Path, prompts: list[list[int]], n_new: int) -> float:
     return len(prompts) * n_new / dt
 
 
-def profile_decode(folder: Path, batch: int, prompt_len: int) -> None:
+def profile_decode(folder: Path, batch: int, prompt_len: int, linear: str) -> None:
     from torch.profiler import ProfilerActivity, profile
 
     from engine import Engine, SamplingParams
 
-    engine = Engine.from_pretrained(str(folder), n_ctx=batch * (prompt_len + 64), n_seq_max=batch)
+    engine = Engine.from_pretrained(str(folder), n_ctx=batch * (prompt_len + 64), n_seq_max=batch, linear=linear)
     params = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)
     for i in range(batch):
         engine.add_sequence(list(range(1, prompt_len + 1)), params, seq_id=i)
@@ -105,6 +109,7 @@ def main() -> None:
     ap.add_argument("--new", type=int, default=128)
     ap.add_argument("--small", action="store_true")
     ap.add_argument("--profile", action="store_true")
+    ap.add_argument("--linear", default="auto", choices=["auto", "torch", "onednn"], help="engine's matmul path")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
@@ -114,11 +119,11 @@ def main() -> None:
         gen = torch.Generator().manual_seed(0)
         for batch in [int(b) for b in args.batches.split(",")]:
             prompts = torch.randint(1, 250, (batch, args.prompt), generator=gen).tolist()
-            ours = run_ours(folder, prompts, args.new)
+            ours = run_ours(folder, prompts, args.new, args.linear)
             theirs = run_hf(folder, prompts, args.new)
             print(f"{batch:>5} {ours:>16.1f} {theirs:>19.1f} {ours / theirs:>6.2f}x", flush=True)
         if args.profile:
-            profile_decode(folder, 8, args.prompt)
+            profile_decode(folder, 8, args.prompt, args.linear)
 
 
 if __name__ == "__main__":
