@@ -54,10 +54,6 @@ class Sequence:
     def finished(self) -> bool:
         return self.finish_reason is not None
 
-    @property
-    def is_decoding(self) -> bool:
-        return self.n_pending == 1 and bool(self.output_ids)
-
 
 @dataclass
 class StepEvent:

@@ -82,6 +82,3 @@ class Tokenizer:
 
     def decode(self, ids: list[int], skip_special: bool = True) -> str:
         return self.hf.decode(ids, skip_special_tokens=skip_special)
-
-    def piece(self, token_id: int) -> str | None:
-        return self.hf.id_to_token(token_id)

@@ -91,14 +91,6 @@ class PagedKVCache(Memory):
     def _positions(self, seq: int) -> torch.Tensor:
         return self.cell_pos[self.cells(seq)]
 
-    def _copy_cells(self, dst: torch.Tensor, src: torch.Tensor) -> None:
-        """Copy K, V and positions of physical cells ``src`` into ``dst`` (same length)."""
-        dev_src, dev_dst = src.to(self.device), dst.to(self.device)
-        for layer in self.specs:
-            self.k[layer][dev_dst] = self.k[layer][dev_src]
-            self.v[layer][dev_dst] = self.v[layer][dev_src]
-        self.cell_pos[dst] = self.cell_pos[src]
-
     def _release_blocks(self, seq: int, first_block: int = 0) -> None:
         for b in self.tables[seq][first_block:]:
             self.pool.release(b)
@@ -120,9 +112,10 @@ class PagedKVCache(Memory):
         need = _n_blocks_for(len(src), bs)
         if need > self.pool.n_free + self._private_after_release(seq, b0):
             raise CacheFull(f"rewriting sequence {seq} needs {need} blocks")
-        saved_k = {layer: self.k[layer][src.to(self.device)].clone() for layer in self.specs}
-        saved_v = {layer: self.v[layer][src.to(self.device)].clone() for layer in self.specs}
-        saved_pos = self.cell_pos[src].clone()
+        dev_src = src.to(self.device)
+        saved_k = {layer: self.k[layer][dev_src] for layer in self.specs}  # indexing copies
+        saved_v = {layer: self.v[layer][dev_src] for layer in self.specs}
+        saved_pos = self.cell_pos[src]
         self._release_blocks(seq, b0)
         self.tables[seq] += self.pool.allocate(need)
         self.n[seq] = b0 * bs + len(src)

@@ -67,7 +67,9 @@ def test_demo_model_writes_python():
 def test_console_script_generates():
     proc = subprocess.run(
         [sys.executable, "-m", "server.cli", "generate", "-n", "8", "--seed", "1", "class Foo"],
-        capture_output=True, text=True, timeout=120,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.startswith("class Foo") and "finish_reason" in proc.stderr
