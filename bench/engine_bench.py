@@ -55,7 +55,6 @@ def run_ours(folder: Path, prompts: list[list[int]], n_new: int, linear: str = "
         str(folder),
         n_ctx=len(prompts) * (len(prompts[0]) + n_new + 16),
         n_seq_max=len(prompts),
-        max_batch_tokens=4096,
         linear=linear,
     )
     params = SamplingParams(temperature=0.0, max_tokens=n_new, ignore_eos=True)

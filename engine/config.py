@@ -23,7 +23,7 @@ class EngineConfig:
     block_size: int = 16
     n_ctx: int = 4096
     n_seq_max: int = 4
-    max_batch_tokens: int = 2048
+    max_batch_tokens: int = 512
     n_threads: int | None = None
     linear: str = "auto"  # auto | torch | onednn (prepacked; CPU float32 only)
 
