@@ -26,6 +26,7 @@ class EngineConfig:
     max_batch_tokens: int = 512
     n_threads: int | None = None
     linear: str = "auto"  # auto | torch | onednn (prepacked; CPU float32 only)
+    context_shift: bool = False  # a full sequence drops old tokens instead of stopping
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "model", Path(self.model))

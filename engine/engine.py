@@ -77,7 +77,9 @@ class Engine:
 
     # ---- step-level API --------------------------------------------------------
 
-    def add_sequence(self, prompt_ids: list[int], params: SamplingParams, seq_id: int, n_cached: int = 0) -> Sequence:
+    def add_sequence(
+        self, prompt_ids: list[int], params: SamplingParams, seq_id: int, n_cached: int = 0, n_keep: int = 0
+    ) -> Sequence:
         """Start generating for ``prompt_ids`` in memory sequence ``seq_id``.
 
         ``n_cached``: the caller guarantees memory already holds ``prompt_ids[:n_cached]``
@@ -105,6 +107,7 @@ class Engine:
             detok=IncrementalDetokenizer(self.tokenizer, prompt_ids),
             stopper=StopMatcher(list(params.stop)),
             n_computed=n_cached,
+            n_keep=max(0, min(n_keep, len(prompt_ids))),
         )
         self.running.append(seq)
         return seq
@@ -156,10 +159,28 @@ class Engine:
         if result.stop is not None:
             seq.stop_string = result.stop
             return self._finish(seq, tok, result.text, FinishReason.STOP, flush=False)
-        if len(seq.output_ids) >= seq.params.max_tokens or len(seq.tokens) >= self.n_ctx_seq:
+        if len(seq.tokens) >= self.n_ctx_seq and not self._shift_context(seq):
+            return self._finish(seq, tok, result.text, FinishReason.LENGTH)
+        if len(seq.output_ids) >= seq.params.max_tokens:
             return self._finish(seq, tok, result.text, FinishReason.LENGTH)
         seq.text += result.text
         return StepEvent(seq, tok, result.text, False)
+
+    def _shift_context(self, seq: Sequence) -> bool:
+        """Drop half of the tokens after ``n_keep`` (llama-server's context shift) and
+        move the rest down; False when shifting is off or impossible."""
+        if not self.config.context_shift or not self.memory.can_shift():
+            return False
+        n_keep = min(seq.n_keep, seq.n_computed - 2)
+        n_discard = (seq.n_computed - n_keep) // 2
+        if n_keep < 0 or n_discard <= 0:
+            return False
+        self.memory.seq_rm(seq.seq_id, n_keep, n_keep + n_discard)
+        self.memory.seq_add(seq.seq_id, n_keep + n_discard, None, -n_discard)
+        del seq.tokens[n_keep : n_keep + n_discard]
+        seq.n_computed -= n_discard
+        seq.n_shifted += n_discard
+        return True
 
     def _finish(self, seq: Sequence, tok: int | None, text: str, reason: FinishReason, flush: bool = True) -> StepEvent:
         if flush:

@@ -34,6 +34,8 @@ class Sequence:
     detok: IncrementalDetokenizer
     stopper: StopMatcher
     n_computed: int = 0
+    n_keep: int = 0  # tokens a context shift never drops
+    n_shifted: int = 0  # tokens dropped by context shifts so far
     tokens: list[int] = field(default_factory=list)
     output_ids: list[int] = field(default_factory=list)
     logprobs: list[TokenLogprob] = field(default_factory=list)

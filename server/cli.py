@@ -25,9 +25,34 @@ def _generate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _serve(args: argparse.Namespace) -> int:
+    from pydantic import ValidationError
+
+    from server.serve import serve
+    from server.settings import settings_from_args
+
+    try:
+        settings = settings_from_args(args)
+    except ValidationError as exc:
+        for err in exc.errors():
+            where = ".".join(str(p) for p in err["loc"]) or "settings"
+            print(f"error: {where}: {err['msg']}", file=sys.stderr)
+        return 2
+    return serve(settings)
+
+
 def build_parser() -> argparse.ArgumentParser:
+    from server.settings import add_flags
+
     ap = argparse.ArgumentParser(prog="slotserve", description="OpenAI-compatible LLM server built around slots")
     sub = ap.add_subparsers(dest="command", required=True)
+    srv = sub.add_parser(
+        "serve",
+        help="serve the OpenAI and llama-server APIs",
+        description="Serve a model over HTTP. Every flag also reads SLOTSERVE_<NAME> (flag wins over env).",
+    )
+    add_flags(srv)
+    srv.set_defaults(func=_serve)
     gen = sub.add_parser("generate", help="generate offline for one or more prompts (all batched together)")
     gen.add_argument("prompt", nargs="+")
     gen.add_argument("-m", "--model", default=None, help="Hugging Face checkpoint folder (default: the demo model)")

@@ -1,0 +1,43 @@
+"""The FastAPI application: state, routes, errors, auth, health and readiness."""
+
+from __future__ import annotations
+
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+from fastapi.responses import JSONResponse
+
+from server import errors, native_api, openai_api
+from server.auth import APIKeyMiddleware
+from server.settings import ServerSettings
+from server.state import ServerState
+
+
+def create_app(settings: ServerSettings) -> FastAPI:
+    state = ServerState(settings)
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI):
+        state.start_loading()  # returns at once: the listener answers while the model loads
+        yield
+        if state.scheduler is not None:
+            state.scheduler.stop()
+
+    app = FastAPI(title="slotserve", lifespan=lifespan, docs_url=None, redoc_url=None)
+    app.state.slotserve = state
+    errors.install(app)
+    app.include_router(openai_api.router)
+    app.include_router(native_api.router)
+
+    @app.get("/health")
+    async def health() -> JSONResponse:
+        code, body = state.health()
+        return JSONResponse(body, status_code=code)
+
+    @app.get("/ready")
+    async def ready() -> JSONResponse:
+        code, body = state.ready()
+        return JSONResponse(body, status_code=code)
+
+    app.add_middleware(APIKeyMiddleware, keys=settings.api_keys)
+    return app

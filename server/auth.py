@@ -1,0 +1,35 @@
+"""API-key check as plain ASGI middleware (so ``http.disconnect`` still reaches routes)."""
+
+from __future__ import annotations
+
+import hmac
+
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from server.errors import APIError
+
+PUBLIC = frozenset({"/health", "/ready"})
+
+
+def _presented(scope: Scope) -> str | None:
+    headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
+    auth = headers.get("authorization", "")
+    if auth[:7].lower() == "bearer ":
+        return auth[7:].strip()
+    return headers.get("x-api-key")
+
+
+class APIKeyMiddleware:
+    def __init__(self, app: ASGIApp, keys: frozenset[str]):
+        self.app = app
+        self.keys = keys
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or not self.keys or scope["path"] in PUBLIC or scope["method"] == "OPTIONS":
+            return await self.app(scope, receive, send)
+        key = _presented(scope)
+        if key is None or not any(hmac.compare_digest(key, k) for k in self.keys):
+            message = "missing API key" if key is None else "invalid API key"
+            response = APIError(401, message, code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
+            return await response.response()(scope, receive, send)
+        return await self.app(scope, receive, send)

@@ -1,0 +1,215 @@
+"""From a validated body to scheduler events and back: sampling parameters, the run of
+one request (with client-disconnect watching), and the per-choice results."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+from fastapi import Request as HTTPRequest
+
+from engine import Engine, SamplingParams
+from engine.chat_template import ChatTemplateError
+from engine.request import Admitted, Delta, Failed, QueueFull, Request, RequestError, RequestEvent
+from engine.scheduler import Scheduler
+from engine.sequence import TokenLogprob
+from server.errors import APIError
+from server.schemas import Message, SamplingFields
+from server.state import ServerState
+
+LLAMA_DEFAULTS = dict(temperature=0.8, top_k=40, top_p=0.95, min_p=0.05)  # llama-server's /completion
+OPENAI_DEFAULTS = dict(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0)
+
+
+def sampling_params(
+    body: SamplingFields, engine: Engine, max_tokens: int, logprobs: int | None, defaults: dict
+) -> SamplingParams:
+    vocab = engine.model_config.vocab_size
+    bias = {int(k): v for k, v in (body.logit_bias or {}).items()}
+    if any(not 0 <= k < vocab for k in bias):
+        raise APIError(400, f"logit_bias: token ids must be in [0, {vocab})")
+    pick = lambda name: defaults[name] if getattr(body, name) is None else getattr(body, name)  # noqa: E731
+    try:
+        return SamplingParams(
+            max_tokens=max_tokens,
+            temperature=pick("temperature"),
+            top_k=pick("top_k"),
+            top_p=max(pick("top_p"), 1e-9),
+            min_p=pick("min_p"),
+            seed=None if body.seed in (None, -1) else body.seed,
+            presence_penalty=body.presence_penalty or 0.0,
+            frequency_penalty=body.frequency_penalty or 0.0,
+            repetition_penalty=body.repetition_penalty or 1.0,
+            logit_bias=bias,
+            logprobs=logprobs,
+            stop=tuple([body.stop] if isinstance(body.stop, str) else body.stop or ()),
+            ignore_eos=body.ignore_eos,
+        )
+    except ValueError as exc:
+        raise APIError(400, str(exc)) from exc
+
+
+def resolve_max_tokens(requested: int | None, default: int, n_prompt: int, engine: Engine) -> tuple[int, bool]:
+    """(max_tokens, given): an open limit runs to the end of the slot's context."""
+    if requested is None and default >= 0:
+        requested = default
+    if requested is not None:
+        return requested, True
+    room = engine.n_ctx_seq - n_prompt
+    return (1 << 30 if engine.config.context_shift else max(room, 0)), False
+
+
+def render_chat(engine: Engine, messages: list[Message], add_generation_prompt: bool = True) -> str:
+    template = engine.tokenizer.chat_template
+    if template is None:
+        raise APIError(400, "this model has no chat template; use /v1/completions")
+    try:
+        return template.render(
+            [{"role": m.role, "content": m.text(), **({"name": m.name} if m.name else {})} for m in messages],
+            add_generation_prompt=add_generation_prompt,
+        )
+    except ChatTemplateError as exc:
+        raise APIError(400, f"chat template: {exc}") from exc
+
+
+def tokenize_prompt(engine: Engine, prompt: str | list[int]) -> list[int]:
+    if isinstance(prompt, str):
+        return engine.tokenizer.encode(prompt)
+    vocab = engine.model_config.vocab_size
+    if any(not 0 <= t < vocab for t in prompt):
+        raise APIError(400, f"prompt: token ids must be in [0, {vocab})")
+    return list(prompt)
+
+
+@dataclass
+class Choice:
+    index: int
+    text: str = ""
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[TokenLogprob] = field(default_factory=list)
+    finish_reason: str | None = None
+    stop_word: str | None = None
+
+    def add(self, d: Delta) -> None:
+        self.text += d.text
+        if d.token_id is not None:
+            self.token_ids.append(d.token_id)
+        if d.logprob is not None:
+            self.logprobs.append(d.logprob)
+        if d.finished:
+            self.finish_reason, self.stop_word = d.finish_reason, d.stop_word
+
+
+async def _wait_disconnect(http: HTTPRequest) -> None:
+    while (await http.receive())["type"] != "http.disconnect":
+        pass
+
+
+class Run:
+    """One request's events, ended early when the client goes away. ``open`` waits for
+    admission so refusals and early failures become HTTP statuses."""
+
+    def __init__(self, state: ServerState, http: HTTPRequest, req: Request):
+        self.state, self.http, self.req = state, http, req
+        self.admitted: Admitted | None = None
+        self.choices = [Choice(i) for i in range(req.n)]
+        self.t_first: float | None = None
+        self.t_last: float | None = None
+        self._events: AsyncIterator[RequestEvent] | None = None
+        self._watch: asyncio.Task | None = None
+
+    async def open(self, scheduler: Scheduler) -> bool:
+        """False when the client left while waiting; raises APIError on refusal."""
+        self.state.n_inflight += 1
+        self._events = scheduler.stream(self.req)
+        self._watch = asyncio.create_task(_wait_disconnect(self.http))
+        try:
+            first = await self._next()
+        except RequestError as exc:
+            await self.close()
+            raise APIError(400, str(exc), exc.type, **exc.extra) from exc
+        except QueueFull as exc:
+            await self.close()
+            raise APIError(503, str(exc), "unavailable_error", headers={"Retry-After": "1"}) from exc
+        if isinstance(first, Failed):
+            await self.close()
+            raise APIError(first.status, first.message, first.type, **first.extra)
+        if first is None:
+            await self.close()
+            return False
+        self.admitted = first
+        return True
+
+    async def _next(self) -> RequestEvent | None:
+        nxt = asyncio.ensure_future(anext(self._events))
+        done, _ = await asyncio.wait({nxt, self._watch}, return_when=asyncio.FIRST_COMPLETED)
+        if nxt not in done:
+            nxt.cancel()
+            with contextlib.suppress(asyncio.CancelledError, StopAsyncIteration):
+                await nxt
+            return None
+        try:
+            return nxt.result()
+        except StopAsyncIteration:
+            return None
+
+    async def events(self) -> AsyncIterator[Delta | Failed]:
+        """The rest of the events; choices are updated as they pass."""
+        try:
+            while (event := await self._next()) is not None:
+                if isinstance(event, Delta):
+                    self.t_first = self.t_first or event.t
+                    self.t_last = event.t
+                    self.choices[event.index].add(event)
+                yield event
+        finally:
+            await self.close()
+
+    async def collect(self) -> Failed | None:
+        async for event in self.events():
+            if isinstance(event, Failed):
+                return event
+        return None
+
+    async def close(self) -> None:
+        if self._watch is None:
+            return
+        self._watch.cancel()
+        self._watch = None
+        with contextlib.suppress(Exception):
+            await self._events.aclose()  # cancels the request if it is still running
+        self.state.n_inflight -= 1
+
+    @property
+    def n_generated(self) -> int:
+        return sum(len(c.token_ids) for c in self.choices)
+
+    def usage(self) -> dict:
+        n_prompt = len(self.req.prompt_ids)
+        n_cached = self.admitted.n_cached if self.admitted else 0
+        return {
+            "prompt_tokens": n_prompt,
+            "completion_tokens": self.n_generated,
+            "total_tokens": n_prompt + self.n_generated,
+            "prompt_tokens_details": {"cached_tokens": n_cached},
+        }
+
+    def timings(self) -> dict:
+        a = self.admitted
+        n_prompt = len(self.req.prompt_ids) - (a.n_cached if a else 0)
+        prompt_ms = ((self.t_first or a.t) - a.t) * 1000 if a else 0.0
+        predicted_ms = ((self.t_last or 0) - (self.t_first or 0)) * 1000
+        n_pred = max(self.n_generated - 1, 0)
+        return {
+            "cache_n": a.n_cached if a else 0,
+            "prompt_n": n_prompt,
+            "prompt_ms": prompt_ms,
+            "prompt_per_token_ms": prompt_ms / max(n_prompt, 1),
+            "prompt_per_second": n_prompt / prompt_ms * 1000 if prompt_ms > 0 else 0.0,
+            "predicted_n": self.n_generated,
+            "predicted_ms": predicted_ms,
+            "predicted_per_token_ms": predicted_ms / max(n_pred, 1),
+            "predicted_per_second": n_pred / predicted_ms * 1000 if predicted_ms > 0 else 0.0,
+        }

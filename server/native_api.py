@@ -1,0 +1,132 @@
+"""llama-server's native routes: /completion, /tokenize, /detokenize, /apply-template,
+/props, /slots."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from fastapi import APIRouter
+from fastapi import Request as HTTPRequest
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from engine.request import Delta, Failed, Request
+from server.errors import APIError
+from server.generation import LLAMA_DEFAULTS, Run, render_chat, resolve_max_tokens, sampling_params, tokenize_prompt
+from server.openai_api import SSE_HEADERS, sse
+from server.schemas import ApplyTemplateRequest, DetokenizeRequest, NativeCompletionRequest, TokenizeRequest
+
+router = APIRouter()
+
+
+def _stop_type(reason: str | None, stop_word: str | None) -> str:
+    if reason == "length":
+        return "limit"
+    if reason == "stop":
+        return "word" if stop_word else "eos"
+    return "none"
+
+
+@router.post("/completion")
+@router.post("/completions_native", include_in_schema=False)
+async def completion(body: NativeCompletionRequest, http: HTTPRequest) -> Response:
+    state = http.app.state.slotserve
+    scheduler = state.require_ready()
+    engine = scheduler.engine
+    prompt_ids = tokenize_prompt(engine, body.prompt)
+    requested = None if body.n_predict < 0 else body.n_predict
+    n_tokens, given = resolve_max_tokens(requested, state.settings.n_predict, len(prompt_ids), engine)
+    params = sampling_params(body, engine, n_tokens, body.n_probs or None, LLAMA_DEFAULTS)
+    req = Request(prompt_ids, params, 1, body.id_slot, body.cache_prompt, body.n_keep, given)
+    run = Run(state, http, req)
+    if not await run.open(scheduler):
+        return Response(status_code=499)
+    id_slot = run.admitted.id_slots[0]
+
+    def final() -> dict:
+        c = run.choices[0]
+        return {
+            "content": c.text if not body.stream else "",
+            "tokens": c.token_ids if not body.stream else [],
+            "id_slot": id_slot,
+            "stop": True,
+            "model": state.settings.model_name,
+            "tokens_predicted": len(c.token_ids),
+            "tokens_evaluated": len(prompt_ids),
+            "tokens_cached": run.admitted.n_cached,
+            "stop_type": _stop_type(c.finish_reason, c.stop_word),
+            "stopping_word": c.stop_word or "",
+            "truncated": False,
+            "timings": run.timings(),
+            "generation_settings": dataclasses.asdict(params),
+        }
+
+    if body.stream:
+
+        async def frames():
+            async for event in run.events():
+                if isinstance(event, Failed):
+                    yield sse({"error": {"message": event.message, "type": event.type, "code": event.status}})
+                    return
+                if isinstance(event, Delta) and not event.finished:
+                    tokens = [event.token_id] if event.token_id is not None else []
+                    yield sse({"content": event.text, "tokens": tokens, "id_slot": id_slot, "stop": False})
+                elif isinstance(event, Delta):
+                    tokens = [event.token_id] if event.token_id is not None else []
+                    last = {**final(), "content": event.text, "tokens": tokens}
+                    yield sse(last)
+
+        return StreamingResponse(frames(), media_type="text/event-stream", headers=SSE_HEADERS)
+
+    failure = await run.collect()
+    if failure is not None:
+        raise APIError(failure.status, failure.message, failure.type)
+    return JSONResponse(final())
+
+
+@router.post("/tokenize")
+async def tokenize(body: TokenizeRequest, http: HTTPRequest) -> dict:
+    engine = http.app.state.slotserve.require_ready().engine
+    ids = engine.tokenizer.encode(body.content, add_special=body.add_special)
+    if not body.with_pieces:
+        return {"tokens": ids}
+    return {"tokens": [{"id": i, "piece": engine.tokenizer.decode([i], skip_special=False)} for i in ids]}
+
+
+@router.post("/detokenize")
+async def detokenize(body: DetokenizeRequest, http: HTTPRequest) -> dict:
+    engine = http.app.state.slotserve.require_ready().engine
+    vocab = engine.model_config.vocab_size
+    if any(not 0 <= t < vocab for t in body.tokens):
+        raise APIError(400, f"tokens: ids must be in [0, {vocab})")
+    return {"content": engine.tokenizer.decode(body.tokens, skip_special=False)}
+
+
+@router.post("/apply-template")
+async def apply_template(body: ApplyTemplateRequest, http: HTTPRequest) -> dict:
+    engine = http.app.state.slotserve.require_ready().engine
+    return {"prompt": render_chat(engine, body.messages)}
+
+
+@router.get("/props")
+async def props(http: HTTPRequest) -> dict:
+    state = http.app.state.slotserve
+    engine = state.require_ready().engine
+    tok = engine.tokenizer
+    template = tok.chat_template.source if tok.chat_template else ""
+    return {
+        "default_generation_settings": {"n_ctx": engine.n_ctx_seq, "params": {**LLAMA_DEFAULTS, "n_predict": -1}},
+        "total_slots": len(state.scheduler.table),
+        "model_path": str(state.settings.model),
+        "model_alias": state.settings.model_name,
+        "chat_template": template,
+        "bos_token": tok.bos_token,
+        "eos_token": tok.eos_token,
+        "build_info": "slotserve",
+        "is_sleeping": False,
+    }
+
+
+@router.get("/slots")
+async def slots(http: HTTPRequest) -> list[dict]:
+    scheduler = http.app.state.slotserve.require_ready()
+    return [dataclasses.asdict(s) for s in scheduler.snapshot()]

@@ -1,0 +1,197 @@
+"""OpenAI-compatible routes: /v1/completions, /v1/chat/completions, /v1/models."""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator
+
+from fastapi import APIRouter
+from fastapi import Request as HTTPRequest
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from engine import Engine
+from engine.request import Delta, Failed, Request
+from engine.sequence import TokenLogprob
+from server.errors import APIError
+from server.generation import (
+    OPENAI_DEFAULTS,
+    Choice,
+    Run,
+    render_chat,
+    resolve_max_tokens,
+    sampling_params,
+    tokenize_prompt,
+)
+from server.schemas import ChatCompletionRequest, CompletionRequest, OpenAIFields
+
+router = APIRouter()
+SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
+def sse(data: dict | str) -> str:
+    return f"data: {data if isinstance(data, str) else json.dumps(data, ensure_ascii=False)}\n\n"
+
+
+def _piece(engine: Engine, token_id: int) -> str:
+    return engine.tokenizer.decode([token_id], skip_special=False)
+
+
+def _chat_logprob(engine: Engine, lp: TokenLogprob) -> dict:
+    def entry(tid: int, value: float) -> dict:
+        text = _piece(engine, tid)
+        return {"token": text, "logprob": value, "bytes": list(text.encode("utf-8"))}
+
+    return {**entry(lp.token_id, lp.logprob), "top_logprobs": [entry(t, v) for t, v in lp.top]}
+
+
+def _completion_logprobs(engine: Engine, lps: list[TokenLogprob], offset: int) -> dict:
+    tokens, offsets = [], []
+    for lp in lps:
+        offsets.append(offset)
+        tokens.append(_piece(engine, lp.token_id))
+        offset += len(tokens[-1])
+    return {
+        "tokens": tokens,
+        "token_logprobs": [lp.logprob for lp in lps],
+        "top_logprobs": [{_piece(engine, t): v for t, v in lp.top} for lp in lps],
+        "text_offset": offsets,
+    }
+
+
+async def _start(http: HTTPRequest, body: OpenAIFields, prompt_ids: list[int], max_tokens, logprobs) -> Run:
+    state = http.app.state.slotserve
+    scheduler = state.require_ready()
+    engine = scheduler.engine
+    n_tokens, given = resolve_max_tokens(max_tokens, state.settings.n_predict, len(prompt_ids), engine)
+    params = sampling_params(body, engine, n_tokens, logprobs, OPENAI_DEFAULTS)
+    req = Request(prompt_ids, params, body.n, body.id_slot, body.cache_prompt, body.n_keep, given)
+    run = Run(state, http, req)
+    if not await run.open(scheduler):
+        return None
+    return run
+
+
+def _header(kind: str, model: str) -> dict:
+    prefix = "chatcmpl" if kind == "chat.completion" else "cmpl"
+    return {"id": f"{prefix}-{uuid.uuid4().hex}", "object": kind, "created": int(time.time()), "model": model}
+
+
+async def _stream(run: Run, head: dict, include_usage: bool, render) -> AsyncIterator[str]:
+    """SSE frames: ``render(delta)`` gives each delta's choice object; then usage, [DONE]."""
+    async for event in run.events():
+        if isinstance(event, Failed):
+            yield sse({"error": {"message": event.message, "type": event.type, "code": event.status}})
+            return
+        choice = render(event)
+        if choice is not None:
+            yield sse({**head, "choices": [choice], **({"usage": None} if include_usage else {})})
+    if include_usage:
+        yield sse({**head, "choices": [], "usage": run.usage()})
+    yield sse("[DONE]")
+
+
+def _failed(failure: Failed | None) -> None:
+    if failure is not None:
+        raise APIError(failure.status, failure.message, failure.type)
+
+
+@router.post("/v1/completions")
+@router.post("/completions", include_in_schema=False)
+async def completions(body: CompletionRequest, http: HTTPRequest) -> Response:
+    state = http.app.state.slotserve
+    engine = state.require_ready().engine
+    if body.echo and body.logprobs is not None:
+        raise APIError(400, "echo with logprobs is not supported (no prompt logprobs)")
+    prompt_ids = tokenize_prompt(engine, body.prompt)
+    max_tokens = 16 if body.max_tokens is None else body.max_tokens
+    run = await _start(http, body, prompt_ids, max_tokens, body.logprobs)
+    if run is None:
+        return Response(status_code=499)
+    head = _header("text_completion", state.settings.model_name)
+    echo = engine.tokenizer.decode(prompt_ids) if body.echo else ""
+
+    if body.stream:
+        offsets = [len(echo)] * body.n
+        started = [False] * body.n
+
+        def render(d: Delta) -> dict:
+            text = d.text if started[d.index] else echo + d.text
+            started[d.index] = True
+            lps = None
+            if body.logprobs is not None:
+                lps = _completion_logprobs(engine, [d.logprob] if d.logprob else [], offsets[d.index])
+            offsets[d.index] += len(text)
+            return {"index": d.index, "text": text, "logprobs": lps, "finish_reason": d.finish_reason}
+
+        include = bool(body.stream_options and body.stream_options.include_usage)
+        return StreamingResponse(
+            _stream(run, head, include, render), media_type="text/event-stream", headers=SSE_HEADERS
+        )
+
+    _failed(await run.collect())
+
+    def choice(c: Choice) -> dict:
+        lps = _completion_logprobs(engine, c.logprobs, len(echo)) if body.logprobs is not None else None
+        return {"index": c.index, "text": echo + c.text, "logprobs": lps, "finish_reason": c.finish_reason}
+
+    return JSONResponse({**head, "choices": [choice(c) for c in run.choices], "usage": run.usage()})
+
+
+@router.post("/v1/chat/completions")
+@router.post("/chat/completions", include_in_schema=False)
+async def chat_completions(body: ChatCompletionRequest, http: HTTPRequest) -> Response:
+    state = http.app.state.slotserve
+    engine = state.require_ready().engine
+    prompt = render_chat(engine, body.messages, body.add_generation_prompt)
+    prompt_ids = engine.tokenizer.encode(prompt, add_special=False)
+    max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
+    n_top = (body.top_logprobs or 0) if body.logprobs else None
+    run = await _start(http, body, prompt_ids, max_tokens, n_top)
+    if run is None:
+        return Response(status_code=499)
+    head = _header("chat.completion", state.settings.model_name)
+
+    if body.stream:
+        started = [False] * body.n
+
+        def render(d: Delta) -> dict | None:
+            delta: dict = {}
+            if not started[d.index]:
+                delta["role"] = "assistant"
+                started[d.index] = True
+            if d.text or not d.finished:
+                delta["content"] = d.text
+            lps = {"content": [_chat_logprob(engine, d.logprob)]} if body.logprobs and d.logprob else None
+            return {"index": d.index, "delta": delta, "logprobs": lps, "finish_reason": d.finish_reason}
+
+        include = bool(body.stream_options and body.stream_options.include_usage)
+        chunk_head = {**head, "object": "chat.completion.chunk"}
+        return StreamingResponse(
+            _stream(run, chunk_head, include, render), media_type="text/event-stream", headers=SSE_HEADERS
+        )
+
+    _failed(await run.collect())
+
+    def choice(c: Choice) -> dict:
+        lps = {"content": [_chat_logprob(engine, lp) for lp in c.logprobs]} if body.logprobs else None
+        message = {"role": "assistant", "content": c.text}
+        return {"index": c.index, "message": message, "logprobs": lps, "finish_reason": c.finish_reason}
+
+    return JSONResponse({**head, "choices": [choice(c) for c in run.choices], "usage": run.usage()})
+
+
+@router.get("/v1/models")
+@router.get("/models", include_in_schema=False)
+async def models(http: HTTPRequest) -> dict:
+    state = http.app.state.slotserve
+    meta = {"n_ctx": state.engine.n_ctx_seq, "n_vocab": state.engine.model_config.vocab_size} if state.engine else {}
+    entry = {
+        "id": state.settings.model_name,
+        "object": "model",
+        "created": int(state.t_started),
+        "owned_by": "slotserve",
+        "meta": meta,
+    }
+    return {"object": "list", "data": [entry]}

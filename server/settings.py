@@ -1,0 +1,112 @@
+"""Server settings: llama-server's flag names, each also read from ``SLOTSERVE_<NAME>``.
+
+Precedence: command-line flag, then environment variable, then default. Parsed once at
+start-up; nothing below reads the environment again.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from engine import DEMO_MODEL
+
+
+class ServerSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="SLOTSERVE_", extra="forbid", protected_namespaces=())
+
+    model: Path = Field(DEMO_MODEL, description="Hugging Face checkpoint folder (default: the embedded demo model)")
+    alias: str | None = Field(None, description="model name reported by the API (default: the folder name)")
+    host: str = Field("127.0.0.1", description="address to listen on")
+    port: int = Field(8080, ge=0, le=65535, description="port to listen on")
+    ctx_size: int = Field(4096, gt=0, description="KV cache cells shared by all slots (one slot may use all)")
+    parallel: int = Field(4, gt=0, description="number of slots")
+    batch_size: int = Field(2048, gt=0, description="logical token budget of one step")
+    ubatch_size: int = Field(512, gt=0, description="physical token budget of one forward (step = min(-b, -ub))")
+    kv_unified: bool = Field(True, description="one block pool shared by all slots (per-stream: later)")
+    block_size: int = Field(16, gt=0, description="KV cells per block")
+    dtype: str = Field("float32", pattern="^(float32|bfloat16|float16)$", description="weights and activations")
+    slot_save_path: Path | None = Field(None, description="folder for slot files (slot save/restore off without it)")
+    api_key: str | None = Field(None, description="comma-separated API keys (Bearer or X-Api-Key)")
+    api_key_file: Path | None = Field(None, description="file with one API key per line")
+    slot_prompt_similarity: float = Field(0.1, ge=0, le=1, description="prefix share that picks a slot")
+    context_shift: bool = Field(False, description="a full slot drops old tokens instead of stopping")
+    n_predict: int = Field(-1, ge=-1, description="default max tokens when a request sets none (-1: to context)")
+    threads: int | None = Field(None, gt=0, description="torch threads for the engine")
+    timeout: float = Field(600, gt=0, description="idle keep-alive connection timeout, seconds")
+    max_queue: int = Field(256, ge=0, description="requests waiting for a slot before 503")
+    drain_timeout: float = Field(30, ge=0, description="seconds in-flight requests get after SIGTERM")
+    stall_timeout: float = Field(60, gt=0, description="/health fails when a step takes longer than this")
+
+    @field_validator("api_key_file")
+    @classmethod
+    def _key_file_exists(cls, v: Path | None) -> Path | None:
+        if v is not None and not v.is_file():
+            raise ValueError(f"{v}: file not found")
+        return v
+
+    @property
+    def api_keys(self) -> frozenset[str]:
+        keys = [k.strip() for k in (self.api_key or "").split(",")]
+        if self.api_key_file is not None:
+            keys += [line.strip() for line in self.api_key_file.read_text().splitlines()]
+        return frozenset(k for k in keys if k)
+
+    @property
+    def model_name(self) -> str:
+        return self.alias or Path(self.model).name
+
+    @property
+    def step_tokens(self) -> int:
+        return min(self.batch_size, self.ubatch_size)
+
+
+# flag spellings: llama-server's short and long names for each field
+FLAGS: dict[str, tuple[str, ...]] = {
+    "model": ("-m", "--model"),
+    "alias": ("-a", "--alias"),
+    "host": ("--host",),
+    "port": ("--port",),
+    "ctx_size": ("-c", "--ctx-size"),
+    "parallel": ("-np", "--parallel"),
+    "batch_size": ("-b", "--batch-size"),
+    "ubatch_size": ("-ub", "--ubatch-size"),
+    "block_size": ("--block-size",),
+    "dtype": ("--dtype",),
+    "slot_save_path": ("--slot-save-path",),
+    "api_key": ("--api-key",),
+    "api_key_file": ("--api-key-file",),
+    "slot_prompt_similarity": ("-sps", "--slot-prompt-similarity"),
+    "n_predict": ("-n", "--n-predict"),
+    "threads": ("-t", "--threads"),
+    "timeout": ("-to", "--timeout"),
+    "max_queue": ("--max-queue",),
+    "drain_timeout": ("--drain-timeout",),
+    "stall_timeout": ("--stall-timeout",),
+}
+SWITCHES: dict[str, tuple[str, str]] = {
+    "kv_unified": ("--kv-unified", "--no-kv-unified"),
+    "context_shift": ("--context-shift", "--no-context-shift"),
+}
+
+
+def add_flags(parser: argparse.ArgumentParser) -> None:
+    """One flag per setting; defaults are None so unset flags fall through to the env."""
+    for name, field in ServerSettings.model_fields.items():
+        env = f"SLOTSERVE_{name.upper()}"
+        default = "" if field.default is None or name == "model" else f"default {field.default}; "
+        help_ = f"{field.description} ({default}env {env})"
+        if name in SWITCHES:
+            on, off = SWITCHES[name]
+            parser.add_argument(on, dest=name, action="store_true", default=None, help=help_)
+            parser.add_argument(off, dest=name, action="store_false", default=None, help=f"turn {on} off")
+        else:
+            parser.add_argument(*FLAGS[name], dest=name, default=None, metavar=name.upper(), help=help_)
+
+
+def settings_from_args(args: argparse.Namespace) -> ServerSettings:
+    given = {k: v for k, v in vars(args).items() if k in ServerSettings.model_fields and v is not None}
+    return ServerSettings(**given)

@@ -1,0 +1,94 @@
+"""What the HTTP side knows about the process: loading, ready, draining, failed."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+from engine import Engine, EngineConfig, SamplingParams
+from engine.scheduler import Scheduler
+from server.errors import APIError
+from server.settings import ServerSettings
+
+log = logging.getLogger("slotserve")
+
+
+class ServerState:
+    """Loading runs in a thread so the listener answers /health and /ready meanwhile.
+    ``status``: loading -> ready -> draining; or loading -> failed."""
+
+    def __init__(self, settings: ServerSettings):
+        self.settings = settings
+        self.status = "loading"
+        self.error: str | None = None
+        self.engine: Engine | None = None
+        self.scheduler: Scheduler | None = None
+        self.n_inflight = 0  # HTTP requests between admission check and their last byte
+        self.t_started = time.time()
+        self._loader = threading.Thread(target=self._load, name="slotserve-loader", daemon=True)
+
+    def start_loading(self) -> None:
+        self._loader.start()
+
+    def _load(self) -> None:
+        s = self.settings
+        try:
+            config = EngineConfig(
+                model=s.model,
+                dtype=s.dtype,
+                block_size=s.block_size,
+                n_ctx=s.ctx_size,
+                n_seq_max=s.parallel,
+                max_batch_tokens=s.step_tokens,
+                n_threads=s.threads,
+                context_shift=s.context_shift,
+            )
+            engine = Engine(config)
+            self._warm_up(engine)
+            scheduler = Scheduler(engine, s.slot_prompt_similarity, s.max_queue, s.stall_timeout)
+            scheduler.start()
+        except Exception as exc:  # a bad checkpoint or setting: report it, keep the listener up
+            log.exception("loading the model failed")
+            self.error, self.status = f"{type(exc).__name__}: {exc}", "failed"
+            return
+        self.engine, self.scheduler = engine, scheduler
+        if self.status == "loading":
+            self.status = "ready"
+        log.info("model %s ready: %d slots, context %d", s.model_name, s.parallel, engine.n_ctx_seq)
+
+    @staticmethod
+    def _warm_up(engine: Engine) -> None:
+        engine.generate([[0, 1, 2, 3]], SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True))
+        engine.memory.seq_rm(-1)
+
+    def begin_drain(self) -> None:
+        self.status = "draining"
+
+    def require_ready(self) -> Scheduler:
+        """The scheduler, or a 503 that says why there is none."""
+        if self.status == "ready" and self.scheduler is not None:
+            return self.scheduler
+        reason = {
+            "loading": "the model is loading",
+            "draining": "the server is shutting down",
+            "failed": f"the model failed to load: {self.error}",
+        }[self.status]
+        raise APIError(503, reason, "unavailable_error", headers={"Retry-After": "1"})
+
+    def health(self) -> tuple[int, dict]:
+        if self.status == "failed":
+            return 503, {"status": "error", "error": self.error}
+        if self.scheduler is not None:
+            h = self.scheduler.health()
+            if not h.alive:
+                return 503, {"status": "error", "error": "the engine thread has died"}
+            if h.stalled:
+                return 503, {"status": "error", "error": f"no step finished for {self.settings.stall_timeout} s"}
+        return 200, {"status": "ok"}
+
+    def ready(self) -> tuple[int, dict]:
+        if self.status != "ready":
+            return 503, {"status": "error" if self.status == "failed" else self.status}
+        code, body = self.health()
+        return (200, {"status": "ok"}) if code == 200 else (code, body)
