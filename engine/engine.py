@@ -8,6 +8,7 @@ it (``memory.seq_rm``). ``generate`` is the offline convenience built on the sam
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from dataclasses import dataclass
 
@@ -24,7 +25,7 @@ from engine.sampler import SampleOutput, SampleRow, sample
 from engine.sampling_params import SamplingParams
 from engine.sequence import FinishReason, Sequence, StepEvent, TokenLogprob
 from engine.tokenizer import Tokenizer
-from memory import PagedKVCache
+from memory import MemoryError_, PagedKVCache
 
 
 @dataclass
@@ -116,6 +117,17 @@ class Engine:
         if seq in self.running:
             self.running.remove(seq)
             seq.finish_reason = seq.finish_reason or FinishReason.ABORT
+
+    def memory_report(self) -> dict:
+        """Usage of the memory and the result of its integrity check (call it from the
+        thread that steps the engine)."""
+        usage = self.memory.usage()
+        try:
+            self.memory.integrity_check()
+            integrity = "ok"
+        except MemoryError_ as exc:
+            integrity = str(exc)
+        return {**dataclasses.asdict(usage), "usage_ratio": usage.ratio, "integrity": integrity}
 
     @property
     def has_work(self) -> bool:

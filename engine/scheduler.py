@@ -10,6 +10,7 @@ called on the engine thread (the asyncio side wraps it in
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import dataclasses
 import itertools
 import logging
@@ -69,6 +70,7 @@ class Scheduler:
         self._cv = threading.Condition()
         self._inbox: deque[_Task] = deque()  # new tasks (guarded by _cv)
         self._cancels: set[int] = set()  # guarded by _cv
+        self._calls: deque[tuple[Callable, concurrent.futures.Future]] = deque()  # guarded by _cv
         self._n_waiting = 0  # queued, not yet in a slot (guarded by _cv)
         self._waiting: deque[_Task] = deque()  # engine thread only
         self._active: dict[int, _Task] = {}  # engine thread only
@@ -126,6 +128,17 @@ class Scheduler:
         with self._cv:
             self._cancels.add(id_task)
             self._cv.notify()
+
+    async def call(self, fn: Callable[[], object]) -> object:
+        """Run ``fn()`` on the engine thread between two steps (where memory may be
+        read or changed safely) and return its result or raise its exception."""
+        future: concurrent.futures.Future = concurrent.futures.Future()
+        with self._cv:
+            if self._stop or not self._thread.is_alive():
+                raise RuntimeError("the engine thread is not running")
+            self._calls.append((fn, future))
+            self._cv.notify()
+        return await asyncio.wrap_future(future)
 
     async def stream(self, req: Request) -> AsyncIterator[RequestEvent]:
         """Submit and yield the request's events; leaving early cancels it."""
@@ -188,7 +201,7 @@ class Scheduler:
     def _run(self) -> None:
         while True:
             with self._cv:
-                while not (self._stop or self._inbox or self._cancels or self.engine.has_work or self._admittable()):
+                while not self._has_news():
                     self._busy_since = None
                     self._cv.wait()
                 if self._stop:
@@ -196,15 +209,32 @@ class Scheduler:
                 self._waiting.extend(self._inbox)
                 self._inbox.clear()
                 cancels, self._cancels = self._cancels, set()
+                calls, self._calls = self._calls, deque()
             self._busy_since = self._busy_since or time.monotonic()
             for id_task in cancels:
                 self._cancel(id_task)
+            for fn, future in calls:
+                self._run_call(fn, future)
             self._admit()
             if self.engine.has_work:
                 self._step()
                 self._busy_since = time.monotonic()
         for task in list(self._active.values()):
             self._fail(task, Failed("the server is shutting down", "unavailable_error", 503))
+        for _, future in self._calls:
+            future.set_exception(RuntimeError("the engine thread stopped"))
+
+    @staticmethod
+    def _run_call(fn: Callable, future: concurrent.futures.Future) -> None:
+        if not future.set_running_or_notify_cancel():
+            return
+        try:
+            future.set_result(fn())
+        except Exception as exc:  # handed to the caller
+            future.set_exception(exc)
+
+    def _has_news(self) -> bool:
+        return bool(self._stop or self._inbox or self._cancels or self._calls) or self.engine.has_work or self._admittable()
 
     def _admittable(self) -> bool:
         return any(self._choose(t) is not None for t in self._waiting)

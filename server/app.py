@@ -8,7 +8,7 @@ from fastapi import FastAPI
 from fastapi.responses import JSONResponse
 
 from server import errors, native_api, openai_api
-from server.auth import APIKeyMiddleware
+from server.auth import APIKeyMiddleware, JSONBodyMiddleware
 from server.settings import ServerSettings
 from server.state import ServerState
 
@@ -39,5 +39,6 @@ def create_app(settings: ServerSettings) -> FastAPI:
         code, body = state.ready()
         return JSONResponse(body, status_code=code)
 
+    app.add_middleware(JSONBodyMiddleware)
     app.add_middleware(APIKeyMiddleware, keys=settings.api_keys)
     return app

@@ -110,7 +110,9 @@ async def apply_template(body: ApplyTemplateRequest, http: HTTPRequest) -> dict:
 @router.get("/props")
 async def props(http: HTTPRequest) -> dict:
     state = http.app.state.slotserve
-    engine = state.require_ready().engine
+    scheduler = state.require_ready()
+    engine = scheduler.engine
+    memory = await scheduler.call(engine.memory_report)
     tok = engine.tokenizer
     template = tok.chat_template.source if tok.chat_template else ""
     return {
@@ -123,6 +125,7 @@ async def props(http: HTTPRequest) -> dict:
         "eos_token": tok.eos_token,
         "build_info": "slotserve",
         "is_sleeping": False,
+        "memory": memory,
     }
 
 
