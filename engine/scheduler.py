@@ -234,7 +234,8 @@ class Scheduler:
             future.set_exception(exc)
 
     def _has_news(self) -> bool:
-        return bool(self._stop or self._inbox or self._cancels or self._calls) or self.engine.has_work or self._admittable()
+        queued = self._stop or self._inbox or self._cancels or self._calls
+        return bool(queued) or self.engine.has_work or self._admittable()
 
     def _admittable(self) -> bool:
         return any(self._choose(t) is not None for t in self._waiting)
