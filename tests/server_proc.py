@@ -1,0 +1,67 @@
+"""A real ``slotserve serve`` in a subprocess on a free port, for the server tests."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class ServerProcess:
+    def __init__(self, *args: str, env: dict[str, str] | None = None, log: Path | None = None):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        cmd = [sys.executable, "-m", "server.cli", "serve", "--port", str(self.port), *args]
+        self.log_path = log
+        out = open(log, "wb") if log else subprocess.DEVNULL  # noqa: SIM115
+        full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+        self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=full_env)
+
+    def wait_listening(self, timeout: float = 60) -> httpx.Response:
+        """Poll /health until the listener answers; returns that first answer."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited with {self.proc.returncode}")
+            try:
+                return httpx.get(self.url + "/health", timeout=1)
+            except httpx.TransportError:
+                time.sleep(0.02)
+        raise TimeoutError("server did not start listening")
+
+    def wait_ready(self, timeout: float = 60) -> None:
+        deadline = time.monotonic() + timeout
+        self.wait_listening(timeout)
+        while time.monotonic() < deadline:
+            if httpx.get(self.url + "/ready", timeout=5).status_code == 200:
+                return
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited with {self.proc.returncode}")
+            time.sleep(0.05)
+        raise TimeoutError("server did not become ready")
+
+    def signal(self, sig: int = signal.SIGTERM) -> None:
+        self.proc.send_signal(sig)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+
+    def __enter__(self) -> ServerProcess:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
