@@ -109,7 +109,9 @@ async def _wait_disconnect(http: HTTPRequest) -> None:
 
 class Run:
     """One request's events, ended early when the client goes away. ``open`` waits for
-    admission so refusals and early failures become HTTP statuses."""
+    admission so refusals and early failures become HTTP statuses. The disconnect
+    watcher cancels the request itself: a response that stops iterating (its send
+    failed) may leave the event generator suspended until garbage collection."""
 
     def __init__(self, state: ServerState, http: HTTPRequest, req: Request):
         self.state, self.http, self.req = state, http, req
@@ -125,6 +127,7 @@ class Run:
         self.state.n_inflight += 1
         self._events = scheduler.stream(self.req)
         self._watch = asyncio.create_task(_wait_disconnect(self.http))
+        self._watch.add_done_callback(lambda task: self._client_gone(task, scheduler))
         try:
             first = await self._next()
         except RequestError as exc:
@@ -141,6 +144,10 @@ class Run:
             return False
         self.admitted = first
         return True
+
+    def _client_gone(self, watch: asyncio.Task, scheduler: Scheduler) -> None:
+        if not watch.cancelled() and self.req.id >= 0:
+            scheduler.cancel(self.req.id)  # idempotent; a finished request ignores it
 
     async def _next(self) -> RequestEvent | None:
         nxt = asyncio.ensure_future(anext(self._events))

@@ -7,12 +7,12 @@ import dataclasses
 
 from fastapi import APIRouter
 from fastapi import Request as HTTPRequest
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, Response
 
 from engine.request import Delta, Failed, Request
 from server.errors import APIError
 from server.generation import LLAMA_DEFAULTS, Run, render_chat, resolve_max_tokens, sampling_params, tokenize_prompt
-from server.openai_api import SSE_HEADERS, sse
+from server.openai_api import SSEResponse, sse
 from server.schemas import ApplyTemplateRequest, DetokenizeRequest, NativeCompletionRequest, TokenizeRequest
 
 router = APIRouter()
@@ -75,7 +75,7 @@ async def completion(body: NativeCompletionRequest, http: HTTPRequest) -> Respon
                     last = {**final(), "content": event.text, "tokens": tokens}
                     yield sse(last)
 
-        return StreamingResponse(frames(), media_type="text/event-stream", headers=SSE_HEADERS)
+        return SSEResponse(frames(), run)
 
     failure = await run.collect()
     if failure is not None:

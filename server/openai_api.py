@@ -30,6 +30,20 @@ router = APIRouter()
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
+class SSEResponse(StreamingResponse):
+    """An SSE stream that closes its run however the stream ends (client gone included)."""
+
+    def __init__(self, frames: AsyncIterator[str], run: Run):
+        super().__init__(frames, media_type="text/event-stream", headers=SSE_HEADERS)
+        self.run = run
+
+    async def __call__(self, scope, receive, send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            await self.run.close()
+
+
 def sse(data: dict | str) -> str:
     return f"data: {data if isinstance(data, str) else json.dumps(data, ensure_ascii=False)}\n\n"
 
@@ -168,9 +182,7 @@ async def chat_completions(body: ChatCompletionRequest, http: HTTPRequest) -> Re
 
         include = bool(body.stream_options and body.stream_options.include_usage)
         chunk_head = {**head, "object": "chat.completion.chunk"}
-        return StreamingResponse(
-            _stream(run, chunk_head, include, render), media_type="text/event-stream", headers=SSE_HEADERS
-        )
+        return SSEResponse(_stream(run, chunk_head, include, render), run)
 
     _failed(await run.collect())
 

@@ -1,0 +1,160 @@
+"""Slots through a real server: concurrency, prefix reuse, pinning, cancellation."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+
+import httpx
+import pytest
+from server_proc import ServerProcess
+
+from engine import Engine
+
+N_SLOTS = 4
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    log = tmp_path_factory.mktemp("server") / "server.log"
+    with ServerProcess("-np", str(N_SLOTS), "-c", "4096", log=log) as srv:
+        srv.wait_ready()
+        yield srv
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return Engine.from_pretrained().tokenizer
+
+
+def slots(server) -> list[dict]:
+    return httpx.get(server.url + "/slots").json()
+
+
+def wait_idle(server, timeout: float) -> float:
+    t0 = time.monotonic()
+    while any(s["is_processing"] for s in slots(server)):
+        if time.monotonic() - t0 > timeout:
+            raise TimeoutError(slots(server))
+        time.sleep(0.01)
+    return time.monotonic() - t0
+
+
+def complete(server, prompt, **kw) -> dict:
+    body = {"prompt": prompt, "temperature": 0, "max_tokens": 8, **kw}
+    r = httpx.post(server.url + "/v1/completions", json=body, timeout=60)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def test_32_concurrent_streams_on_4_slots(server):
+    async def one(client: httpx.AsyncClient, i: int) -> tuple[int, int, str]:
+        body = {
+            "prompt": f"def function_{i}(x):",
+            "max_tokens": 16,
+            "ignore_eos": True,
+            "temperature": 0.8,
+            "seed": i,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
+        n_chunks, usage, reason = 0, None, None
+        async with client.stream("POST", "/v1/completions", json=body) as r:
+            assert r.status_code == 200
+            async for line in r.aiter_lines():
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                event = json.loads(line[6:])
+                if event["choices"]:
+                    n_chunks += 1
+                    reason = event["choices"][0]["finish_reason"] or reason
+                else:
+                    usage = event["usage"]
+        return n_chunks, usage["completion_tokens"], reason
+
+    async def main():
+        limits = httpx.Limits(max_connections=64)
+        async with httpx.AsyncClient(base_url=server.url, timeout=120, limits=limits) as client:
+            return await asyncio.gather(*(one(client, i) for i in range(32)))
+
+    results = asyncio.run(main())
+    assert all(n_tokens == 16 and reason == "length" for _, n_tokens, reason in results)
+    assert all(n_chunks >= 16 for n_chunks, _, _ in results)
+    wait_idle(server, 5)
+    info = slots(server)
+    memory = httpx.get(server.url + "/props").json()["memory"]
+    assert memory["integrity"] == "ok"
+    held = sum(-(-s["n_cached"] // memory["block_size"]) for s in info)
+    assert memory["n_blocks_used"] <= held  # only the idle slots' caches hold blocks
+
+
+def test_prefix_reuse_and_cold_equality(server, tokenizer):
+    text = "".join(f"def helper_{i}(value):\n    return value * {i}\n\n" for i in range(40))
+    prefix = tokenizer.encode(text)[:200]
+    tail_a, tail_b = tokenizer.encode("class Alpha:"), tokenizer.encode("import json\n")
+    complete(server, prefix + tail_a)
+    warm = complete(server, prefix + tail_b)
+    assert warm["usage"]["prompt_tokens_details"]["cached_tokens"] >= 190
+    cold = complete(server, prefix + tail_b, cache_prompt=False)
+    assert cold["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+    assert warm["choices"][0]["text"] == cold["choices"][0]["text"]
+
+
+def test_prefix_copied_from_busy_slot(server, tokenizer):
+    text = "".join(f"class Widget{i}:\n    size = {i}\n\n" for i in range(30))
+    prefix = tokenizer.encode(text)[:150]
+    body = {"prompt": prefix + tokenizer.encode("x = 1"), "max_tokens": 400, "ignore_eos": True, "id_slot": 0}
+    with httpx.stream("POST", server.url + "/v1/completions", json={**body, "stream": True}, timeout=60) as r:
+        lines = r.iter_lines()
+        next(line for line in lines if line.startswith("data: "))  # slot 0 is now busy with the prefix
+        assert slots(server)[0]["is_processing"]
+        tail = tokenizer.encode("y = 2")
+        warm = complete(server, prefix + tail, id_slot=1)
+        assert slots(server)[0]["is_processing"]  # the copy came from a slot still generating
+    assert warm["usage"]["prompt_tokens_details"]["cached_tokens"] >= 140
+    cold = complete(server, prefix + tail, id_slot=2, cache_prompt=False)
+    assert warm["choices"][0]["text"] == cold["choices"][0]["text"]
+    wait_idle(server, 5)
+    assert httpx.get(server.url + "/props").json()["memory"]["integrity"] == "ok"
+
+
+def test_pinned_request_waits_for_its_slot(server):
+    done: dict[str, float] = {}
+    body = {"prompt": "def long():", "max_tokens": 300, "ignore_eos": True, "id_slot": 2, "stream": True}
+    with httpx.stream("POST", server.url + "/v1/completions", json=body, timeout=60) as r:
+        lines = r.iter_lines()
+        next(line for line in lines if line.startswith("data: "))
+
+        def pinned():
+            complete(server, "def short():", id_slot=2, max_tokens=2)
+            done["pinned"] = time.monotonic()
+
+        t = threading.Thread(target=pinned)
+        t.start()
+        time.sleep(0.3)
+        assert "pinned" not in done  # slot 2 is busy: the pinned request waits
+        free = complete(server, "def other():", max_tokens=2)  # an unpinned one does not wait
+        assert free["usage"]["completion_tokens"] == 2
+        for _ in lines:
+            pass
+        done["long"] = time.monotonic()
+    t.join(30)
+    assert done["pinned"] >= done["long"] - 0.05
+    r = httpx.post(server.url + "/v1/completions", json={"prompt": "x", "id_slot": N_SLOTS})
+    assert r.status_code == 400 and "id_slot" in r.json()["error"]["message"]
+
+
+def test_disconnect_frees_slot_within_a_second(server):
+    body = {"prompt": "def forever():", "max_tokens": 1000, "ignore_eos": True, "id_slot": 3, "stream": True}
+    with httpx.stream("POST", server.url + "/v1/completions", json=body, timeout=60) as r:
+        lines = r.iter_lines()
+        for _ in range(3):
+            next(line for line in lines if line.startswith("data: "))
+        assert slots(server)[3]["is_processing"]
+    assert wait_idle(server, 1.0) < 1.0
+    assert slots(server)[3]["n_cached"] < 1000  # it stopped early
+    with pytest.raises(httpx.ReadTimeout):  # non-streaming: the client gives up
+        httpx.post(server.url + "/v1/completions", json={**body, "stream": False}, timeout=0.5)
+    assert wait_idle(server, 1.0) < 1.0
