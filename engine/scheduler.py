@@ -116,7 +116,7 @@ class Scheduler:
         """Queue ``req``; returns its id. Raises RequestError or QueueFull."""
         self.validate(req)
         with self._cv:
-            if self._n_waiting >= self.max_queue:
+            if self._n_waiting >= self.max_queue + len(self.table.idle):  # idle slots admit at once
                 raise QueueFull(f"{self._n_waiting} requests are waiting (--max-queue {self.max_queue})")
             req.id = next(self._ids)
             self._n_waiting += 1
