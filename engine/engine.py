@@ -181,7 +181,7 @@ class Engine:
     def _shift_context(self, seq: Sequence) -> bool:
         """Drop half of the tokens after ``n_keep`` (llama-server's context shift) and
         move the rest down; False when shifting is off or impossible."""
-        if not self.config.context_shift or not self.memory.can_shift():
+        if not self.config.context_shift or not self.memory.can_shift:
             return False
         n_keep = min(seq.n_keep, seq.n_computed - 2)
         n_discard = (seq.n_computed - n_keep) // 2

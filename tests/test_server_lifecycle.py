@@ -152,3 +152,14 @@ def test_no_kv_unified_is_a_clear_startup_error():
         [sys.executable, "-m", "server.cli", "serve", "--port", "notaport"], capture_output=True, text=True, timeout=120
     )
     assert r.returncode == 2 and "port" in r.stderr
+
+
+def test_context_shift_flag(tmp_path):
+    body = {"prompt": "def f():", "max_tokens": 300, "ignore_eos": True, "temperature": 0}
+    with ServerProcess("-np", "1", "-c", "256", "--context-shift") as srv:
+        srv.wait_ready()
+        r = httpx.post(srv.url + "/v1/completions", json=body, timeout=60).json()
+        assert r["usage"]["completion_tokens"] == 300 and r["choices"][0]["finish_reason"] == "length"
+        slot = httpx.get(srv.url + "/slots").json()[0]
+        assert slot["n_cached"] < 256
+        assert httpx.get(srv.url + "/props").json()["memory"]["integrity"] == "ok"
