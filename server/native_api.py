@@ -42,9 +42,23 @@ async def completion(body: NativeCompletionRequest, http: HTTPRequest) -> Respon
         return Response(status_code=499)
     id_slot = run.admitted.id_slots[0]
 
+    def probs(lps) -> list[dict]:
+        piece = lambda t: engine.tokenizer.decode([t], skip_special=False)  # noqa: E731
+        return [
+            {
+                "id": lp.token_id,
+                "token": piece(lp.token_id),
+                "logprob": lp.logprob,
+                "top_logprobs": [{"id": t, "token": piece(t), "logprob": v} for t, v in lp.top],
+            }
+            for lp in lps
+        ]
+
     def final() -> dict:
         c = run.choices[0]
+        extra = {"completion_probabilities": probs(c.logprobs)} if body.n_probs and not body.stream else {}
         return {
+            **extra,
             "content": c.text if not body.stream else "",
             "tokens": c.token_ids if not body.stream else [],
             "id_slot": id_slot,

@@ -136,6 +136,8 @@ def test_native_endpoints(server, offline):
     by_ids = httpx.post(url + "/completion", json={"prompt": ids, "n_predict": 24, "temperature": 0}).json()
     assert by_ids["content"] == expected[0].text
     assert by_ids["tokens_cached"] >= len(ids) - 1  # the same prompt again: reused
+    probs = httpx.post(url + "/completion", json={"prompt": "x", "n_predict": 3, "n_probs": 2}).json()
+    assert [len(p["top_logprobs"]) for p in probs["completion_probabilities"]] == [2, 2, 2]
     with httpx.stream("POST", url + "/completion", json={"prompt": "x = ", "n_predict": 5, "stream": True}) as s:
         events = [json.loads(line[6:]) for line in s.iter_lines() if line.startswith("data: ")]
     assert [e["stop"] for e in events] == [False] * (len(events) - 1) + [True]
