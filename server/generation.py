@@ -136,6 +136,9 @@ class Run:
         except QueueFull as exc:
             await self.close()
             raise APIError(503, str(exc), "unavailable_error", headers={"Retry-After": "1"}) from exc
+        except BaseException:
+            await self.close()
+            raise
         if isinstance(first, Failed):
             await self.close()
             raise APIError(first.status, first.message, first.type, **first.extra)
