@@ -40,6 +40,9 @@ def tokens_for(folder: Path, n_vocab: int) -> tuple[list[str], list[int], list[s
             tokens.append(f"<unused{i}>")
             types.append(gguf.TokenType.UNUSED)
     merges = [" ".join(m) if isinstance(m, list) else m for m in tok["model"].get("merges", [])]
+    if not merges:  # llama.cpp refuses a BPE without merges: give it one, in an unused slot
+        slot = types.index(gguf.TokenType.UNUSED)
+        merges, tokens[slot], types[slot] = ["Ġ Ġ"], "ĠĠ", gguf.TokenType.NORMAL
     eos = next(iter(specials.values()), None)
     return tokens, types, merges, eos
 

@@ -47,9 +47,10 @@ from pathlib import Path; p = Path('$CACHE/ckpt'); p.mkdir(); b.build_checkpoint
   "$CACHE/venv/bin/python" "$ROOT/bench/gguf_export.py" "$CACHE/ckpt" "$CACHE/bench.gguf"
 }
 
-wait_ready() {  # url
+wait_ready() {  # url: ready when a one-token completion succeeds
   for _ in $(seq 1 600); do
-    curl -sf "$1/health" > /dev/null 2>&1 && curl -sf "$1/v1/models" > /dev/null 2>&1 && return 0
+    curl -sf "$1/v1/completions" -H 'Content-Type: application/json' \
+      -d '{"prompt": [1, 2, 3], "max_tokens": 1}' > /dev/null 2>&1 && return 0
     sleep 0.5
   done
   echo "server at $1 did not come up" >&2
@@ -60,13 +61,13 @@ bench_one() {  # name url out -- command...
   local name=$1 url=$2 out=$3
   shift 4
   "$@" > "$CACHE/$name.log" 2>&1 &
-  local pid=$!
-  trap 'kill $pid 2>/dev/null || true' EXIT
+  SERVER_PID=$!
+  trap 'kill $SERVER_PID 2>/dev/null || true' EXIT
   wait_ready "$url"
   echo "== $name" >&2
   "$PY" "$ROOT/bench/serve_bench.py" "$url" --concurrency "$CONCURRENCY" --rounds "$ROUNDS" | tail -1 > "$out"
-  kill "$pid"
-  wait "$pid" 2> /dev/null || true
+  kill "$SERVER_PID"
+  wait "$SERVER_PID" 2> /dev/null || true
   trap - EXIT
 }
 
