@@ -66,7 +66,7 @@ bench_one() {  # name url out -- command...
   wait_ready "$url"
   echo "== $name" >&2
   "$PY" "$ROOT/bench/serve_bench.py" "$url" --concurrency "$CONCURRENCY" --rounds "$ROUNDS" | tail -1 > "$out"
-  kill "$SERVER_PID"
+  kill "$SERVER_PID" 2> /dev/null || true
   wait "$SERVER_PID" 2> /dev/null || true
   trap - EXIT
 }

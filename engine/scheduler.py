@@ -1,10 +1,12 @@
 """The scheduler: one engine thread that puts requests into slots and steps the engine.
 
-Thread contract: ``submit``, ``cancel``, ``snapshot`` and ``health`` may be called
-from any thread (the asyncio side); everything else, and every engine or memory call,
-runs on the engine thread. Events go back through the ``sink`` given to ``submit``,
-called on the engine thread (the asyncio side wraps it in
-``loop.call_soon_threadsafe``). ``stream`` is that wrapper.
+Thread contract: ``submit``, ``cancel``, ``call``, ``snapshot`` and ``health`` may be
+called from any thread (the asyncio side); everything else, and every engine or memory
+call, runs on the engine thread. Events go back through the ``sink`` given to
+``submit``. Without a ``loop``, sinks are called on the engine thread. With a ``loop``,
+the events of one loop turn are handed over in one ``loop.call_soon_threadsafe`` and
+the sinks run on that loop (one wake-up per step instead of one per token), so a sink
+may be ``asyncio.Queue.put_nowait``.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from engine.engine import Engine
@@ -61,8 +63,17 @@ class Health:
 
 
 class Scheduler:
-    def __init__(self, engine: Engine, similarity: float = 0.1, max_queue: int = 256, stall_timeout: float = 60.0):
+    def __init__(
+        self,
+        engine: Engine,
+        similarity: float = 0.1,
+        max_queue: int = 256,
+        stall_timeout: float = 60.0,
+        loop: asyncio.AbstractEventLoop | None = None,
+    ):
         self.engine = engine
+        self.loop = loop
+        self._outbox: list[tuple[Sink, RequestEvent]] = []  # engine thread only
         self.table = SlotTable(engine.config.n_seq_max, similarity)
         self.max_queue = max_queue
         self.stall_timeout = stall_timeout
@@ -140,30 +151,6 @@ class Scheduler:
             self._cv.notify()
         return await asyncio.wrap_future(future)
 
-    async def stream(self, req: Request) -> AsyncIterator[RequestEvent]:
-        """Submit and yield the request's events; leaving early cancels it."""
-        loop = asyncio.get_running_loop()
-        queue: asyncio.Queue[RequestEvent] = asyncio.Queue()
-
-        def sink(event: RequestEvent) -> None:
-            try:
-                loop.call_soon_threadsafe(queue.put_nowait, event)
-            except RuntimeError:  # the loop is closed: nobody listens any more
-                pass
-
-        id_task = self.submit(req, sink)
-        n_done = 0
-        try:
-            while n_done < req.n:
-                event = await queue.get()
-                yield event
-                if isinstance(event, Failed):
-                    return
-                n_done += isinstance(event, Delta) and event.finished
-        finally:
-            if n_done < req.n:
-                self.cancel(id_task)
-
     def health(self) -> Health:
         busy = self._busy_since
         stalled = busy is not None and time.monotonic() - busy > self.stall_timeout
@@ -219,10 +206,27 @@ class Scheduler:
             if self.engine.has_work:
                 self._step()
                 self._busy_since = time.monotonic()
+            self._flush()
         for task in list(self._active.values()):
             self._fail(task, Failed("the server is shutting down", "unavailable_error", 503))
+        self._flush()
         for _, future in self._calls:
             future.set_exception(RuntimeError("the engine thread stopped"))
+
+    def _emit(self, task: _Task, event: RequestEvent) -> None:
+        self._outbox.append((task.sink, event))
+
+    def _flush(self) -> None:
+        batch, self._outbox = self._outbox, []
+        if not batch:
+            return
+        if self.loop is None:
+            _deliver(batch)
+            return
+        try:
+            self.loop.call_soon_threadsafe(_deliver, batch)
+        except RuntimeError:  # the loop is closed: nobody listens any more
+            pass
 
     @staticmethod
     def _run_call(fn: Callable, future: concurrent.futures.Future) -> None:
@@ -273,7 +277,7 @@ class Scheduler:
             self._fail(task, Failed(str(exc), "invalid_request_error", 400))
             return
         self._track(task, 0, seq)
-        task.sink(Admitted([s.id for s in slots], len(req.prompt_ids), seq.n_computed, time.monotonic()))
+        self._emit(task, Admitted([s.id for s in slots], len(req.prompt_ids), seq.n_computed, time.monotonic()))
 
     def _reuse_prefix(self, slot: Slot, req: Request) -> int:
         """Tokens of the prompt the slot holds after keeping its own prefix or copying a
@@ -334,7 +338,7 @@ class Scheduler:
         reason = seq.finish_reason.value if event.finished else None
         delta = Delta(index, event.token_id, event.text, logprob, event.finished, time.monotonic(), reason)
         delta.stop_word, delta.n_generated = seq.stop_string, len(seq.output_ids)
-        task.sink(delta)
+        self._emit(task, delta)
         if event.finished:
             self._end_choice(task, index)
 
@@ -384,7 +388,7 @@ class Scheduler:
             if not slot.busy:
                 self.engine.memory.seq_rm(slot.id)
                 slot.cached = []
-        task.sink(failure)
+        self._emit(task, failure)
 
     def _make_room(self) -> None:
         """The step needed more blocks than are free: drop idle caches (least recently
@@ -398,3 +402,11 @@ class Scheduler:
         if newest is not None:
             log.warning("KV cache full: failing request %d", newest.req.id)
             self._fail(newest, Failed("the KV cache is full; retry later", "unavailable_error", 503))
+
+
+def _deliver(batch: list[tuple[Sink, RequestEvent]]) -> None:
+    for sink, event in batch:
+        try:
+            sink(event)
+        except Exception:  # one broken sink must not starve the others
+            log.exception("event sink failed")

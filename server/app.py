@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
@@ -18,7 +19,7 @@ def create_app(settings: ServerSettings) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(_: FastAPI):
-        state.start_loading()  # returns at once: the listener answers while the model loads
+        state.start_loading(asyncio.get_running_loop())  # returns at once: the listener answers while the model loads
         yield
         if state.scheduler is not None:
             state.scheduler.stop()

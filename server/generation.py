@@ -4,7 +4,6 @@ one request (with client-disconnect watching), and the per-choice results."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
@@ -109,9 +108,12 @@ async def _wait_disconnect(http: HTTPRequest) -> None:
 
 class Run:
     """One request's events, ended early when the client goes away. ``open`` waits for
-    admission so refusals and early failures become HTTP statuses. The disconnect
-    watcher cancels the request itself: a response that stops iterating (its send
-    failed) may leave the event generator suspended until garbage collection."""
+    admission so refusals and early failures become HTTP statuses.
+
+    Events arrive in an asyncio.Queue fed by the scheduler on this loop. A watcher task
+    waits for the ASGI ``http.disconnect`` message and then cancels the request and
+    wakes the reader with ``None`` — at once, whether or not anyone is iterating (a
+    response whose send failed stops iterating without closing its generator)."""
 
     def __init__(self, state: ServerState, http: HTTPRequest, req: Request):
         self.state, self.http, self.req = state, http, req
@@ -119,23 +121,26 @@ class Run:
         self.choices = [Choice(i) for i in range(req.n)]
         self.t_first: float | None = None
         self.t_last: float | None = None
-        self._events: AsyncIterator[RequestEvent] | None = None
+        self._queue: asyncio.Queue[RequestEvent | None] = asyncio.Queue()
+        self._scheduler: Scheduler | None = None
         self._watch: asyncio.Task | None = None
+        self._n_done = 0
+        self._open = False
 
     async def open(self, scheduler: Scheduler) -> bool:
         """False when the client left while waiting; raises APIError on refusal."""
-        self.state.n_inflight += 1
-        self._events = scheduler.stream(self.req)
-        self._watch = asyncio.create_task(_wait_disconnect(self.http))
-        self._watch.add_done_callback(lambda task: self._client_gone(task, scheduler))
         try:
-            first = await self._next()
+            scheduler.submit(self.req, self._queue.put_nowait)
         except RequestError as exc:
-            await self.close()
             raise APIError(400, str(exc), exc.type, **exc.extra) from exc
         except QueueFull as exc:
-            await self.close()
             raise APIError(503, str(exc), "unavailable_error", headers={"Retry-After": "1"}) from exc
+        self._scheduler, self._open = scheduler, True
+        self.state.n_inflight += 1
+        self._watch = asyncio.create_task(_wait_disconnect(self.http))
+        self._watch.add_done_callback(self._client_gone)
+        try:
+            first = await self._queue.get()
         except BaseException:
             await self.close()
             raise
@@ -148,32 +153,31 @@ class Run:
         self.admitted = first
         return True
 
-    def _client_gone(self, watch: asyncio.Task, scheduler: Scheduler) -> None:
-        if not watch.cancelled() and self.req.id >= 0:
-            scheduler.cancel(self.req.id)  # idempotent; a finished request ignores it
+    def _client_gone(self, watch: asyncio.Task) -> None:
+        if not watch.cancelled():
+            self._queue.put_nowait(None)
+            self._cancel()
 
-    async def _next(self) -> RequestEvent | None:
-        nxt = asyncio.ensure_future(anext(self._events))
-        done, _ = await asyncio.wait({nxt, self._watch}, return_when=asyncio.FIRST_COMPLETED)
-        if nxt not in done:
-            nxt.cancel()
-            with contextlib.suppress(asyncio.CancelledError, StopAsyncIteration):
-                await nxt
-            return None
-        try:
-            return nxt.result()
-        except StopAsyncIteration:
-            return None
+    def _cancel(self) -> None:
+        if self._scheduler is not None and self._n_done < self.req.n:
+            self._scheduler.cancel(self.req.id)  # idempotent; a finished request ignores it
 
     async def events(self) -> AsyncIterator[Delta | Failed]:
         """The rest of the events; choices are updated as they pass."""
         try:
-            while (event := await self._next()) is not None:
+            while self._n_done < self.req.n:
+                event = await self._queue.get()
+                if event is None:
+                    return
                 if isinstance(event, Delta):
                     self.t_first = self.t_first or event.t
                     self.t_last = event.t
                     self.choices[event.index].add(event)
+                    self._n_done += event.finished
                 yield event
+                if isinstance(event, Failed):
+                    self._n_done = self.req.n
+                    return
         finally:
             await self.close()
 
@@ -184,12 +188,13 @@ class Run:
         return None
 
     async def close(self) -> None:
-        if self._watch is None:
+        """Idempotent: stop watching, cancel the request if it is still running."""
+        if not self._open:
             return
-        self._watch.cancel()
-        self._watch = None
-        with contextlib.suppress(Exception):
-            await self._events.aclose()  # cancels the request if it is still running
+        self._open = False
+        if self._watch is not None:
+            self._watch.cancel()
+        self._cancel()
         self.state.n_inflight -= 1
 
     @property

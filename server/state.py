@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
 import time
@@ -26,9 +27,11 @@ class ServerState:
         self.scheduler: Scheduler | None = None
         self.n_inflight = 0  # HTTP requests between admission check and their last byte
         self.t_started = time.time()
+        self.loop: asyncio.AbstractEventLoop | None = None
         self._loader = threading.Thread(target=self._load, name="slotserve-loader", daemon=True)
 
-    def start_loading(self) -> None:
+    def start_loading(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop  # the scheduler hands events to this loop
         self._loader.start()
 
     def _load(self) -> None:
@@ -46,7 +49,7 @@ class ServerState:
             )
             engine = Engine(config)
             self._warm_up(engine)
-            scheduler = Scheduler(engine, s.slot_prompt_similarity, s.max_queue, s.stall_timeout)
+            scheduler = Scheduler(engine, s.slot_prompt_similarity, s.max_queue, s.stall_timeout, self.loop)
             scheduler.start()
         except Exception as exc:  # a bad checkpoint or setting: report it, keep the listener up
             log.exception("loading the model failed")

@@ -32,6 +32,8 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dtype == torch.float32:  # one fused op; same math as below
+            return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
         h = x.float()
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * h.to(x.dtype)
@@ -66,13 +68,13 @@ class Attention(nn.Module):
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, view: ForwardView) -> torch.Tensor:
         s, n_tok = self.s, x.shape[0]
-        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q = q.view(n_tok, s.n_heads, s.head_dim)  # [T, H, D]
-        k = k.view(n_tok, s.n_kv_heads, s.head_dim)  # [T, KVH, D]
+        qk, v = self.qkv_proj(x).split([self.q_size + self.kv_size, self.kv_size], dim=-1)
+        qk = qk.view(n_tok, s.n_heads + s.n_kv_heads, s.head_dim)  # [T, H + KVH, D]
         v = v.view(n_tok, s.n_kv_heads, s.head_dim)  # [T, KVH, D]
         if s.qk_norm:
-            q, k = self.q_norm(q), self.k_norm(k)
-        q, k = rotate(q, cos, sin), rotate(k, cos, sin)
+            q, k = qk.split([s.n_heads, s.n_kv_heads], dim=1)
+            qk = torch.cat([self.q_norm(q), self.k_norm(k)], dim=1)
+        q, k = rotate(qk, cos, sin).split([s.n_heads, s.n_kv_heads], dim=1)  # one rotation for q and k
         out = view.attend(self.layer, q, k, v)  # [T, H, D]
         return self.o_proj(out.reshape(n_tok, self.q_size))  # [T, hidden]
 

@@ -82,4 +82,5 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
     """x: [T, heads, D]; cos, sin: [T, 1, D] -> rotated x (same dtype as x)."""
     half = x.shape[-1] // 2
     rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return (x * cos + rotated * sin).to(x.dtype)
+    out = torch.addcmul(x * cos, rotated, sin)
+    return out if out.dtype == x.dtype else out.to(x.dtype)
