@@ -47,14 +47,13 @@ def test_pool_exhaustion_evicts_idle_caches_then_fails_the_newest(folder):
         warm = Collector()
         sched.submit(Request(list(range(1, 41)), SamplingParams(temperature=0, max_tokens=2)), warm)
         warm.wait()  # leaves an idle slot holding ~41 cells
-        params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
+        params = SamplingParams(temperature=0, max_tokens=50, ignore_eos=True)  # 60 cells each: both never fit
         first, second = Collector(), Collector()
         sched.submit(Request(list(range(100, 110)), params), first)
-        time.sleep(0.05)
         sched.submit(Request(list(range(200, 210)), params), second)
         first.wait(), second.wait()
         outcomes = [c.events[-1] for c in (first, second)]
-        assert isinstance(outcomes[0], Delta) and outcomes[0].n_generated == 40  # the older one finished
+        assert isinstance(outcomes[0], Delta) and outcomes[0].n_generated == 50  # the older one finished
         failed = outcomes[1]
         assert isinstance(failed, Failed) and failed.status == 503 and "full" in failed.message
         report = sched.engine.memory_report()
