@@ -109,7 +109,12 @@ def test_drain_timeout_cuts_long_requests(tmp_path):
 def test_api_keys_flags_and_env(tmp_path):
     key_file = tmp_path / "keys"
     key_file.write_text("from-file\n")
-    env = {"SLOTSERVE_API_KEY": "env-key", "SLOTSERVE_PARALLEL": "3", "SLOTSERVE_CTX_SIZE": "999"}
+    env = {
+        "SLOTSERVE_API_KEY": "env-key",
+        "SLOTSERVE_PARALLEL": "3",
+        "SLOTSERVE_CTX_SIZE": "999",
+        "SLOTSERVE_ALIAS": "mine",
+    }
     args = ("--api-key", "k1,k2", "--api-key-file", str(key_file), "-c", "512")
     with ServerProcess(*args, env=env) as srv:
         srv.wait_ready()
@@ -117,7 +122,8 @@ def test_api_keys_flags_and_env(tmp_path):
         missing = httpx.get(url)
         assert missing.status_code == 401 and missing.json()["error"]["type"] == "authentication_error"
         assert httpx.get(url, headers={"Authorization": "Bearer nope"}).status_code == 401
-        assert httpx.get(url, headers={"Authorization": "Bearer k2"}).status_code == 200
+        listed = httpx.get(url, headers={"Authorization": "Bearer k2"})
+        assert listed.status_code == 200 and listed.json()["data"][0]["id"] == "mine"  # --alias from the env
         assert httpx.get(url, headers={"X-Api-Key": "from-file"}).status_code == 200
         assert httpx.get(url, headers={"X-Api-Key": "env-key"}).status_code == 401  # the flag wins over env
         props = httpx.get(srv.url + "/props", headers={"Authorization": "Bearer k1"}).json()
