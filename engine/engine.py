@@ -99,7 +99,9 @@ class Engine:
             raise ValueError(f"token ids must be in [0, {vocab})")
         n_cached = max(0, min(n_cached, len(prompt_ids) - 1, self.memory.seq_len(seq_id)))
         self.memory.seq_rm(seq_id, n_cached)
-        seed = params.seed if params.seed is not None else self._rng.getrandbits(63)
+        seed = (
+            params.seed & (2**63 - 1) if params.seed is not None else self._rng.getrandbits(63)
+        )  # int64 for the sampler
         seq = Sequence(
             seq_id=seq_id,
             prompt_ids=list(prompt_ids),

@@ -45,6 +45,10 @@ def _template_source(folder: Path, tok_cfg: dict[str, Any]) -> str | None:
     return src if isinstance(src, str) else None
 
 
+class TokenizeError(ValueError):
+    """Text that cannot be encoded (a client error)."""
+
+
 class Tokenizer:
     def __init__(self, folder: Path, config_eos: tuple[int, ...] = ()):
         path = folder / "tokenizer.json"
@@ -75,7 +79,11 @@ class Tokenizer:
         return self.hf.get_vocab_size(with_added_tokens=True)
 
     def encode(self, text: str, add_special: bool = True) -> list[int]:
-        ids = self.hf.encode(text, add_special_tokens=add_special).ids
+        """Raises TokenizeError for text the tokenizer cannot take (lone surrogates)."""
+        try:
+            ids = self.hf.encode(text, add_special_tokens=add_special).ids
+        except (TypeError, ValueError) as exc:
+            raise TokenizeError(f"the text cannot be tokenized: {exc}") from exc
         if add_special and self.add_bos and self.bos_id is not None and (not ids or ids[0] != self.bos_id):
             ids = [self.bos_id] + ids
         return ids

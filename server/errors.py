@@ -7,6 +7,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from engine.tokenizer import TokenizeError
+
 _TYPES = {
     400: "invalid_request_error",
     401: "authentication_error",
@@ -65,6 +67,10 @@ def install(app: FastAPI) -> None:
     async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
         message = "not found" if exc.status_code == 404 else str(exc.detail)
         return APIError(exc.status_code, message).response()
+
+    @app.exception_handler(TokenizeError)
+    async def _untokenizable(_: Request, exc: TokenizeError) -> JSONResponse:
+        return APIError(400, str(exc)).response()
 
     @app.exception_handler(Exception)
     async def _internal(_: Request, exc: Exception) -> JSONResponse:

@@ -22,7 +22,7 @@ class SamplingFields(_Body):
     top_p: float | None = Field(None, ge=0, le=1)
     top_k: int | None = Field(None, ge=-1)
     min_p: float | None = Field(None, ge=0, le=1)
-    seed: int | None = Field(None, ge=-1)
+    seed: int | None = Field(None, ge=-1, le=2**64 - 1)
     presence_penalty: float | None = Field(None, ge=-2, le=2)
     frequency_penalty: float | None = Field(None, ge=-2, le=2)
     repetition_penalty: float | None = Field(None, gt=0, le=100)

@@ -170,6 +170,10 @@ BAD = [
     ("/v1/completions", {"prompt": [999999]}, 400, "token ids"),
     ("/v1/completions", {"prompt": ""}, 400, "empty"),
     ("/v1/completions", {"prompt": "x", "id_slot": 9}, 400, "id_slot"),
+    ("/v1/completions", {"prompt": "x", "seed": 2**70}, 400, "seed"),
+    ("/v1/completions", {"prompt": "\ud800"}, 400, "tokenized"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "\ud800"}]}, 400, "tokenized"),
+    ("/tokenize", {"content": "\ud800"}, 400, "tokenized"),
     ("/v1/chat/completions", {"messages": []}, 400, "messages"),
     ("/v1/chat/completions", {"messages": [{"role": "wizard", "content": "x"}]}, 400, "role"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, 400, "text only"),
@@ -181,7 +185,7 @@ BAD = [
 
 @pytest.mark.parametrize(("path", "body", "status", "mentions"), BAD)
 def test_bad_requests(server, path, body, status, mentions):
-    r = httpx.post(server.url + path, json=body)
+    r = httpx.post(server.url + path, content=json.dumps(body))  # ASCII JSON: lone surrogates stay escaped
     assert r.status_code == status, r.text
     err = r.json()["error"]
     assert set(err) >= {"message", "type", "code"} and mentions in err["message"]
