@@ -169,3 +169,31 @@ def test_context_shift_flag(tmp_path):
         slot = httpx.get(srv.url + "/slots").json()[0]
         assert slot["n_cached"] < 256
         assert httpx.get(srv.url + "/props").json()["memory"]["integrity"] == "ok"
+
+
+def test_failure_after_the_first_byte_is_an_sse_error_event():
+    """Two streams that together need more KV blocks than the pool holds: the newer one
+    fails mid-stream with a final error event; the older one finishes; the server serves on."""
+    with ServerProcess("-np", "2", "-c", "64") as srv:  # 4 + 2 blocks of 16 cells
+        srv.wait_ready()
+        body = {"prompt": "def f():", "max_tokens": 50, "ignore_eos": True, "stream": True}
+        results = {}
+
+        def stream(name):
+            with httpx.stream("POST", srv.url + "/v1/completions", json=body, timeout=60) as r:
+                results[name] = (r.status_code, [line for line in r.iter_lines() if line.startswith("data: ")])
+
+        threads = [threading.Thread(target=stream, args=(name,)) for name in ("a", "b")]
+        for t in threads:
+            t.start()
+            time.sleep(0.05)
+        for t in threads:
+            t.join(60)
+        ends = sorted(lines[-1] for _, lines in results.values())
+        assert all(status == 200 for status, _ in results.values())
+        assert ends[0] == "data: [DONE]"
+        error = json.loads(ends[1][6:])["error"]
+        assert error["type"] == "unavailable_error" and "full" in error["message"]
+        ok = httpx.post(srv.url + "/v1/completions", json={"prompt": "x", "max_tokens": 2})
+        assert ok.status_code == 200
+        assert httpx.get(srv.url + "/props").json()["memory"]["integrity"] == "ok"
