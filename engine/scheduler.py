@@ -39,7 +39,6 @@ class _Task:
     slots: list[Slot] = dataclasses.field(default_factory=list)
     seqs: list[Sequence | None] = dataclasses.field(default_factory=list)
     n_done: int = 0
-    t_queued: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -131,7 +130,7 @@ class Scheduler:
                 raise QueueFull(f"{self._n_waiting} requests are waiting (--max-queue {self.max_queue})")
             req.id = next(self._ids)
             self._n_waiting += 1
-            self._inbox.append(_Task(req, sink, t_queued=time.monotonic()))
+            self._inbox.append(_Task(req, sink))
             self._cv.notify()
         return req.id
 
@@ -178,10 +177,6 @@ class Scheduler:
                 )
             )
         return out
-
-    @property
-    def n_inflight(self) -> int:
-        return self._n_waiting + len(self._active)
 
     # ---- engine thread ---------------------------------------------------------
 

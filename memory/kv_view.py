@@ -10,6 +10,7 @@ masked out by position.
 
 from __future__ import annotations
 
+import itertools
 from functools import cached_property
 from typing import TYPE_CHECKING, NamedTuple
 
@@ -45,16 +46,17 @@ class PagedKVView(ForwardView):
     @cached_property
     def layouts(self) -> list[AttentionLayout]:
         n_tokens = self.batch.n_tokens
-        starts = [sum(n_tokens[:i]) for i in range(len(n_tokens))]
+        starts = list(itertools.accumulate(n_tokens, initial=0))[:-1]
         decode = [i for i, n in enumerate(n_tokens) if n == 1]
         chunks = [i for i, n in enumerate(n_tokens) if n != 1]
         groups = [g for g in (decode, chunks) if g]
         if len(groups) == 1:
-            return [self._layout(groups[0], None)]
+            return [self._layout(groups[0], None, starts)]
         rows = [torch.cat([torch.arange(starts[i], starts[i] + n_tokens[i]) for i in g]) for g in groups]
-        return [self._layout(g, r.to(self.cache.device)) for g, r in zip(groups, rows)]
+        return [self._layout(g, r.to(self.cache.device), starts) for g, r in zip(groups, rows)]
 
-    def _layout(self, members: list[int], tokens: torch.Tensor | None) -> AttentionLayout:
+    def _layout(self, members: list[int], tokens: torch.Tensor | None, starts: list[int]) -> AttentionLayout:
+        """``starts[i]``: first row of batch sequence ``i`` in the step's flat batch."""
         cache, batch = self.cache, self.batch
         bs = cache.block_size
         seqs = [batch.seq_ids[i] for i in members]
@@ -66,7 +68,7 @@ class PagedKVView(ForwardView):
         kv_pos = torch.full((n_seqs, n_blk * bs), _FAR + 1, dtype=torch.long)
         q_pos = torch.full((n_seqs, n_q), _FAR, dtype=torch.long)
         q_rows = []
-        starts = [sum(batch.n_tokens[:i]) for i in members]
+        starts = [starts[i] for i in members]
         for j, seq in enumerate(seqs):
             table = cache.tables[seq][: -(-lengths[j] // bs)]
             blocks[j, : len(table)] = torch.tensor(table, dtype=torch.long)

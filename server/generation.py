@@ -181,11 +181,11 @@ class Run:
         finally:
             await self.close()
 
-    async def collect(self) -> Failed | None:
+    async def collect(self) -> None:
+        """Run to the end; a server-side failure becomes its HTTP error."""
         async for event in self.events():
             if isinstance(event, Failed):
-                return event
-        return None
+                raise APIError(event.status, event.message, event.type)
 
     async def close(self) -> None:
         """Idempotent: stop watching, cancel the request if it is still running."""

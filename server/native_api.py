@@ -12,8 +12,8 @@ from fastapi.responses import JSONResponse, Response
 from engine.request import Delta, Failed, Request
 from server.errors import APIError
 from server.generation import LLAMA_DEFAULTS, Run, render_chat, resolve_max_tokens, sampling_params, tokenize_prompt
-from server.openai_api import SSEResponse, sse
 from server.schemas import ApplyTemplateRequest, DetokenizeRequest, NativeCompletionRequest, TokenizeRequest
+from server.sse import SSEResponse, sse, sse_error
 
 router = APIRouter()
 
@@ -27,7 +27,6 @@ def _stop_type(reason: str | None, stop_word: str | None) -> str:
 
 
 @router.post("/completion")
-@router.post("/completions_native", include_in_schema=False)
 async def completion(body: NativeCompletionRequest, http: HTTPRequest) -> Response:
     state = http.app.state.slotserve
     scheduler = state.require_ready()
@@ -79,7 +78,7 @@ async def completion(body: NativeCompletionRequest, http: HTTPRequest) -> Respon
         async def frames():
             async for event in run.events():
                 if isinstance(event, Failed):
-                    yield sse({"error": {"message": event.message, "type": event.type, "code": event.status}})
+                    yield sse_error(event)
                     return
                 if isinstance(event, Delta) and not event.finished:
                     tokens = [event.token_id] if event.token_id is not None else []
@@ -91,9 +90,7 @@ async def completion(body: NativeCompletionRequest, http: HTTPRequest) -> Respon
 
         return SSEResponse(frames(), run)
 
-    failure = await run.collect()
-    if failure is not None:
-        raise APIError(failure.status, failure.message, failure.type)
+    await run.collect()
     return JSONResponse(final())
 
 

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import json
 import time
 import uuid
 from collections.abc import AsyncIterator
 
 from fastapi import APIRouter
 from fastapi import Request as HTTPRequest
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, Response
 
 from engine import Engine
 from engine.request import Delta, Failed, Request
@@ -25,27 +24,9 @@ from server.generation import (
     tokenize_prompt,
 )
 from server.schemas import ChatCompletionRequest, CompletionRequest, OpenAIFields
+from server.sse import SSEResponse, sse, sse_error
 
 router = APIRouter()
-SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
-
-
-class SSEResponse(StreamingResponse):
-    """An SSE stream that closes its run however the stream ends (client gone included)."""
-
-    def __init__(self, frames: AsyncIterator[str], run: Run):
-        super().__init__(frames, media_type="text/event-stream", headers=SSE_HEADERS)
-        self.run = run
-
-    async def __call__(self, scope, receive, send) -> None:
-        try:
-            await super().__call__(scope, receive, send)
-        finally:
-            await self.run.close()
-
-
-def sse(data: dict | str) -> str:
-    return f"data: {data if isinstance(data, str) else json.dumps(data, ensure_ascii=False)}\n\n"
 
 
 def _piece(engine: Engine, token_id: int) -> str:
@@ -96,7 +77,7 @@ async def _stream(run: Run, head: dict, include_usage: bool, render) -> AsyncIte
     """SSE frames: ``render(delta)`` gives each delta's choice object; then usage, [DONE]."""
     async for event in run.events():
         if isinstance(event, Failed):
-            yield sse({"error": {"message": event.message, "type": event.type, "code": event.status}})
+            yield sse_error(event)
             return
         choice = render(event)
         if choice is not None:
@@ -104,11 +85,6 @@ async def _stream(run: Run, head: dict, include_usage: bool, render) -> AsyncIte
     if include_usage:
         yield sse({**head, "choices": [], "usage": run.usage()})
     yield sse("[DONE]")
-
-
-def _failed(failure: Failed | None) -> None:
-    if failure is not None:
-        raise APIError(failure.status, failure.message, failure.type)
 
 
 @router.post("/v1/completions")
@@ -140,11 +116,9 @@ async def completions(body: CompletionRequest, http: HTTPRequest) -> Response:
             return {"index": d.index, "text": text, "logprobs": lps, "finish_reason": d.finish_reason}
 
         include = bool(body.stream_options and body.stream_options.include_usage)
-        return StreamingResponse(
-            _stream(run, head, include, render), media_type="text/event-stream", headers=SSE_HEADERS
-        )
+        return SSEResponse(_stream(run, head, include, render), run)
 
-    _failed(await run.collect())
+    await run.collect()
 
     def choice(c: Choice) -> dict:
         lps = _completion_logprobs(engine, c.logprobs, len(echo)) if body.logprobs is not None else None
@@ -184,7 +158,7 @@ async def chat_completions(body: ChatCompletionRequest, http: HTTPRequest) -> Re
         chunk_head = {**head, "object": "chat.completion.chunk"}
         return SSEResponse(_stream(run, chunk_head, include, render), run)
 
-    _failed(await run.collect())
+    await run.collect()
 
     def choice(c: Choice) -> dict:
         lps = {"content": [_chat_logprob(engine, lp) for lp in c.logprobs]} if body.logprobs else None
