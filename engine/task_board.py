@@ -1,0 +1,210 @@
+"""Requests on their slots: admission, prefix reuse, the fan-out of n choices, step
+events turned into request events, cancellation and failure.
+
+Engine thread only (the Scheduler calls it between steps). Owns no tensors and no
+threads: it asks the engine and its memory, and hands events to ``emit``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from engine.engine import Engine
+from engine.request import Admitted, Delta, Failed, Request, RequestEvent
+from engine.sequence import Sequence, StepEvent
+from engine.slots import Slot, SlotTable, common_prefix
+from memory import CacheFull
+
+log = logging.getLogger("slotserve.scheduler")
+Sink = Callable[[RequestEvent], None]
+
+
+@dataclass(eq=False)
+class Task:
+    req: Request
+    sink: Sink
+    slots: list[Slot] = dataclasses.field(default_factory=list)
+    seqs: list[Sequence | None] = dataclasses.field(default_factory=list)
+    n_done: int = 0
+
+
+class TaskBoard:
+    def __init__(self, engine: Engine, table: SlotTable, emit: Callable[[Task, RequestEvent], None]):
+        self.engine = engine
+        self.table = table
+        self.emit = emit
+        self.waiting: deque[Task] = deque()
+        self.active: dict[int, Task] = {}  # by request id
+        self._by_seq: dict[Sequence, tuple[Task, int]] = {}
+
+    def admittable(self) -> bool:
+        return any(self._choose(t) is not None for t in self.waiting)
+
+    def _choose(self, task: Task) -> list[Slot] | None:
+        req = task.req
+        first = self.table.choose(req.prompt_ids, req.id_slot)
+        if first is None:
+            return None
+        others = [s for s in sorted(self.table.idle, key=lambda s: s.last_used) if s is not first.slot]
+        if len(others) < req.n - 1:
+            return None
+        return [first.slot, *others[: req.n - 1]]
+
+    def admit(self) -> int:
+        """Start every waiting task that has its slots now; returns how many started."""
+        n = 0
+        for task in list(self.waiting):
+            slots = self._choose(task)
+            if slots is None:
+                continue
+            self.waiting.remove(task)
+            self._start(task, slots)
+            n += 1
+        return n
+
+    def _start(self, task: Task, slots: list[Slot]) -> None:
+        req = task.req
+        for slot in slots:
+            self.table.take(slot, req.id)
+        task.slots, task.seqs = slots, [None] * req.n
+        self.active[req.id] = task
+        n_cached = self._reuse_prefix(slots[0], req) if req.cache_prompt else 0
+        try:
+            seq = self.engine.add_sequence(req.prompt_ids, req.params, slots[0].id, n_cached, req.n_keep)
+        except ValueError as exc:  # validated before queueing; kept as a guard
+            self.fail(task, Failed(str(exc), "invalid_request_error", 400))
+            return
+        self._track(task, 0, seq)
+        self.emit(task, Admitted([s.id for s in slots], len(req.prompt_ids), seq.n_computed, time.monotonic()))
+
+    def _reuse_prefix(self, slot: Slot, req: Request) -> int:
+        """Tokens of the prompt the slot holds after keeping its own prefix or copying a
+        longer one from another slot (busy or idle)."""
+        prompt = req.prompt_ids
+        own = common_prefix(slot.cached, prompt)
+        best, n_best = None, own
+        for other in self.table.slots:
+            if other is slot:
+                continue
+            n = common_prefix(self.cached_tokens(other), prompt)
+            if n > n_best:
+                best, n_best = other, n
+        if best is None:
+            return own
+        try:
+            self.engine.memory.seq_cp(best.id, slot.id, 0, n_best)
+        except CacheFull:
+            return 0  # seq_cp replaced nothing; the slot may still hold its own prefix, but be safe
+        slot.cached = prompt[:n_best]
+        return n_best
+
+    def cached_tokens(self, slot: Slot) -> list[int]:
+        """Tokens whose cache the slot holds: its idle cache, or a running choice's computed tokens."""
+        if not slot.busy:
+            return slot.cached
+        _, seq = self.seq_of(slot)
+        return seq.tokens[: seq.n_computed] if seq else []
+
+    def _track(self, task: Task, index: int, seq: Sequence) -> None:
+        task.seqs[index] = seq
+        self._by_seq[seq] = (task, index)
+
+    def dispatch(self, events: list[StepEvent]) -> None:
+        """Turn one step's events into request events (and fan-outs, slot releases)."""
+        for event in events:
+            self._dispatch(event)
+
+    def fail_all(self, failure: Failed) -> None:
+        for task in list(self.active.values()):
+            self.fail(task, failure)
+
+    def seq_of(self, slot: Slot) -> tuple[Task | None, Sequence | None]:
+        """The task using ``slot`` and that choice's sequence (None, None when idle)."""
+        task = self.active.get(slot.id_task) if slot.id_task is not None else None
+        if task is None or slot not in task.slots:
+            return task, None
+        return task, task.seqs[task.slots.index(slot)]
+
+    def _dispatch(self, event: StepEvent) -> None:
+        task, index = self._by_seq.get(event.seq, (None, 0))
+        if task is None or event.token_id is None and not event.finished:
+            return
+        seq = event.seq
+        if index == 0 and task.req.n > 1 and len(seq.output_ids) <= 1 and task.seqs[1] is None:
+            self._fan_out(task, seq)
+        logprob = seq.logprobs[-1] if event.token_id is not None and seq.logprobs else None
+        reason = seq.finish_reason.value if event.finished else None
+        delta = Delta(index, event.token_id, event.text, logprob, event.finished, time.monotonic(), reason)
+        delta.stop_word, delta.n_generated = seq.stop_string, len(seq.output_ids)
+        self.emit(task, delta)
+        if event.finished:
+            self._end_choice(task, index)
+
+    def _fan_out(self, task: Task, first: Sequence) -> None:
+        """n > 1: the prompt was computed once in the first slot; share it with the others."""
+        req, n_prompt = task.req, len(task.req.prompt_ids)
+        for i, slot in enumerate(task.slots[1:], start=1):
+            self.engine.memory.seq_cp(first.seq_id, slot.id, 0, n_prompt)
+            seed = None if req.params.seed is None else req.params.seed + i
+            params = dataclasses.replace(req.params, seed=seed)
+            self._track(task, i, self.engine.add_sequence(req.prompt_ids, params, slot.id, n_prompt - 1, req.n_keep))
+
+    def _end_choice(self, task: Task, index: int) -> None:
+        seq = task.seqs[index]
+        self._by_seq.pop(seq, None)
+        self.table.release(task.slots[index], seq.tokens[: seq.n_computed])
+        task.n_done += 1
+        if task.n_done == task.req.n:
+            self.active.pop(task.req.id, None)
+
+    def cancel(self, id_task: int) -> int:
+        """Drop the task, waiting or running (its slots keep their caches); returns how
+        many waiting tasks were removed (0 or 1)."""
+        n = 0
+        for task in list(self.waiting):
+            if task.req.id == id_task:
+                self.waiting.remove(task)
+                n += 1
+        task = self.active.pop(id_task, None)
+        if task is not None:
+            self._release_all(task)
+        return n
+
+    def _release_all(self, task: Task) -> None:
+        for slot, seq in zip(task.slots, task.seqs):
+            if seq is None:
+                self.table.release(slot, [])
+                self.engine.memory.seq_rm(slot.id)
+                continue
+            if seq.finished and seq not in self._by_seq:
+                continue  # this choice already ended and released its slot
+            self.engine.abort(seq)
+            self._by_seq.pop(seq, None)
+            self.table.release(slot, seq.tokens[: seq.n_computed])
+        self.active.pop(task.req.id, None)
+
+    def fail(self, task: Task, failure: Failed) -> None:
+        self._release_all(task)
+        for slot in task.slots:  # the cache of a failed request is not trusted for reuse
+            if not slot.busy:
+                self.engine.memory.seq_rm(slot.id)
+                slot.cached = []
+        self.emit(task, failure)
+
+    def make_room(self) -> None:
+        """The step needed more blocks than are free: drop idle caches (least recently
+        used first); when none is left, fail the newest running request."""
+        idle = sorted((s for s in self.table.idle if s.cached), key=lambda s: s.last_used)
+        if idle:
+            self.engine.memory.seq_rm(idle[0].id)
+            idle[0].cached = []
+            return
+        newest = max(self.active.values(), key=lambda t: t.req.id, default=None)
+        if newest is not None:
+            log.warning("KV cache full: failing request %d", newest.req.id)
+            self.fail(newest, Failed("the KV cache is full; retry later", "unavailable_error", 503))
