@@ -17,6 +17,7 @@ import torch
 from engine.checkpoint import load_model
 from engine.config import EngineConfig
 from engine.detokenizer import IncrementalDetokenizer, StopMatcher
+from engine.fingerprint import model_fingerprint
 from engine.model_config import load_model_config
 from engine.models.packed_linear import onednn_available, pack_linears
 from engine.planner import plan_step
@@ -46,6 +47,7 @@ class Engine:
         self.model_config = load_model_config(config.model)
         self.tokenizer = Tokenizer(config.model, self.model_config.eos_token_ids)
         self.model = load_model(config.model, self.model_config, config.torch_dtype, self.device)
+        self.fingerprint = model_fingerprint(self.model_config, self.model, config.dtype)
         if self._use_onednn():
             pack_linears(self.model)
         self.memory = PagedKVCache(

@@ -43,6 +43,18 @@ class SlotInfo:
     params: dict
 
 
+class SlotBusy(Exception):
+    """The slot is running a request and the caller asked not to wait."""
+
+
+@dataclass(frozen=True)
+class _Call:
+    fn: Callable[[], object]
+    future: concurrent.futures.Future
+    idle_slot: int | None
+    wait: bool
+
+
 @dataclass(frozen=True)
 class Health:
     alive: bool
@@ -70,7 +82,8 @@ class Scheduler:
         self._cv = threading.Condition()
         self._inbox: deque[Task] = deque()  # new tasks (guarded by _cv)
         self._cancels: set[int] = set()  # guarded by _cv
-        self._calls: deque[tuple[Callable, concurrent.futures.Future]] = deque()  # guarded by _cv
+        self._calls: deque[_Call] = deque()  # guarded by _cv
+        self._deferred: list[_Call] = []  # calls waiting for their slot to be idle (engine thread only)
         self._n_waiting = 0  # queued, not yet in a slot (guarded by _cv)
         self.board = TaskBoard(engine, self.table, self._emit)  # engine thread only
         self._stop = False
@@ -127,14 +140,19 @@ class Scheduler:
             self._cancels.add(id_task)
             self._cv.notify()
 
-    async def call(self, fn: Callable[[], object]) -> object:
+    async def call(self, fn: Callable[[], object], idle_slot: int | None = None, wait: bool = True) -> object:
         """Run ``fn()`` on the engine thread between two steps (where memory may be
-        read or changed safely) and return its result or raise its exception."""
+        read or changed safely) and return its result or raise its exception.
+
+        ``idle_slot``: run only while that slot is idle — after its request ends when it
+        is busy (before any waiting request may take it), or raise SlotBusy at once
+        when ``wait`` is False. Cancelling the awaiting coroutine drops a waiting call.
+        """
         future: concurrent.futures.Future = concurrent.futures.Future()
         with self._cv:
             if self._stop or not self._thread.is_alive():
                 raise RuntimeError("the engine thread is not running")
-            self._calls.append((fn, future))
+            self._calls.append(_Call(fn, future, idle_slot, wait))
             self._cv.notify()
         return await asyncio.wrap_future(future)
 
@@ -179,8 +197,7 @@ class Scheduler:
                 calls, self._calls = self._calls, deque()
             self._busy_since = self._busy_since or time.monotonic()
             n_left = sum(self.board.cancel(id_task) for id_task in cancels)
-            for fn, future in calls:
-                self._run_call(fn, future)
+            self._run_calls(calls)
             n_left += self.board.admit()
             if n_left:
                 with self._cv:
@@ -191,8 +208,9 @@ class Scheduler:
             self._flush()
         self.board.fail_all(Failed("the server is shutting down", "unavailable_error", 503))
         self._flush()
-        for _, future in self._calls:
-            future.set_exception(RuntimeError("the engine thread stopped"))
+        for call in [*self._calls, *self._deferred]:
+            if call.future.set_running_or_notify_cancel():
+                call.future.set_exception(RuntimeError("the engine thread stopped"))
 
     def _emit(self, task: Task, event: RequestEvent) -> None:
         self._outbox.append((task.sink, event))
@@ -209,18 +227,30 @@ class Scheduler:
         except RuntimeError:  # the loop is closed: nobody listens any more
             pass
 
-    @staticmethod
-    def _run_call(fn: Callable, future: concurrent.futures.Future) -> None:
-        if not future.set_running_or_notify_cancel():
-            return
-        try:
-            future.set_result(fn())
-        except Exception as exc:  # handed to the caller
-            future.set_exception(exc)
+    def _run_calls(self, calls: deque[_Call]) -> None:
+        """Deferred calls whose slot is now idle first (in arrival order), then new ones."""
+        pending, self._deferred = [*self._deferred, *calls], []
+        for call in pending:
+            if call.future.cancelled():
+                continue
+            if call.idle_slot is not None and self.table.slots[call.idle_slot].busy:
+                if call.wait:
+                    self._deferred.append(call)
+                    continue
+                if call.future.set_running_or_notify_cancel():
+                    call.future.set_exception(SlotBusy(f"slot {call.idle_slot} is busy"))
+                continue
+            if not call.future.set_running_or_notify_cancel():
+                continue
+            try:
+                call.future.set_result(call.fn())
+            except Exception as exc:  # handed to the caller
+                call.future.set_exception(exc)
 
     def _has_news(self) -> bool:
         queued = self._stop or self._inbox or self._cancels or self._calls
-        return bool(queued) or self.engine.has_work or self.board.admittable()
+        ready = any(not self.table.slots[c.idle_slot].busy or c.future.cancelled() for c in self._deferred)
+        return bool(queued) or ready or self.engine.has_work or self.board.admittable()
 
     def _step(self) -> None:
         try:

@@ -8,7 +8,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse
 
-from server import errors, native_api, openai_api
+from server import errors, native_api, openai_api, slot_api
 from server.auth import APIKeyMiddleware, JSONBodyMiddleware
 from server.settings import ServerSettings
 from server.state import ServerState
@@ -29,6 +29,7 @@ def create_app(settings: ServerSettings) -> FastAPI:
     errors.install(app)
     app.include_router(openai_api.router)
     app.include_router(native_api.router)
+    app.include_router(slot_api.router)
 
     @app.get("/health")
     async def health() -> JSONResponse:

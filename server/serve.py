@@ -12,6 +12,7 @@ import time
 
 import uvicorn
 
+from memory.slot_dir import SlotDirectory
 from server.app import create_app
 from server.settings import ServerSettings
 from server.state import ServerState
@@ -47,8 +48,11 @@ class DrainingServer(uvicorn.Server):
 def serve(settings: ServerSettings) -> int:
     if not settings.kv_unified:
         raise SystemExit("error: --no-kv-unified (per-stream KV cache) is not implemented yet; use --kv-unified")
-    if settings.slot_save_path is not None and not settings.slot_save_path.is_dir():
-        raise SystemExit(f"error: --slot-save-path {settings.slot_save_path}: not a directory")
+    if settings.slot_save_path is not None:
+        try:
+            SlotDirectory(settings.slot_save_path)  # created when missing
+        except OSError as exc:
+            raise SystemExit(f"error: --slot-save-path {settings.slot_save_path}: {exc}") from None
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     app = create_app(settings)
     config = uvicorn.Config(

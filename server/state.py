@@ -9,6 +9,7 @@ import time
 
 from engine import Engine, EngineConfig, SamplingParams
 from engine.scheduler import Scheduler
+from memory.slot_dir import SlotDirectory
 from server.errors import APIError
 from server.settings import ServerSettings
 
@@ -28,6 +29,7 @@ class ServerState:
         self.n_inflight = 0  # HTTP requests between admission check and their last byte
         self.t_started = time.time()
         self.loop: asyncio.AbstractEventLoop | None = None
+        self.slot_dir = SlotDirectory(settings.slot_save_path) if settings.slot_save_path is not None else None
         self._loader = threading.Thread(target=self._load, name="slotserve-loader", daemon=True)
 
     def start_loading(self, loop: asyncio.AbstractEventLoop) -> None:

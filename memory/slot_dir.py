@@ -1,0 +1,139 @@
+"""The slot save directory: safe names, atomic writes, listing and deletion.
+
+Names are one path component; the resolved path (symlinks followed) must stay inside
+the directory. A write goes to a hidden temporary file in the same directory
+(``.slotserve-<random>.tmp``), is fsynced, renamed over the target and the directory is
+fsynced, so a crash at any moment leaves the old file or the new one. Temporary files
+start with a dot, which no slot file name may, so they are never listed or restored.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+from dataclasses import dataclass
+from pathlib import Path
+
+from safetensors import safe_open
+
+from memory.slot_file import SlotFileError, check_header
+
+TMP_PREFIX = ".slotserve-"
+_CHUNK = 16 << 20  # bytes per write call
+
+
+class BadFileName(SlotFileError):
+    """The name is not an allowed slot file name, or resolves outside the directory."""
+
+
+class FileMissing(SlotFileError):
+    pass
+
+
+@dataclass(frozen=True)
+class FileEntry:
+    filename: str
+    size: int
+    n_tokens: int
+    created: float
+    meta: dict[str, str]
+
+
+def check_name(filename: str) -> str:
+    """Raise BadFileName unless ``filename`` is one safe path component."""
+    if not isinstance(filename, str) or not filename:
+        raise BadFileName("filename must be a non-empty string")
+    if len(filename.encode("utf-8", "surrogatepass")) > 255:
+        raise BadFileName("filename is longer than 255 bytes")
+    if "/" in filename or "\\" in filename or ".." in filename:
+        raise BadFileName("filename must be one path component (no '/', '\\' or '..')")
+    if any(ord(c) < 32 or ord(c) == 127 for c in filename):
+        raise BadFileName("filename contains a control character")
+    if filename.startswith("."):
+        raise BadFileName("filename must not start with '.'")
+    return filename
+
+
+class SlotDirectory:
+    def __init__(self, root: Path):
+        root = Path(root)
+        root.mkdir(parents=True, exist_ok=True)
+        self.root = root.resolve(strict=True)
+        if not self.root.is_dir():
+            raise NotADirectoryError(f"slot save path {root} is not a directory")
+
+    def path(self, filename: str) -> Path:
+        """The file's path; raises BadFileName for a bad name or one that leaves the directory."""
+        path = self.root / check_name(filename)
+        resolved = path.resolve(strict=False)
+        if resolved == self.root or not resolved.is_relative_to(self.root):
+            raise BadFileName(f"filename {filename!r} resolves outside the slot save path")
+        return path
+
+    def write(self, filename: str, data: bytes) -> int:
+        """Atomically replace ``filename`` with ``data``; returns the bytes written."""
+        target = self.path(filename)
+        tmp = self.root / f"{TMP_PREFIX}{secrets.token_hex(8)}.tmp"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        try:
+            try:
+                view = memoryview(data)
+                for start in range(0, len(view), _CHUNK):
+                    os.write(fd, view[start : start + _CHUNK])  # a regular file writes fully
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            os.replace(tmp, target)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+        self._sync_dir()
+        return len(data)
+
+    def read(self, filename: str) -> bytes:
+        path = self.path(filename)
+        try:
+            return path.read_bytes()
+        except (FileNotFoundError, IsADirectoryError):
+            raise FileMissing(f"slot file {filename!r} does not exist") from None
+
+    def delete(self, filename: str) -> None:
+        """Remove a slot file (only files that are slot files)."""
+        path = self.path(filename)
+        if not path.is_file():
+            raise FileMissing(f"slot file {filename!r} does not exist")
+        self.header(path)
+        path.unlink()
+        self._sync_dir()
+
+    def list(self) -> list[FileEntry]:
+        """Every slot file, by name; other files and temporary files are left out."""
+        out = []
+        for path in sorted(self.root.iterdir()):
+            if path.name.startswith(".") or not path.is_file():
+                continue
+            try:
+                meta = self.header(path)
+                out.append(
+                    FileEntry(path.name, path.stat().st_size, int(meta["n_tokens"]), float(meta["created"]), meta)
+                )
+            except (SlotFileError, KeyError, ValueError, OSError):
+                continue
+        return out
+
+    @staticmethod
+    def header(path: Path) -> dict[str, str]:
+        """A file's metadata (reads the header only); raises SlotFileError."""
+        try:
+            with safe_open(path, "pt") as f:
+                meta = f.metadata()
+        except Exception as exc:  # safetensors raises several types for a bad header
+            raise SlotFileError(f"{path.name}: not a readable safetensors file: {exc}") from None
+        return check_header(meta)
+
+    def _sync_dir(self) -> None:
+        fd = os.open(self.root, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
