@@ -158,3 +158,11 @@ def test_disconnect_frees_slot_within_a_second(server):
     with pytest.raises(httpx.ReadTimeout):  # non-streaming: the client gives up
         httpx.post(server.url + "/v1/completions", json={**body, "stream": False}, timeout=0.5)
     assert wait_idle(server, 1.0) < 1.0
+
+
+def test_slot_files_need_a_save_path(server):
+    for action in ("save", "restore", "erase"):
+        r = httpx.post(f"{server.url}/slots/0", params={"action": action}, json={"filename": "x"})
+        assert r.status_code == 501, r.text
+        assert r.json()["error"]["type"] == "not_supported_error"
+    assert httpx.get(server.url + "/slots/files").status_code == 501
