@@ -232,7 +232,8 @@ def test_restore_in_a_new_process_continues_exactly(server, save_dir, tokenizer,
     first = complete(server, prompt, 16, id_slot=0)
     saved = ok(action(server, 0, "save", "continue.slot"))
     assert saved["n_saved"] == len(prompt) + 15
-    with ServerProcess("-np", str(N_SLOTS), "--slot-save-path", str(save_dir), log=tmp_path / "b.log") as other:
+    args = ("-np", str(N_SLOTS), "--block-size", "32", "--slot-save-path", str(save_dir))  # another block layout
+    with ServerProcess(*args, log=tmp_path / "b.log") as other:
         other.wait_ready()
         assert ok(action(other, 2, "restore", "continue.slot"))["n_restored"] == saved["n_saved"]
         cont = complete(other, prompt + first["tokens"], 16, id_slot=2)
