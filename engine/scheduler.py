@@ -43,6 +43,10 @@ class SlotInfo:
     params: dict
 
 
+class EngineStopped(RuntimeError):
+    """The engine thread is not running (shutting down or dead): a call cannot run."""
+
+
 class SlotBusy(Exception):
     """The slot is running a request and the caller asked not to wait."""
 
@@ -151,7 +155,7 @@ class Scheduler:
         future: concurrent.futures.Future = concurrent.futures.Future()
         with self._cv:
             if self._stop or not self._thread.is_alive():
-                raise RuntimeError("the engine thread is not running")
+                raise EngineStopped("the engine thread is not running")
             self._calls.append(_Call(fn, future, idle_slot, wait))
             self._cv.notify()
         return await asyncio.wrap_future(future)
@@ -210,7 +214,7 @@ class Scheduler:
         self._flush()
         for call in [*self._calls, *self._deferred]:
             if call.future.set_running_or_notify_cancel():
-                call.future.set_exception(RuntimeError("the engine thread stopped"))
+                call.future.set_exception(EngineStopped("the engine thread stopped"))
 
     def _emit(self, task: Task, event: RequestEvent) -> None:
         self._outbox.append((task.sink, event))

@@ -7,6 +7,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from engine.scheduler import EngineStopped
 from engine.tokenizer import TokenizeError
 
 _TYPES = {
@@ -71,6 +72,10 @@ def install(app: FastAPI) -> None:
     @app.exception_handler(TokenizeError)
     async def _untokenizable(_: Request, exc: TokenizeError) -> JSONResponse:
         return APIError(400, str(exc)).response()
+
+    @app.exception_handler(EngineStopped)
+    async def _stopped(_: Request, exc: EngineStopped) -> JSONResponse:
+        return APIError(503, f"the server is shutting down: {exc}", headers={"Retry-After": "1"}).response()
 
     @app.exception_handler(Exception)
     async def _internal(_: Request, exc: Exception) -> JSONResponse:

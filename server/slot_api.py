@@ -93,6 +93,8 @@ async def _save(scheduler: Scheduler, directory: SlotDirectory, slot: int, filen
         n_written = await asyncio.to_thread(directory.write, filename, data)
     except BadFileName as exc:
         raise APIError(400, str(exc), code="invalid_filename") from None
+    except IsADirectoryError:
+        raise APIError(400, f"{filename!r} is a directory", code="invalid_filename") from None
     except OSError as exc:
         raise APIError(507, f"writing the slot file failed: {exc.strerror}", "server_error", "write_failed") from None
     save_ms = (time.perf_counter() - t0) * 1000

@@ -87,8 +87,11 @@ def test_save_erase_restore_same_and_other_slot(server, save_dir):
     assert again["tokens"] == out["tokens"]
 
 
-def test_bad_requests_are_4xx(server):
+def test_bad_requests_are_4xx(server, save_dir):
+    (save_dir / "a-directory").mkdir()
     cases = [
+        (lambda: action(server, 0, "save", "a-directory"), 400, "invalid_filename"),
+        (lambda: action(server, 0, "save", "../up"), 400, "invalid_filename"),
         (lambda: action(server, 0, "explode", "x"), 400, "invalid_action"),
         (lambda: action(server, "one", "save", "x"), 400, "invalid_id_slot"),
         (lambda: action(server, N_SLOTS, "save", "x"), 400, "invalid_id_slot"),
@@ -104,6 +107,8 @@ def test_bad_requests_are_4xx(server):
         assert r.status_code == status, r.text
         assert r.json()["error"]["code"] == code
         assert set(r.json()["error"]) >= {"message", "type", "code"}
+    assert (save_dir / "a-directory").is_dir() and not (save_dir.parent / "up").exists()
+    (save_dir / "a-directory").rmdir()
 
 
 def test_every_bad_restore_leaves_slot_and_files_unchanged(server, save_dir, tmp_path):
