@@ -6,10 +6,12 @@ import asyncio
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from server import errors, native_api, openai_api, slot_api
-from server.auth import APIKeyMiddleware, JSONBodyMiddleware
+from server.auth import PUBLIC, APIKeyMiddleware, JSONBodyMiddleware
+from server.metrics import StatusCounter
 from server.settings import ServerSettings
 from server.state import ServerState
 
@@ -41,6 +43,14 @@ def create_app(settings: ServerSettings) -> FastAPI:
         code, body = state.ready()
         return JSONResponse(body, status_code=code)
 
+    if settings.metrics:
+
+        @app.get("/metrics")
+        async def metrics() -> Response:
+            return Response(generate_latest(state.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    public = PUBLIC | {"/metrics"} if settings.metrics_public else PUBLIC
     app.add_middleware(JSONBodyMiddleware)
-    app.add_middleware(APIKeyMiddleware, keys=settings.api_keys)
+    app.add_middleware(APIKeyMiddleware, keys=settings.api_keys, public=public)
+    app.add_middleware(StatusCounter, metrics=state.metrics)  # outermost: sees 401s too
     return app

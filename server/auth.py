@@ -20,12 +20,13 @@ def _presented(scope: Scope) -> str | None:
 
 
 class APIKeyMiddleware:
-    def __init__(self, app: ASGIApp, keys: frozenset[str]):
+    def __init__(self, app: ASGIApp, keys: frozenset[str], public: frozenset[str] = PUBLIC):
         self.app = app
         self.keys = keys
+        self.public = public
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or not self.keys or scope["path"] in PUBLIC or scope["method"] == "OPTIONS":
+        if scope["type"] != "http" or not self.keys or scope["path"] in self.public or scope["method"] == "OPTIONS":
             return await self.app(scope, receive, send)
         key = _presented(scope)
         if key is None or not any(hmac.compare_digest(key, k) for k in self.keys):

@@ -4,6 +4,7 @@ one request (with client-disconnect watching), and the per-choice results."""
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
@@ -126,6 +127,9 @@ class Run:
         self._watch: asyncio.Task | None = None
         self._n_done = 0
         self._open = False
+        self.t0 = time.monotonic()  # arrival (same clock as the engine's event times)
+        self._failed = False
+        self._last_t: dict[int, float] = {}  # per choice: time of its last token
 
     async def open(self, scheduler: Scheduler) -> bool:
         """False when the client left while waiting; raises APIError on refusal."""
@@ -145,6 +149,7 @@ class Run:
             await self.close()
             raise
         if isinstance(first, Failed):
+            self._failed = True
             await self.close()
             raise APIError(first.status, first.message, first.type, **first.extra)
         if first is None:
@@ -170,16 +175,25 @@ class Run:
                 if event is None:
                     return
                 if isinstance(event, Delta):
-                    self.t_first = self.t_first or event.t
-                    self.t_last = event.t
-                    self.choices[event.index].add(event)
-                    self._n_done += event.finished
+                    self._on_delta(event)
                 yield event
                 if isinstance(event, Failed):
+                    self._failed = True
                     self._n_done = self.req.n
                     return
         finally:
             await self.close()
+
+    def _on_delta(self, event: Delta) -> None:
+        self.t_first = self.t_first or event.t
+        self.t_last = event.t
+        self.choices[event.index].add(event)
+        self._n_done += event.finished
+        if event.token_id is not None:
+            last = self._last_t.get(event.index)
+            if last is not None:
+                self.state.metrics.itl.observe(max(0.0, event.t - last))
+            self._last_t[event.index] = event.t
 
     async def collect(self) -> None:
         """Run to the end; a server-side failure becomes its HTTP error."""
@@ -196,6 +210,27 @@ class Run:
             self._watch.cancel()
         self._cancel()
         self.state.n_inflight -= 1
+        a = self.admitted
+        self.state.metrics.request_ended(
+            self.outcome,
+            len(self.req.prompt_ids),
+            a.n_cached if a else 0,
+            self.n_generated,
+            self.t0,
+            a.t if a else None,
+            self.t_first,
+            time.monotonic(),
+        )
+
+    @property
+    def outcome(self) -> str:
+        """stop | length (the first choice's reason), abort (cancelled, client gone) or error."""
+        if self._failed:
+            return "error"
+        reasons = [c.finish_reason for c in self.choices]
+        if None in reasons or reasons[0] not in ("stop", "length"):
+            return "abort"
+        return reasons[0]
 
     @property
     def n_generated(self) -> int:

@@ -40,6 +40,8 @@ class ServerSettings(BaseSettings):
     max_queue: int = Field(256, ge=0, description="requests waiting for a slot before 503")
     drain_timeout: float = Field(30, ge=0, description="seconds in-flight requests get after SIGTERM")
     stall_timeout: float = Field(60, gt=0, description="/health fails when a step takes longer than this")
+    metrics: bool = Field(True, description="serve Prometheus metrics on /metrics")
+    metrics_public: bool = Field(False, description="/metrics without the API key")
 
     @field_validator("api_key_file")
     @classmethod
@@ -90,6 +92,8 @@ FLAGS: dict[str, tuple[str, ...]] = {
 SWITCHES: dict[str, tuple[str, str]] = {
     "kv_unified": ("--kv-unified", "--no-kv-unified"),
     "context_shift": ("--context-shift", "--no-context-shift"),
+    "metrics": ("--metrics", "--no-metrics"),
+    "metrics_public": ("--metrics-public", "--no-metrics-public"),
 }
 
 

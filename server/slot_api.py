@@ -72,6 +72,25 @@ async def slot_action(
     if action not in ACTIONS:
         raise APIError(400, f"action must be one of {', '.join(ACTIONS)}, got {action!r}", code="invalid_action")
     slot = _slot_id(id_slot, scheduler)
+    metrics = http.app.state.slotserve.metrics
+    try:
+        result = await _run_action(scheduler, directory, slot, action, body, nowait)
+    except Exception:
+        metrics.slot_file_ops.labels(action, "error").inc()
+        raise
+    metrics.slot_file_ops.labels(action, "ok").inc()
+    if action == "save":
+        metrics.slot_file_written.inc(result["n_written"])
+        metrics.slot_save_time.observe(result["timings"]["save_ms"] / 1000)
+    elif action == "restore":
+        metrics.slot_file_read.inc(result["n_read"])
+        metrics.slot_restore_time.observe(result["timings"]["restore_ms"] / 1000)
+    return result
+
+
+async def _run_action(
+    scheduler: Scheduler, directory: SlotDirectory, slot: int, action: str, body: SlotActionBody | None, nowait: bool
+) -> dict:
     try:
         if action == "save":
             return await _save(scheduler, directory, slot, _filename(body))
@@ -181,11 +200,15 @@ async def list_files(http: HTTPRequest) -> dict:
 @router.delete("/slots/files/{filename}")
 async def delete_file(filename: str, http: HTTPRequest) -> dict:
     directory = _directory(http)
+    ops = http.app.state.slotserve.metrics.slot_file_ops
     try:
         await asyncio.to_thread(directory.delete, filename)
     except FileMissing as exc:
+        ops.labels("delete", "error").inc()
         raise APIError(404, str(exc), code="file_not_found") from None
     except SlotFileError as exc:
+        ops.labels("delete", "error").inc()
         code = "invalid_filename" if isinstance(exc, BadFileName) else "not_a_slot_file"
         raise APIError(400, str(exc), code=code) from None
+    ops.labels("delete", "ok").inc()
     return {"filename": filename, "deleted": True}

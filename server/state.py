@@ -11,6 +11,7 @@ from engine import Engine, EngineConfig, SamplingParams
 from engine.scheduler import Scheduler
 from memory.slot_dir import SlotDirectory
 from server.errors import APIError
+from server.metrics import Metrics
 from server.settings import ServerSettings
 
 log = logging.getLogger("slotserve")
@@ -29,6 +30,8 @@ class ServerState:
         self.n_inflight = 0  # HTTP requests between admission check and their last byte
         self.t_started = time.time()
         self.loop: asyncio.AbstractEventLoop | None = None
+        self.metrics = Metrics()
+        self.metrics.bind(lambda: self.scheduler)
         self.slot_dir = SlotDirectory(settings.slot_save_path) if settings.slot_save_path is not None else None
         self._loader = threading.Thread(target=self._load, name="slotserve-loader", daemon=True)
 
@@ -58,6 +61,7 @@ class ServerState:
             self.error, self.status = f"{type(exc).__name__}: {exc}", "failed"
             return
         self.engine, self.scheduler = engine, scheduler
+        self.metrics.describe_cache(scheduler, s.ctx_size, "unified")
         if self.status == "loading":
             self.status = "ready"
         log.info("model %s ready: %d slots, context %d", s.model_name, s.parallel, engine.n_ctx_seq)

@@ -1,0 +1,171 @@
+"""Prometheus metrics (prometheus-client), one registry per app.
+
+Counters and histograms are updated on the event loop when a request ends (and per
+token for inter-token latency); gauges are read at scrape time from the scheduler and
+memory, so an idle server always shows idle values. Names follow the Prometheus naming
+guide: prefix ``slotserve_``, base units (seconds, bytes), ``_total`` on counters, no
+request ids, slot ids or text in labels. docs/metrics.md lists every metric.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, Info, disable_created_metrics
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from engine.scheduler import Scheduler
+
+LATENCY = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 80, 160)
+TOKEN_GAP = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 1, 2.5)
+FILE_TIME = (0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
+LENGTHS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072)
+disable_created_metrics()  # no *_created series: dashboards never use them
+
+FINISH_REASONS = ("stop", "length", "abort", "error")
+SLOT_FILE_ACTIONS = ("save", "restore", "erase", "delete")
+
+
+class Metrics:
+    def __init__(self) -> None:
+        r = self.registry = CollectorRegistry(auto_describe=True)
+        self.prompt_tokens_computed = Counter(
+            "slotserve_prompt_tokens_computed", "Prompt tokens computed (prefill)", registry=r
+        )
+        self.prompt_tokens_cached = Counter(
+            "slotserve_prompt_tokens_cached", "Prompt tokens reused from a slot's cache instead of computed", registry=r
+        )
+        self.generation_tokens = Counter("slotserve_generation_tokens", "Tokens generated", registry=r)
+        self.requests = Counter(
+            "slotserve_requests", "Requests that ran, by finish reason", ["finish_reason"], registry=r
+        )
+        self.http_errors = Counter(
+            "slotserve_http_errors", "HTTP responses with status 4xx or 5xx", ["status_class"], registry=r
+        )
+        self.slot_file_ops = Counter(
+            "slotserve_slot_file_operations", "Slot file operations", ["action", "outcome"], registry=r
+        )
+        self.slot_file_written = Counter("slotserve_slot_file_written_bytes", "Bytes of slot files written", registry=r)
+        self.slot_file_read = Counter("slotserve_slot_file_read_bytes", "Bytes of slot files read", registry=r)
+        self.ttft = Histogram(
+            "slotserve_time_to_first_token_seconds", "Request arrival to first token", buckets=LATENCY, registry=r
+        )
+        self.itl = Histogram(
+            "slotserve_inter_token_latency_seconds", "Gap between consecutive tokens", buckets=TOKEN_GAP, registry=r
+        )
+        self.e2e = Histogram(
+            "slotserve_request_duration_seconds", "Request arrival to its end", buckets=LATENCY, registry=r
+        )
+        self.queue_time = Histogram(
+            "slotserve_request_queue_time_seconds", "Arrival to admission into a slot", buckets=LATENCY, registry=r
+        )
+        self.prefill_time = Histogram(
+            "slotserve_request_prefill_time_seconds", "Admission to first token", buckets=LATENCY, registry=r
+        )
+        self.slot_save_time = Histogram(
+            "slotserve_slot_save_duration_seconds", "Slot save, snapshot to fsync", buckets=FILE_TIME, registry=r
+        )
+        self.slot_restore_time = Histogram(
+            "slotserve_slot_restore_duration_seconds", "Slot restore, read to loaded", buckets=FILE_TIME, registry=r
+        )
+        self.prompt_len = Histogram(
+            "slotserve_request_prompt_tokens", "Prompt length of a request", buckets=LENGTHS, registry=r
+        )
+        self.generation_len = Histogram(
+            "slotserve_request_generation_tokens", "Tokens generated for a request", buckets=LENGTHS, registry=r
+        )
+        self.cache_config = Info("slotserve_cache_config", "Cache layout and sizes", registry=r)
+        for reason in FINISH_REASONS:
+            self.requests.labels(reason)
+        for cls in ("4xx", "5xx"):
+            self.http_errors.labels(cls)
+        for action in SLOT_FILE_ACTIONS:
+            for outcome in ("ok", "error"):
+                self.slot_file_ops.labels(action, outcome)
+
+    def bind(self, scheduler_of: Callable[[], Scheduler | None]) -> None:
+        """Gauges from the scheduler (None while loading: gauges absent)."""
+        self.registry.register(_LiveCollector(scheduler_of))
+
+    def describe_cache(self, scheduler: Scheduler, ctx_size: int, layout: str) -> None:
+        usage = scheduler.engine.memory.usage()
+        self.cache_config.info(
+            {
+                "block_size": str(usage.block_size),
+                "num_blocks": str(usage.n_blocks_total),
+                "slots": str(len(scheduler.table)),
+                "ctx_size": str(ctx_size),
+                "layout": layout,
+                "memory_kind": usage.kind,
+            }
+        )
+
+    def request_ended(
+        self, reason: str, n_prompt: int, n_cached: int, n_generated: int, t0: float, t_admit, t_first, t_end
+    ) -> None:
+        """One request that was submitted; times are time.monotonic() values (None: not reached)."""
+        self.requests.labels(reason).inc()
+        self.prompt_len.observe(n_prompt)
+        self.generation_len.observe(n_generated)
+        self.generation_tokens.inc(n_generated)
+        self.e2e.observe(t_end - t0)
+        if t_admit is not None:
+            self.prompt_tokens_computed.inc(n_prompt - n_cached)
+            self.prompt_tokens_cached.inc(n_cached)
+            self.queue_time.observe(max(0.0, t_admit - t0))
+        if t_first is not None:
+            self.ttft.observe(max(0.0, t_first - t0))
+            if t_admit is not None:
+                self.prefill_time.observe(max(0.0, t_first - t_admit))
+
+    def http_status(self, status: int) -> None:
+        if status >= 400:
+            self.http_errors.labels(f"{status // 100}xx").inc()
+
+
+class _LiveCollector(Collector):
+    def __init__(self, scheduler_of: Callable[[], Scheduler | None]):
+        self.scheduler_of = scheduler_of
+
+    def describe(self) -> Iterable:
+        return []  # dynamic: read at scrape time
+
+    def collect(self) -> Iterable[GaugeMetricFamily]:
+        scheduler = self.scheduler_of()
+        if scheduler is None:
+            return
+        health = scheduler.health()
+        busy = sum(s.busy for s in scheduler.table.slots)
+        usage = scheduler.engine.memory.usage()
+        yield GaugeMetricFamily("slotserve_requests_running", "Requests in slots", value=health.n_running)
+        yield GaugeMetricFamily("slotserve_requests_waiting", "Requests queued for a slot", value=health.n_waiting)
+        yield GaugeMetricFamily("slotserve_slots_busy", "Slots running a request", value=busy)
+        yield GaugeMetricFamily("slotserve_slots_idle", "Slots free for a request", value=len(scheduler.table) - busy)
+        for name, doc, value in (
+            ("slotserve_kv_cache_usage_ratio", "Share of cache blocks in use (0-1)", usage.ratio),
+            ("slotserve_kv_cache_blocks_used", "Cache blocks in use", usage.n_blocks_used),
+            ("slotserve_kv_cache_blocks_capacity", "Cache blocks in the pool", usage.n_blocks_total),
+        ):
+            family = GaugeMetricFamily(name, doc, labels=["memory_kind"])
+            family.add_metric([usage.kind], value)
+            yield family
+
+
+class StatusCounter:
+    """ASGI middleware: counts responses with a 4xx or 5xx status."""
+
+    def __init__(self, app, metrics: Metrics):
+        self.app = app
+        self.metrics = metrics
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+
+        async def counting_send(message) -> None:
+            if message["type"] == "http.response.start":
+                self.metrics.http_status(message["status"])
+            await send(message)
+
+        return await self.app(scope, receive, counting_send)
