@@ -292,6 +292,9 @@ class PagedKVCache(Memory):
     def can_shift(self) -> bool:
         return self.rope_shift is not None
 
+    def n_blocks_held(self, seqs: list[int]) -> int:
+        return len(set().union(*(self.tables[s] for s in seqs)))  # set.union holds the GIL
+
     def usage(self) -> MemoryUsage:
         return MemoryUsage(
             kind=self.kind,

@@ -160,6 +160,11 @@ class Memory(ABC):
         """Whether ``seq_add`` is supported."""
 
     @abstractmethod
+    def n_blocks_held(self, seqs: list[int]) -> int:
+        """Distinct storage blocks referenced by ``seqs`` (a shared block counts once).
+        May be called from another thread: a racy but safe read, for monitoring."""
+
+    @abstractmethod
     def usage(self) -> MemoryUsage:
         """Storage statistics."""
 

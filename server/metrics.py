@@ -84,9 +84,10 @@ class Metrics:
             for outcome in ("ok", "error"):
                 self.slot_file_ops.labels(action, outcome)
 
-    def bind(self, scheduler_of: Callable[[], Scheduler | None]) -> None:
-        """Gauges from the scheduler (None while loading: gauges absent)."""
-        self.registry.register(_LiveCollector(scheduler_of))
+    def bind(self, scheduler_of: Callable[[], Scheduler | None], ready: Callable[[], bool]) -> None:
+        """Gauges read at scrape time: readiness always; the rest from the scheduler
+        (None while loading: those gauges are absent)."""
+        self.registry.register(_LiveCollector(scheduler_of, ready))
 
     def describe_cache(self, scheduler: Scheduler, ctx_size: int, layout: str) -> None:
         usage = scheduler.engine.memory.usage()
@@ -125,26 +126,39 @@ class Metrics:
 
 
 class _LiveCollector(Collector):
-    def __init__(self, scheduler_of: Callable[[], Scheduler | None]):
+    def __init__(self, scheduler_of: Callable[[], Scheduler | None], ready: Callable[[], bool]):
         self.scheduler_of = scheduler_of
+        self.ready = ready
 
     def describe(self) -> Iterable:
         return []  # dynamic: read at scrape time
 
     def collect(self) -> Iterable[GaugeMetricFamily]:
+        yield GaugeMetricFamily(
+            "slotserve_ready", "1 when /ready answers 200 (loaded, not draining), else 0", value=int(self.ready())
+        )
         scheduler = self.scheduler_of()
         if scheduler is None:
             return
         health = scheduler.health()
-        busy = sum(s.busy for s in scheduler.table.slots)
-        usage = scheduler.engine.memory.usage()
+        busy = [s.id for s in scheduler.table.slots if s.busy]
+        memory = scheduler.engine.memory
+        usage = memory.usage()
+        held = memory.n_blocks_held(busy)
         yield GaugeMetricFamily("slotserve_requests_running", "Requests in slots", value=health.n_running)
         yield GaugeMetricFamily("slotserve_requests_waiting", "Requests queued for a slot", value=health.n_waiting)
-        yield GaugeMetricFamily("slotserve_slots_busy", "Slots running a request", value=busy)
-        yield GaugeMetricFamily("slotserve_slots_idle", "Slots free for a request", value=len(scheduler.table) - busy)
+        yield GaugeMetricFamily("slotserve_slots_busy", "Slots running a request", value=len(busy))
+        yield GaugeMetricFamily(
+            "slotserve_slots_idle", "Slots free for a request", value=len(scheduler.table) - len(busy)
+        )
+        capacity = max(usage.n_blocks_total, 1)
         for name, doc, value in (
-            ("slotserve_kv_cache_usage_ratio", "Share of cache blocks in use (0-1)", usage.ratio),
-            ("slotserve_kv_cache_blocks_used", "Cache blocks in use", usage.n_blocks_used),
+            ("slotserve_kv_cache_usage_ratio", "Share of cache blocks held by running requests (0-1)", held / capacity),
+            (
+                "slotserve_kv_cache_blocks_used",
+                "Cache blocks in use, idle caches included",
+                usage.n_blocks_used,
+            ),
             ("slotserve_kv_cache_blocks_capacity", "Cache blocks in the pool", usage.n_blocks_total),
         ):
             family = GaugeMetricFamily(name, doc, labels=["memory_kind"])

@@ -31,7 +31,7 @@ class ServerState:
         self.t_started = time.time()
         self.loop: asyncio.AbstractEventLoop | None = None
         self.metrics = Metrics()
-        self.metrics.bind(lambda: self.scheduler)
+        self.metrics.bind(lambda: self.scheduler, lambda: self.ready()[0] == 200)
         self.slot_dir = SlotDirectory(settings.slot_save_path) if settings.slot_save_path is not None else None
         self._loader = threading.Thread(target=self._load, name="slotserve-loader", daemon=True)
 

@@ -65,8 +65,11 @@ def test_health_and_ready_while_loading(tmp_path):
         assert ready.status_code == 503 and ready.json() == {"status": "loading"}
         r = httpx.post(srv.url + "/v1/completions", json={"prompt": "x", "max_tokens": 1})
         assert r.status_code == 503 and r.json()["error"]["type"] == "unavailable_error"
+        loading = httpx.get(srv.url + "/metrics").text
+        assert "slotserve_ready 0.0" in loading and "slotserve_requests_running" not in loading
         srv.wait_ready(120)
         assert httpx.get(srv.url + "/health").status_code == 200
+        assert "slotserve_ready 1.0" in httpx.get(srv.url + "/metrics").text
         assert httpx.post(srv.url + "/v1/completions", json={"prompt": "x", "max_tokens": 2}).status_code == 200
 
 
