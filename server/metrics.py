@@ -30,51 +30,32 @@ SLOT_FILE_ACTIONS = ("save", "restore", "erase", "delete")
 class Metrics:
     def __init__(self) -> None:
         r = self.registry = CollectorRegistry(auto_describe=True)
-        self.prompt_tokens_computed = Counter(
-            "slotserve_prompt_tokens_computed", "Prompt tokens computed (prefill)", registry=r
+
+        def counter(name: str, doc: str, labels: tuple[str, ...] = ()) -> Counter:
+            return Counter(f"slotserve_{name}", doc, labels, registry=r)
+
+        def histogram(name: str, doc: str, buckets: tuple[float, ...]) -> Histogram:
+            return Histogram(f"slotserve_{name}", doc, buckets=buckets, registry=r)
+
+        self.prompt_tokens_computed = counter("prompt_tokens_computed", "Prompt tokens computed (prefill)")
+        self.prompt_tokens_cached = counter(
+            "prompt_tokens_cached", "Prompt tokens reused from a slot's cache instead of computed"
         )
-        self.prompt_tokens_cached = Counter(
-            "slotserve_prompt_tokens_cached", "Prompt tokens reused from a slot's cache instead of computed", registry=r
-        )
-        self.generation_tokens = Counter("slotserve_generation_tokens", "Tokens generated", registry=r)
-        self.requests = Counter(
-            "slotserve_requests", "Requests that ran, by finish reason", ["finish_reason"], registry=r
-        )
-        self.http_errors = Counter(
-            "slotserve_http_errors", "HTTP responses with status 4xx or 5xx", ["status_class"], registry=r
-        )
-        self.slot_file_ops = Counter(
-            "slotserve_slot_file_operations", "Slot file operations", ["action", "outcome"], registry=r
-        )
-        self.slot_file_written = Counter("slotserve_slot_file_written_bytes", "Bytes of slot files written", registry=r)
-        self.slot_file_read = Counter("slotserve_slot_file_read_bytes", "Bytes of slot files read", registry=r)
-        self.ttft = Histogram(
-            "slotserve_time_to_first_token_seconds", "Request arrival to first token", buckets=LATENCY, registry=r
-        )
-        self.itl = Histogram(
-            "slotserve_inter_token_latency_seconds", "Gap between consecutive tokens", buckets=TOKEN_GAP, registry=r
-        )
-        self.e2e = Histogram(
-            "slotserve_request_duration_seconds", "Request arrival to its end", buckets=LATENCY, registry=r
-        )
-        self.queue_time = Histogram(
-            "slotserve_request_queue_time_seconds", "Arrival to admission into a slot", buckets=LATENCY, registry=r
-        )
-        self.prefill_time = Histogram(
-            "slotserve_request_prefill_time_seconds", "Admission to first token", buckets=LATENCY, registry=r
-        )
-        self.slot_save_time = Histogram(
-            "slotserve_slot_save_duration_seconds", "Slot save, snapshot to fsync", buckets=FILE_TIME, registry=r
-        )
-        self.slot_restore_time = Histogram(
-            "slotserve_slot_restore_duration_seconds", "Slot restore, read to loaded", buckets=FILE_TIME, registry=r
-        )
-        self.prompt_len = Histogram(
-            "slotserve_request_prompt_tokens", "Prompt length of a request", buckets=LENGTHS, registry=r
-        )
-        self.generation_len = Histogram(
-            "slotserve_request_generation_tokens", "Tokens generated for a request", buckets=LENGTHS, registry=r
-        )
+        self.generation_tokens = counter("generation_tokens", "Tokens generated")
+        self.requests = counter("requests", "Requests that ran, by finish reason", ("finish_reason",))
+        self.http_errors = counter("http_errors", "HTTP responses with status 4xx or 5xx", ("status_class",))
+        self.slot_file_ops = counter("slot_file_operations", "Slot file operations", ("action", "outcome"))
+        self.slot_file_written = counter("slot_file_written_bytes", "Bytes of slot files written")
+        self.slot_file_read = counter("slot_file_read_bytes", "Bytes of slot files read")
+        self.ttft = histogram("time_to_first_token_seconds", "Request arrival to first token", LATENCY)
+        self.itl = histogram("inter_token_latency_seconds", "Gap between consecutive tokens", TOKEN_GAP)
+        self.e2e = histogram("request_duration_seconds", "Request arrival to its end", LATENCY)
+        self.queue_time = histogram("request_queue_time_seconds", "Arrival to admission into a slot", LATENCY)
+        self.prefill_time = histogram("request_prefill_time_seconds", "Admission to first token", LATENCY)
+        self.slot_save_time = histogram("slot_save_duration_seconds", "Slot save, snapshot to fsync", FILE_TIME)
+        self.slot_restore_time = histogram("slot_restore_duration_seconds", "Slot restore, read to loaded", FILE_TIME)
+        self.prompt_len = histogram("request_prompt_tokens", "Prompt length of a request", LENGTHS)
+        self.generation_len = histogram("request_generation_tokens", "Tokens generated for a request", LENGTHS)
         self.cache_config = Info("slotserve_cache_config", "Cache layout and sizes", registry=r)
         for reason in FINISH_REASONS:
             self.requests.labels(reason)

@@ -12,7 +12,6 @@ import time
 
 import uvicorn
 
-from memory.slot_dir import SlotDirectory
 from server.app import create_app
 from server.settings import ServerSettings
 from server.state import ServerState
@@ -48,13 +47,11 @@ class DrainingServer(uvicorn.Server):
 def serve(settings: ServerSettings) -> int:
     if not settings.kv_unified:
         raise SystemExit("error: --no-kv-unified (per-stream KV cache) is not implemented yet; use --kv-unified")
-    if settings.slot_save_path is not None:
-        try:
-            SlotDirectory(settings.slot_save_path)  # created when missing
-        except OSError as exc:
-            raise SystemExit(f"error: --slot-save-path {settings.slot_save_path}: {exc}") from None
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    app = create_app(settings)
+    try:
+        app = create_app(settings)  # creates the slot save folder when missing
+    except OSError as exc:
+        raise SystemExit(f"error: --slot-save-path {settings.slot_save_path}: {exc}") from None
     config = uvicorn.Config(
         app, host=settings.host, port=settings.port, timeout_keep_alive=int(settings.timeout), log_level="info"
     )
