@@ -2,7 +2,7 @@
 
 from engine.config import DEMO_MODEL, EngineConfig
 from engine.engine import Engine, Generation
-from engine.errors import CheckpointError, EngineError, UnsupportedArchitecture
+from engine.errors import CheckpointError, EngineError, StepFailed, UnsupportedArchitecture
 from engine.sampling_params import GREEDY, SamplingParams
 from engine.sequence import FinishReason, Sequence, StepEvent
 
@@ -18,5 +18,6 @@ __all__ = [
     "SamplingParams",
     "Sequence",
     "StepEvent",
+    "StepFailed",
     "UnsupportedArchitecture",
 ]

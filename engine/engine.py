@@ -17,6 +17,7 @@ import torch
 from engine.checkpoint import load_model
 from engine.config import EngineConfig
 from engine.detokenizer import IncrementalDetokenizer, StopMatcher
+from engine.errors import StepFailed
 from engine.fingerprint import model_fingerprint
 from engine.model_config import load_model_config
 from engine.models.packed_linear import onednn_available, pack_linears
@@ -26,7 +27,7 @@ from engine.sampler import SampleOutput, SampleRow, sample
 from engine.sampling_params import SamplingParams
 from engine.sequence import FinishReason, Sequence, StepEvent, TokenLogprob
 from engine.tokenizer import Tokenizer
-from memory import MemoryError_, PagedKVCache
+from memory import CacheFull, MemoryError_, PagedKVCache
 
 
 @dataclass
@@ -141,11 +142,31 @@ class Engine:
     def step(self, keep_logits: bool = False) -> list[StepEvent]:
         """Run one forward for every planned token of every running sequence; sample
         where a chunk reaches the end of its tokens. Returns one event per planned
-        sequence (``logits`` attached when ``keep_logits``)."""
+        sequence (``logits`` attached when ``keep_logits``).
+
+        All or nothing: everything that may need room (context shifts, then
+        ``memory.prepare``) happens before the forward. ``CacheFull`` leaves every
+        sequence and the memory as they were, except that sequences shifted before the
+        one that failed keep their (complete) shift. Any other exception becomes
+        ``StepFailed`` naming the planned sequences, which leave the running set."""
+        self._shift_full_contexts()
         plan = plan_step(self.running, self.config.max_batch_tokens)
         if not plan:
             return []
-        logits = self.runner.run(plan)  # [S, V]
+        try:
+            logits = self.runner.run(plan)  # [S, V]
+        except CacheFull:
+            raise
+        except Exception as exc:
+            raise self._step_failed(plan, exc) from exc
+        try:
+            events = self._sample_and_accept(plan, logits, keep_logits)
+        except Exception as exc:
+            raise self._step_failed(plan, exc) from exc
+        self.running = [s for s in self.running if not s.finished]
+        return events
+
+    def _sample_and_accept(self, plan: list, logits: torch.Tensor, keep_logits: bool) -> list[StepEvent]:
         samplers = [c.seq for c in plan if c.samples]
         kept = logits.clone() if keep_logits else None
         rows = [SampleRow(s.params, s.seed, s.prompt_ids, s.output_ids) for s in samplers]
@@ -156,8 +177,13 @@ class Engine:
             if kept is not None:
                 event.logits = kept[i]
             events.append(event)
-        self.running = [s for s in self.running if not s.finished]
         return events
+
+    def _step_failed(self, plan: list, exc: Exception) -> StepFailed:
+        seqs = [c.seq for c in plan]
+        for seq in seqs:
+            self.abort(seq)
+        return StepFailed(seqs, exc)
 
     def _accept(self, seq: Sequence, row: int, out: SampleOutput) -> StepEvent:
         if len(seq.output_ids) >= seq.params.max_tokens:
@@ -175,28 +201,36 @@ class Engine:
         if result.stop is not None:
             seq.stop_string = result.stop
             return self._finish(seq, tok, result.text, FinishReason.STOP, flush=False)
-        if len(seq.tokens) >= self.n_ctx_seq and not self._shift_context(seq):
+        if len(seq.tokens) >= self.n_ctx_seq and self._n_discard(seq) <= 0:
             return self._finish(seq, tok, result.text, FinishReason.LENGTH)
         if len(seq.output_ids) >= seq.params.max_tokens:
             return self._finish(seq, tok, result.text, FinishReason.LENGTH)
         seq.text += result.text
         return StepEvent(seq, tok, result.text, False)
 
-    def _shift_context(self, seq: Sequence) -> bool:
-        """Drop half of the tokens after ``n_keep`` (llama-server's context shift) and
-        move the rest down; False when shifting is off or impossible."""
+    def _n_discard(self, seq: Sequence) -> int:
+        """Tokens a context shift of ``seq`` would drop; 0 when shifting is off or impossible."""
         if not self.config.context_shift or not self.memory.can_shift:
-            return False
+            return 0
         n_keep = min(seq.n_keep, seq.n_computed - 2)
-        n_discard = (seq.n_computed - n_keep) // 2
-        if n_keep < 0 or n_discard <= 0:
-            return False
-        self.memory.seq_rm(seq.seq_id, n_keep, n_keep + n_discard)
-        self.memory.seq_add(seq.seq_id, n_keep + n_discard, None, -n_discard)
-        del seq.tokens[n_keep : n_keep + n_discard]
-        seq.n_computed -= n_discard
-        seq.n_shifted += n_discard
-        return True
+        return (seq.n_computed - n_keep) // 2 if n_keep >= 0 else 0
+
+    def _shift_full_contexts(self) -> None:
+        """Before the forward: every sequence whose tokens fill the slot's context drops
+        half of the tokens after ``n_keep`` and moves the rest down (llama-server's
+        context shift). Each shift is atomic: ``seq_rm`` of the middle is the only call
+        that may need blocks (it raises CacheFull with nothing changed), and ``seq_add``
+        then moves cells that the removal just rewrote into private blocks."""
+        for seq in self.running:
+            if len(seq.tokens) < self.n_ctx_seq:
+                continue
+            n_discard = self._n_discard(seq)
+            n_keep = min(seq.n_keep, seq.n_computed - 2)
+            self.memory.seq_rm(seq.seq_id, n_keep, n_keep + n_discard)
+            self.memory.seq_add(seq.seq_id, n_keep + n_discard, None, -n_discard)
+            del seq.tokens[n_keep : n_keep + n_discard]
+            seq.n_computed -= n_discard
+            seq.n_shifted += n_discard
 
     def _finish(self, seq: Sequence, tok: int | None, text: str, reason: FinishReason, flush: bool = True) -> StepEvent:
         if flush:

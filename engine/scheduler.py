@@ -23,6 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from engine.engine import Engine
+from engine.errors import StepFailed
 from engine.request import Failed, QueueFull, Request, RequestError, RequestEvent
 from engine.slots import SlotTable
 from engine.task_board import Sink, Task, TaskBoard
@@ -65,6 +66,8 @@ class Health:
     stalled: bool
     n_waiting: int
     n_running: int
+    n_faults: int  # engine steps that raised, since start
+    n_faults_in_row: int  # ... since the last step that succeeded
 
 
 class Scheduler:
@@ -92,6 +95,8 @@ class Scheduler:
         self.board = TaskBoard(engine, self.table, self._emit)  # engine thread only
         self._stop = False
         self._busy_since: float | None = None
+        self.n_faults = 0
+        self.n_faults_in_row = 0
         self._thread = threading.Thread(target=self._run, name="slotserve-engine", daemon=True)
 
     # ---- any thread ------------------------------------------------------------
@@ -99,11 +104,17 @@ class Scheduler:
     def start(self) -> None:
         self._thread.start()
 
-    def stop(self, timeout: float = 10.0) -> None:
+    def stop(self, timeout: float | None = 30.0) -> bool:
+        """Stop the engine thread at its next step boundary: every running and waiting
+        request fails with 503 "shutting down" (streams get their final error event),
+        later ``submit``/``call`` raise EngineStopped. Waits up to ``timeout`` s for the
+        thread to end (0: do not wait); returns whether it has ended. Idempotent."""
         with self._cv:
             self._stop = True
             self._cv.notify()
-        self._thread.join(timeout)
+        if timeout != 0 and self._thread.ident is not None:
+            self._thread.join(timeout)
+        return not self._thread.is_alive()
 
     def validate(self, req: Request) -> None:
         """Raise RequestError for what can never run (independent of load)."""
@@ -131,6 +142,8 @@ class Scheduler:
         """Queue ``req``; returns its id. Raises RequestError or QueueFull."""
         self.validate(req)
         with self._cv:
+            if self._stop or not self._thread.is_alive():
+                raise EngineStopped("the engine thread is not running")
             if self._n_waiting >= self.max_queue + len(self.table.idle):  # idle slots admit at once
                 raise QueueFull(f"{self._n_waiting} requests are waiting (--max-queue {self.max_queue})")
             req.id = next(self._ids)
@@ -163,7 +176,8 @@ class Scheduler:
     def health(self) -> Health:
         busy = self._busy_since
         stalled = busy is not None and time.monotonic() - busy > self.stall_timeout
-        return Health(self._thread.is_alive(), stalled, self._n_waiting, len(self.board.active))
+        alive = self._thread.is_alive()
+        return Health(alive, stalled, self._n_waiting, len(self.board.active), self.n_faults, self.n_faults_in_row)
 
     def snapshot(self) -> list[SlotInfo]:
         """Per-slot state for /slots (a racy read, good enough for monitoring)."""
@@ -188,18 +202,38 @@ class Scheduler:
     # ---- engine thread ---------------------------------------------------------
 
     def _run(self) -> None:
-        while True:
-            with self._cv:
-                while not self._has_news():
-                    self._busy_since = None
-                    self._cv.wait()
-                if self._stop:
-                    break
-                self.board.waiting.extend(self._inbox)
-                self._inbox.clear()
-                cancels, self._cancels = self._cancels, set()
-                calls, self._calls = self._calls, deque()
-            self._busy_since = self._busy_since or time.monotonic()
+        while self._turn():
+            pass
+        with self._cv:
+            self.board.waiting.extend(self._inbox)
+            self._inbox.clear()
+            calls, self._calls = [*self._calls, *self._deferred], deque()
+        shutting_down = Failed("the server is shutting down", "unavailable_error", 503)
+        self.board.fail_all(shutting_down)
+        n_failed = self.board.fail_waiting(shutting_down)
+        with self._cv:
+            self._n_waiting -= n_failed
+        self._flush()
+        for call in calls:
+            if call.future.set_running_or_notify_cancel():
+                call.future.set_exception(EngineStopped("the engine thread stopped"))
+
+    def _turn(self) -> bool:
+        """One loop turn: take news, run calls, admit, step once, hand events over.
+        False when asked to stop. A bug in the bookkeeping fails the running requests
+        and the thread goes on (it never dies silently)."""
+        with self._cv:
+            while not self._has_news():
+                self._busy_since = None
+                self._cv.wait()
+            if self._stop:
+                return False
+            self.board.waiting.extend(self._inbox)
+            self._inbox.clear()
+            cancels, self._cancels = self._cancels, set()
+            calls, self._calls = self._calls, deque()
+        self._busy_since = self._busy_since or time.monotonic()
+        try:
             n_left = sum(self.board.cancel(id_task) for id_task in cancels)
             self._run_calls(calls)
             n_left += self.board.admit()
@@ -209,12 +243,14 @@ class Scheduler:
             if self.engine.has_work:
                 self._step()
                 self._busy_since = time.monotonic()
-            self._flush()
-        self.board.fail_all(Failed("the server is shutting down", "unavailable_error", 503))
+        except Exception:
+            log.exception("scheduler turn failed")
+            self._count_fault()
+            self.board.fail_all(Failed("internal error in the scheduler", "server_error", 500))
+            with self._cv:  # recount: the turn may have stopped between admission and the count
+                self._n_waiting = len(self.board.waiting) + len(self._inbox)
         self._flush()
-        for call in [*self._calls, *self._deferred]:
-            if call.future.set_running_or_notify_cancel():
-                call.future.set_exception(EngineStopped("the engine thread stopped"))
+        return True
 
     def _emit(self, task: Task, event: RequestEvent) -> None:
         self._outbox.append((task.sink, event))
@@ -262,11 +298,17 @@ class Scheduler:
         except CacheFull:
             self.board.make_room()
             return
-        except Exception:  # a bug, not client input: fail what ran, keep serving
-            log.exception("engine step failed")
-            self.board.fail_all(Failed("internal error in the engine step", "server_error", 500))
+        except StepFailed as exc:  # a bug or a device fault, not client input: fail that step's requests
+            log.error("engine step failed (%d sequences): %s", len(exc.seqs), exc, exc_info=exc.cause)
+            self._count_fault()
+            self.board.fail_seqs(exc.seqs, Failed("internal error in the engine step", "server_error", 500))
             return
+        self.n_faults_in_row = 0
         self.board.dispatch(events)
+
+    def _count_fault(self) -> None:
+        self.n_faults += 1
+        self.n_faults_in_row += 1
 
 
 def _deliver(batch: list[tuple[Sink, RequestEvent]]) -> None:

@@ -120,8 +120,16 @@ class TaskBoard:
             self._dispatch(event)
 
     def fail_all(self, failure: Failed) -> None:
+        """Fail every running request."""
         for task in list(self.active.values()):
             self.fail(task, failure)
+
+    def fail_waiting(self, failure: Failed) -> int:
+        """Fail every request still waiting for a slot; returns how many."""
+        n = len(self.waiting)
+        while self.waiting:
+            self.emit(self.waiting.popleft(), failure)
+        return n
 
     def seq_of(self, slot: Slot) -> tuple[Task | None, Sequence | None]:
         """The task using ``slot`` and that choice's sequence (None, None when idle)."""
@@ -187,6 +195,12 @@ class TaskBoard:
             self._by_seq.pop(seq, None)
             self.table.release(slot, seq.tokens[: seq.n_computed])
         self.active.pop(task.req.id, None)
+
+    def fail_seqs(self, seqs: list[Sequence], failure: Failed) -> None:
+        """Fail the requests these sequences belong to (their caches are dropped)."""
+        tasks = {id(t): t for t, _ in (self._by_seq.get(s, (None, 0)) for s in seqs) if t is not None}
+        for task in tasks.values():
+            self.fail(task, failure)
 
     def fail(self, task: Task, failure: Failed) -> None:
         self._release_all(task)

@@ -77,9 +77,9 @@ class SlotDirectory:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         try:
             try:
-                view = memoryview(data)
-                for start in range(0, len(view), _CHUNK):
-                    os.write(fd, view[start : start + _CHUNK])  # a regular file writes fully
+                view, done = memoryview(data), 0
+                while done < len(view):  # a write may be short (a nearly full disk): go on from there
+                    done += os.write(fd, view[done : done + _CHUNK])
                 os.fsync(fd)
             finally:
                 os.close(fd)

@@ -23,8 +23,7 @@ def create_app(settings: ServerSettings) -> FastAPI:
     async def lifespan(_: FastAPI):
         state.start_loading(asyncio.get_running_loop())  # returns at once: the listener answers while the model loads
         yield
-        if state.scheduler is not None:
-            state.scheduler.stop()
+        state.close()
 
     app = FastAPI(title="slotserve", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.slotserve = state

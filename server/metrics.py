@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, Info, disable_created_metrics
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from engine.scheduler import Scheduler
@@ -126,6 +126,9 @@ class _LiveCollector(Collector):
         memory = scheduler.engine.memory
         usage = memory.usage()
         held = memory.n_blocks_held(busy)
+        yield CounterMetricFamily(
+            "slotserve_engine_faults", "Engine steps that raised (their requests failed)", value=health.n_faults
+        )
         yield GaugeMetricFamily("slotserve_requests_running", "Requests in slots", value=health.n_running)
         yield GaugeMetricFamily("slotserve_requests_waiting", "Requests queued for a slot", value=health.n_waiting)
         yield GaugeMetricFamily("slotserve_slots_busy", "Slots running a request", value=len(busy))

@@ -15,6 +15,7 @@ from server.metrics import Metrics
 from server.settings import ServerSettings
 
 log = logging.getLogger("slotserve")
+MAX_FAULTS_IN_ROW = 5  # engine steps that fail one after another before /health and /ready turn 503
 
 
 class ServerState:
@@ -34,6 +35,7 @@ class ServerState:
         self.metrics.bind(lambda: self.scheduler, lambda: self.ready()[0] == 200)
         self.slot_dir = SlotDirectory(settings.slot_save_path) if settings.slot_save_path is not None else None
         self._loader = threading.Thread(target=self._load, name="slotserve-loader", daemon=True)
+        self._closing = threading.Event()
 
     def start_loading(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop  # the scheduler hands events to this loop
@@ -54,6 +56,8 @@ class ServerState:
             )
             engine = Engine(config)
             self._warm_up(engine)
+            if self._closing.is_set():  # shut down while loading: start no engine thread
+                return
             scheduler = Scheduler(engine, s.slot_prompt_similarity, s.max_queue, s.stall_timeout, self.loop)
             scheduler.start()
         except Exception as exc:  # a bad checkpoint or setting: report it, keep the listener up
@@ -73,6 +77,20 @@ class ServerState:
 
     def begin_drain(self) -> None:
         self.status = "draining"
+
+    def cut_off(self) -> None:
+        """End every running and waiting request now (503 "shutting down"; streams get
+        their final error event). Does not wait."""
+        if self.scheduler is not None:
+            self.scheduler.stop(timeout=0)
+
+    def close(self, timeout: float = 30.0) -> bool:
+        """Stop the engine thread at a step boundary and join it. True when no thread
+        of ours is left inside torch (False: a load or a step is still running)."""
+        self._closing.set()
+        if self.scheduler is not None and not self.scheduler.stop(timeout):
+            return False
+        return not self._loader.is_alive()
 
     def require_ready(self) -> Scheduler:
         """The scheduler, or a 503 that says why there is none."""
@@ -94,6 +112,8 @@ class ServerState:
                 return 503, {"status": "error", "error": "the engine thread has died"}
             if h.stalled:
                 return 503, {"status": "error", "error": f"no step finished for {self.settings.stall_timeout} s"}
+            if h.n_faults_in_row >= MAX_FAULTS_IN_ROW:
+                return 503, {"status": "error", "error": f"{h.n_faults_in_row} engine steps failed in a row"}
         return 200, {"status": "ok"}
 
     def ready(self) -> tuple[int, dict]:

@@ -20,10 +20,17 @@ def free_port() -> int:
 
 
 class ServerProcess:
-    def __init__(self, *args: str, env: dict[str, str] | None = None, log: Path | None = None):
+    def __init__(
+        self, *args: str, env: dict[str, str] | None = None, log: Path | None = None, hooks: Path | None = None
+    ):
+        """``hooks``: a control folder; the server then runs with the test hooks of
+        tests/hooked_serve.py, steered through files in that folder."""
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        cmd = [sys.executable, "-m", "server.cli", "serve", "--port", str(self.port), *args]
+        launcher = (
+            ["-m", "server.cli"] if hooks is None else [str(Path(__file__).parent / "hooked_serve.py"), str(hooks)]
+        )
+        cmd = [sys.executable, *launcher, "serve", "--port", str(self.port), *args]
         self.log_path = log
         out = open(log, "wb") if log else subprocess.DEVNULL  # noqa: SIM115
         full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}

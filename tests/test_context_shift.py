@@ -22,14 +22,15 @@ def test_shift_continues_like_a_fresh_run_on_the_kept_tokens(tmp_path):
     prompt = torch.randint(0, 300, (20,), generator=torch.Generator().manual_seed(1)).tolist()
     params = SamplingParams(temperature=0.0, max_tokens=200, ignore_eos=True)
     seq = shifting.add_sequence(prompt, params, seq_id=0, n_keep=5)
-    while seq.n_shifted == 0:
+    while len(seq.tokens) < N_CTX:
         shifting.step()
-    kept = list(seq.tokens)  # after the shift; the last token is not computed yet
-    assert kept[:5] == prompt[:5]  # n_keep tokens survive
-    assert len(kept) < N_CTX and seq.n_computed == len(kept) - 1
+    assert seq.n_shifted == 0  # the shift waits for the next step, before its forward
+    (event,) = shifting.step(keep_logits=True)
+    kept = seq.tokens[:-1]  # after the shift; the last token is the one this step sampled
+    assert seq.n_shifted > 0 and kept[:5] == prompt[:5]  # n_keep tokens survive
+    assert len(kept) < N_CTX and seq.n_computed == len(kept)
     assert shifting.memory.seq_pos_max(0) == seq.n_computed - 1  # positions moved down, no gap
     shifting.memory.integrity_check()
-    (event,) = shifting.step(keep_logits=True)
     ref = fresh.add_sequence(kept, SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True), seq_id=0)
     events = []
     while fresh.has_work:

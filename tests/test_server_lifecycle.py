@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import signal
 import subprocess
@@ -11,66 +12,51 @@ import time
 
 import httpx
 import pytest
-import torch
-from checkpoints import write_byte_tokenizer
-from safetensors.torch import save_file
 from server_proc import ServerProcess
 
 
-def slow_checkpoint(folder):
-    """A 1-layer Llama with a 2M-token vocabulary (~1 GB of weights): slow enough to
-    load that the listener can be seen answering while the model loads."""
-    vocab, hidden = 2_000_000, 64
-    config = {
-        "architectures": ["LlamaForCausalLM"],
-        "model_type": "llama",
-        "vocab_size": vocab,
-        "hidden_size": hidden,
-        "intermediate_size": 128,
-        "num_hidden_layers": 1,
-        "num_attention_heads": 2,
-        "num_key_value_heads": 2,
-        "max_position_embeddings": 256,
-        "rms_norm_eps": 1e-6,
-        "tie_word_embeddings": False,
-        "dtype": "float32",
-    }
-    (folder / "config.json").write_text(json.dumps(config))
-    p = "model.layers.0."
-    tensors = {
-        "model.embed_tokens.weight": torch.zeros(vocab, hidden),
-        "lm_head.weight": torch.zeros(vocab, hidden),
-        "model.norm.weight": torch.ones(hidden),
-        p + "input_layernorm.weight": torch.ones(hidden),
-        p + "post_attention_layernorm.weight": torch.ones(hidden),
-        p + "self_attn.q_proj.weight": torch.zeros(hidden, hidden),
-        p + "self_attn.k_proj.weight": torch.zeros(hidden, hidden),
-        p + "self_attn.v_proj.weight": torch.zeros(hidden, hidden),
-        p + "self_attn.o_proj.weight": torch.zeros(hidden, hidden),
-        p + "mlp.gate_proj.weight": torch.zeros(128, hidden),
-        p + "mlp.up_proj.weight": torch.zeros(128, hidden),
-        p + "mlp.down_proj.weight": torch.zeros(hidden, 128),
-    }
-    save_file(tensors, str(folder / "model.safetensors"))
-    write_byte_tokenizer(folder)
-    return folder
+def wait_for(predicate, timeout: float = 30, what: str = "condition"):
+    """Poll ``predicate`` until it returns something truthy; fail after ``timeout`` s."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        result = predicate()
+        if result:
+            return result
+        time.sleep(0.01)
+    raise TimeoutError(f"{what} not reached in {timeout} s")
+
+
+def data_lines(lines) -> list[str]:
+    return [line for line in lines if line.startswith("data: ")]
 
 
 def test_health_and_ready_while_loading(tmp_path):
-    folder = slow_checkpoint(tmp_path)
-    with ServerProcess("-m", str(folder), "-np", "1", "-c", "256") as srv:
+    (tmp_path / "load.wait").touch()  # the hook holds the load until the test opens the gate
+    with ServerProcess("-np", "1", "-c", "256", hooks=tmp_path) as srv:
         first = srv.wait_listening()
         assert first.status_code == 200 and first.json() == {"status": "ok"}
+        wait_for(lambda: (tmp_path / "loading").exists(), what="loading started")
         ready = httpx.get(srv.url + "/ready")
         assert ready.status_code == 503 and ready.json() == {"status": "loading"}
         r = httpx.post(srv.url + "/v1/completions", json={"prompt": "x", "max_tokens": 1})
         assert r.status_code == 503 and r.json()["error"]["type"] == "unavailable_error"
         loading = httpx.get(srv.url + "/metrics").text
         assert "slotserve_ready 0.0" in loading and "slotserve_requests_running" not in loading
+        (tmp_path / "load.gate").touch()
         srv.wait_ready(120)
         assert httpx.get(srv.url + "/health").status_code == 200
         assert "slotserve_ready 1.0" in httpx.get(srv.url + "/metrics").text
         assert httpx.post(srv.url + "/v1/completions", json={"prompt": "x", "max_tokens": 2}).status_code == 200
+
+
+def test_sigterm_while_loading_exits_cleanly(tmp_path):
+    (tmp_path / "load.wait").touch()
+    with ServerProcess("-np", "1", hooks=tmp_path, log=tmp_path / "log") as srv:
+        srv.wait_listening()
+        wait_for(lambda: (tmp_path / "loading").exists(), what="loading started")
+        srv.signal(signal.SIGTERM)
+        assert srv.proc.wait(30) == 0
+    assert "Traceback" not in (tmp_path / "log").read_text()
 
 
 def test_sigterm_drains_in_flight_stream(tmp_path):
@@ -81,32 +67,70 @@ def test_sigterm_drains_in_flight_stream(tmp_path):
             lines = r.iter_lines()
             next(line for line in lines if line.startswith("data: "))
             srv.signal(signal.SIGTERM)
-            time.sleep(0.2)
-            ready = httpx.get(srv.url + "/ready")
-            assert ready.status_code == 503 and ready.json() == {"status": "draining"}
+            ready = wait_for(lambda: (r := httpx.get(srv.url + "/ready")).status_code == 503 and r, what="draining")
+            assert ready.json() == {"status": "draining"}
             assert httpx.get(srv.url + "/health").status_code == 200
             refused = httpx.post(srv.url + "/v1/completions", json={"prompt": "x", "max_tokens": 2})
             assert refused.status_code == 503 and "shutting down" in refused.json()["error"]["message"]
-            rest = [line for line in lines if line.startswith("data: ")]
+            rest = data_lines(lines)
         assert rest[-1] == "data: [DONE]"
         assert len(rest) - 1 == 299  # every remaining token arrived: the drain let it finish
         assert srv.proc.wait(30) == 0
+    log = (tmp_path / "log").read_text()
+    assert "draining (up to 30 s)" in log and "Traceback" not in log
 
 
-def test_drain_timeout_cuts_long_requests(tmp_path):
-    with ServerProcess("-np", "1", "--drain-timeout", "0.5") as srv:
+def _cut_drain(tmp_path, second_signal: int | None) -> None:
+    """4 streams in flight, SIGTERM with a 0.5 s drain (or a second signal at once):
+    every stream ends with an error event and a clean end; the process exits 0."""
+    timeout = "0.5" if second_signal is None else "60"
+    with ServerProcess("-np", "4", "-t", "1", "--drain-timeout", timeout, log=tmp_path / "log") as srv:
         srv.wait_ready()
         body = {"prompt": "def f():", "max_tokens": 1000, "ignore_eos": True, "stream": True}
-        with httpx.stream("POST", srv.url + "/v1/completions", json=body, timeout=60) as r:
-            lines = r.iter_lines()
-            next(line for line in lines if line.startswith("data: "))
-            t0 = time.monotonic()
-            srv.signal(signal.SIGTERM)
-            with pytest.raises(httpx.HTTPError):
-                for _ in lines:
-                    pass
+        ends: list[list[str]] = []
+        started = threading.Barrier(5)
+
+        def stream():
+            with httpx.stream("POST", srv.url + "/v1/completions", json=body, timeout=60) as r:
+                lines = r.iter_lines()
+                next(line for line in lines if line.startswith("data: "))
+                started.wait(60)
+                ends.append(data_lines(lines))  # a broken chunked body would raise here
+
+        threads = [threading.Thread(target=stream) for _ in range(4)]
+        for t in threads:
+            t.start()
+        started.wait(60)
+        srv.signal(signal.SIGTERM)
+        if second_signal is not None:  # once the first is seen: two pending SIGTERMs would merge into one
+            wait_for(lambda: httpx.get(srv.url + "/ready").status_code == 503, what="draining")
+            srv.signal(second_signal)
+        for t in threads:
+            t.join(60)
         assert srv.proc.wait(30) == 0
-        assert time.monotonic() - t0 < 10
+    assert len(ends) == 4
+    for lines in ends:
+        error = json.loads(lines[-1][len("data: ") :])["error"]
+        assert error["code"] == 503 and "shutting down" in error["message"]
+    log = (tmp_path / "log").read_text()
+    assert f"draining (up to {timeout} s)" in log
+    assert "Traceback" not in log and "CancelledError" not in log
+
+
+@pytest.mark.slow
+def test_drain_timeout_cuts_long_requests_every_time(tmp_path):
+    """20 cut-off drains (2 servers at a time): exit code 0 every time, never an abort."""
+    for i in range(20):
+        (tmp_path / str(i)).mkdir()
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        runs = [pool.submit(_cut_drain, tmp_path / str(i), None) for i in range(20)]
+        for run in runs:
+            run.result()
+
+
+@pytest.mark.parametrize("second", [signal.SIGTERM, signal.SIGINT])
+def test_a_second_signal_ends_the_drain_at_once(tmp_path, second):
+    _cut_drain(tmp_path, second)
 
 
 def test_api_keys_flags_and_env(tmp_path):
@@ -145,7 +169,7 @@ def test_full_queue_is_503_with_retry_after(tmp_path):
             next(line for line in lines if line.startswith("data: "))
             queued = threading.Thread(target=httpx.post, args=(srv.url + "/v1/completions",), kwargs={"json": body})
             queued.start()  # waits in the queue for the only slot
-            time.sleep(0.3)
+            wait_for(lambda: "slotserve_requests_waiting 1.0" in httpx.get(srv.url + "/metrics").text, what="queued")
             full = httpx.post(srv.url + "/v1/completions", json={"prompt": "x", "max_tokens": 1})
             assert full.status_code == 503 and full.headers["retry-after"] == "1"
             assert full.json()["error"]["type"] == "unavailable_error"
@@ -177,19 +201,25 @@ def test_context_shift_flag(tmp_path):
 def test_failure_after_the_first_byte_is_an_sse_error_event():
     """Two streams that together need more KV blocks than the pool holds: the newer one
     fails mid-stream with a final error event; the older one finishes; the server serves on."""
-    with ServerProcess("-np", "2", "-c", "64") as srv:  # 4 + 2 blocks of 16 cells
+    with ServerProcess("-np", "2", "-c", "128") as srv:  # 8 + 2 blocks of 16 cells; each stream needs 7
         srv.wait_ready()
-        body = {"prompt": "def f():", "max_tokens": 50, "ignore_eos": True, "stream": True}
+        body = {"prompt": "def f():", "max_tokens": 100, "ignore_eos": True, "stream": True}
         results = {}
+        first_token = threading.Event()
 
         def stream(name):
             with httpx.stream("POST", srv.url + "/v1/completions", json=body, timeout=60) as r:
-                results[name] = (r.status_code, [line for line in r.iter_lines() if line.startswith("data: ")])
+                lines = []
+                for line in r.iter_lines():
+                    if line.startswith("data: "):
+                        lines.append(line)
+                        first_token.set()
+                results[name] = (r.status_code, lines)
 
         threads = [threading.Thread(target=stream, args=(name,)) for name in ("a", "b")]
-        for t in threads:
-            t.start()
-            time.sleep(0.05)
+        threads[0].start()
+        assert first_token.wait(60)  # "a" runs before "b" arrives: "b" is the newer one
+        threads[1].start()
         for t in threads:
             t.join(60)
         ends = sorted(lines[-1] for _, lines in results.values())
