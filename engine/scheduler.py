@@ -202,9 +202,15 @@ class Scheduler:
     # ---- engine thread ---------------------------------------------------------
 
     def _run(self) -> None:
-        while self._turn():
-            pass
+        try:
+            while self._turn():
+                pass
+        finally:  # asked to stop, or dying: nobody may wait for this thread any more
+            self._shut_down()
+
+    def _shut_down(self) -> None:
         with self._cv:
+            self._stop = True
             self.board.waiting.extend(self._inbox)
             self._inbox.clear()
             calls, self._calls = [*self._calls, *self._deferred], deque()

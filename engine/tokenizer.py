@@ -4,6 +4,7 @@ from generation_config.json and config.json."""
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 from typing import Any
@@ -78,10 +79,19 @@ class Tokenizer:
     def vocab_size(self) -> int:
         return self.hf.get_vocab_size(with_added_tokens=True)
 
+    @functools.cached_property
+    def max_token_chars(self) -> int:
+        """An upper bound on the characters one token decodes to (the longest vocabulary
+        entry: byte-level and SentencePiece entries are never shorter than their text),
+        so a text longer than ``n * max_token_chars`` needs more than ``n`` tokens."""
+        return max((len(t) for t in self.hf.get_vocab(with_added_tokens=True)), default=1)
+
     def encode(self, text: str, add_special: bool = True) -> list[int]:
-        """Raises TokenizeError for text the tokenizer cannot take (lone surrogates)."""
+        """Raises TokenizeError for text the tokenizer cannot take (lone surrogates).
+        Releases the GIL while it works (``encode_batch`` does; ``encode`` does not), so
+        a big text encoded in a worker thread does not stall the event loop."""
         try:
-            ids = self.hf.encode(text, add_special_tokens=add_special).ids
+            ids = self.hf.encode_batch([text], add_special_tokens=add_special)[0].ids
         except (TypeError, ValueError) as exc:
             raise TokenizeError(f"the text cannot be tokenized: {exc}") from exc
         if add_special and self.add_bos and self.bos_id is not None and (not ids or ids[0] != self.bos_id):
@@ -89,4 +99,6 @@ class Tokenizer:
         return ids
 
     def decode(self, ids: list[int], skip_special: bool = True) -> str:
+        if len(ids) > 64:  # the batch call releases the GIL
+            return self.hf.decode_batch([ids], skip_special_tokens=skip_special)[0]
         return self.hf.decode(ids, skip_special_tokens=skip_special)

@@ -11,6 +11,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from server import errors, native_api, openai_api, slot_api
 from server.auth import PUBLIC, APIKeyMiddleware, JSONBodyMiddleware
+from server.body_limit import BodyLimitMiddleware
 from server.metrics import StatusCounter
 from server.settings import ServerSettings
 from server.state import ServerState
@@ -50,6 +51,7 @@ def create_app(settings: ServerSettings) -> FastAPI:
 
     public = PUBLIC | {"/metrics"} if settings.metrics_public else PUBLIC
     app.add_middleware(JSONBodyMiddleware)
+    app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_size)
     app.add_middleware(APIKeyMiddleware, keys=settings.api_keys, public=public)
     app.add_middleware(StatusCounter, metrics=state.metrics)  # outermost: sees 401s too
     return app

@@ -19,6 +19,16 @@ def _presented(scope: Scope) -> str | None:
     return headers.get("x-api-key")
 
 
+def _matches(presented: str, keys: frozenset[str]) -> bool:
+    """Constant time in the key's content: every configured key is compared, as bytes
+    (``compare_digest`` refuses non-ASCII str, and a header may hold any latin-1 text)."""
+    given = presented.encode("latin-1", "replace")
+    matched = False
+    for key in keys:
+        matched |= hmac.compare_digest(given, key.encode("utf-8"))
+    return matched
+
+
 class APIKeyMiddleware:
     def __init__(self, app: ASGIApp, keys: frozenset[str], public: frozenset[str] = PUBLIC):
         self.app = app
@@ -29,7 +39,7 @@ class APIKeyMiddleware:
         if scope["type"] != "http" or not self.keys or scope["path"] in self.public or scope["method"] == "OPTIONS":
             return await self.app(scope, receive, send)
         key = _presented(scope)
-        if key is None or not any(hmac.compare_digest(key, k) for k in self.keys):
+        if key is None or not _matches(key, self.keys):
             message = "missing API key" if key is None else "invalid API key"
             response = APIError(401, message, code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
             return await response.response()(scope, receive, send)

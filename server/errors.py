@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import logging
+import traceback
+
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
@@ -10,6 +13,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from engine.scheduler import EngineStopped
 from engine.tokenizer import TokenizeError
 
+log = logging.getLogger("slotserve")
+
 _TYPES = {
     400: "invalid_request_error",
     401: "authentication_error",
@@ -17,6 +22,7 @@ _TYPES = {
     405: "invalid_request_error",
     409: "conflict_error",
     413: "invalid_request_error",
+    507: "server_error",
     501: "not_supported_error",
     503: "unavailable_error",
 }
@@ -78,5 +84,8 @@ def install(app: FastAPI) -> None:
         return APIError(503, f"the server is shutting down: {exc}", headers={"Retry-After": "1"}).response()
 
     @app.exception_handler(Exception)
-    async def _internal(_: Request, exc: Exception) -> JSONResponse:
+    async def _internal(request: Request, exc: Exception) -> JSONResponse:
+        # where it failed, not what it said: a message may quote client text
+        frames = "".join(traceback.format_tb(exc.__traceback__))
+        log.error("internal error on %s %s: %s\n%s", request.method, request.url.path, type(exc).__name__, frames)
         return APIError(500, f"internal error: {type(exc).__name__}").response()

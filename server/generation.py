@@ -4,6 +4,7 @@ one request (with client-disconnect watching), and the per-choice results."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -19,6 +20,7 @@ from server.errors import APIError
 from server.schemas import Message, SamplingFields
 from server.state import ServerState
 
+log = logging.getLogger("slotserve")
 LLAMA_DEFAULTS = dict(temperature=0.8, top_k=40, top_p=0.95, min_p=0.05)  # llama-server's /completion
 OPENAI_DEFAULTS = dict(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0)
 
@@ -61,22 +63,45 @@ def resolve_max_tokens(requested: int | None, default: int, n_prompt: int, engin
     return (1 << 30 if engine.config.context_shift else max(room, 0)), False
 
 
-def render_chat(engine: Engine, messages: list[Message], add_generation_prompt: bool = True) -> str:
+def check_text_fits(engine: Engine, n_chars: int) -> None:
+    """Refuse at once a text that cannot fit the slot's context whatever its tokens
+    (more characters than the context's tokens can hold), before spending CPU on it."""
+    n_ctx = engine.n_ctx_seq
+    if n_chars > n_ctx * engine.tokenizer.max_token_chars:
+        raise APIError(
+            400,
+            f"the prompt has {n_chars} characters: more than a context of {n_ctx} tokens can hold",
+            "exceed_context_size_error",
+            n_ctx=n_ctx,
+        )
+
+
+async def render_chat(engine: Engine, messages: list[Message], add_generation_prompt: bool = True) -> str:
+    """The chat template applied (in a worker thread: a big conversation renders slowly)."""
     template = engine.tokenizer.chat_template
     if template is None:
         raise APIError(400, "this model has no chat template; use /v1/completions")
+    turns = [{"role": m.role, "content": m.text(), **({"name": m.name} if m.name else {})} for m in messages]
     try:
-        return template.render(
-            [{"role": m.role, "content": m.text(), **({"name": m.name} if m.name else {})} for m in messages],
-            add_generation_prompt=add_generation_prompt,
-        )
+        return await asyncio.to_thread(template.render, turns, add_generation_prompt=add_generation_prompt)
     except ChatTemplateError as exc:
         raise APIError(400, f"chat template: {exc}") from exc
 
 
-def tokenize_prompt(engine: Engine, prompt: str | list[int]) -> list[int]:
+async def encode(engine: Engine, text: str, add_special: bool = True) -> list[int]:
+    """Token ids of ``text``, encoded in a worker thread (the event loop never waits on it)."""
+    return await asyncio.to_thread(engine.tokenizer.encode, text, add_special)
+
+
+async def decode(engine: Engine, ids: list[int], skip_special: bool = True) -> str:
+    return await asyncio.to_thread(engine.tokenizer.decode, ids, skip_special)
+
+
+async def prompt_ids(engine: Engine, prompt: str | list[int]) -> list[int]:
+    """A generation prompt as token ids: text is checked against the context, then encoded."""
     if isinstance(prompt, str):
-        return engine.tokenizer.encode(prompt)
+        check_text_fits(engine, len(prompt))
+        return await encode(engine, prompt)
     vocab = engine.model_config.vocab_size
     if any(not 0 <= t < vocab for t in prompt):
         raise APIError(400, f"prompt: token ids must be in [0, {vocab})")
@@ -174,13 +199,14 @@ class Run:
                 event = await self._queue.get()
                 if event is None:
                     return
+                if isinstance(event, Failed):  # counted before the caller may stop iterating
+                    self._failed = True
+                    self._n_done = self.req.n
+                    yield event
+                    return
                 if isinstance(event, Delta):
                     self._on_delta(event)
                 yield event
-                if isinstance(event, Failed):
-                    self._failed = True
-                    self._n_done = self.req.n
-                    return
         finally:
             await self.close()
 
@@ -210,6 +236,8 @@ class Run:
             self._watch.cancel()
         self._cancel()
         self.state.n_inflight -= 1
+        if self.state.settings.log_prompts:
+            self._log_text()
         a = self.admitted
         self.state.metrics.request_ended(
             self.outcome,
@@ -221,6 +249,14 @@ class Run:
             self.t_first,
             time.monotonic(),
         )
+
+    def _log_text(self) -> None:
+        """--log-prompts: the request's text in the log (off by default: prompts and
+        completions are the users' data)."""
+        tok = self.state.engine.tokenizer
+        prompt = tok.decode(self.req.prompt_ids, skip_special=False)
+        outputs = [c.text for c in self.choices]
+        log.info("request %d (%s): prompt=%r completions=%r", self.req.id, self.outcome, prompt, outputs)
 
     @property
     def outcome(self) -> str:

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 
 from fastapi import APIRouter
@@ -11,7 +12,16 @@ from fastapi.responses import JSONResponse, Response
 
 from engine.request import Delta, Failed, Request
 from server.errors import APIError
-from server.generation import LLAMA_DEFAULTS, Run, render_chat, resolve_max_tokens, sampling_params, tokenize_prompt
+from server.generation import (
+    LLAMA_DEFAULTS,
+    Run,
+    decode,
+    encode,
+    prompt_ids,
+    render_chat,
+    resolve_max_tokens,
+    sampling_params,
+)
 from server.schemas import ApplyTemplateRequest, DetokenizeRequest, NativeCompletionRequest, TokenizeRequest
 from server.sse import SSEResponse, sse, sse_error
 
@@ -31,11 +41,11 @@ async def completion(body: NativeCompletionRequest, http: HTTPRequest) -> Respon
     state = http.app.state.slotserve
     scheduler = state.require_ready()
     engine = scheduler.engine
-    prompt_ids = tokenize_prompt(engine, body.prompt)
+    ids = await prompt_ids(engine, body.prompt)
     requested = None if body.n_predict < 0 else body.n_predict
-    n_tokens, given = resolve_max_tokens(requested, state.settings.n_predict, len(prompt_ids), engine)
+    n_tokens, given = resolve_max_tokens(requested, state.settings.n_predict, len(ids), engine)
     params = sampling_params(body, engine, n_tokens, body.n_probs or None, LLAMA_DEFAULTS)
-    req = Request(prompt_ids, params, 1, body.id_slot, body.cache_prompt, body.n_keep, given)
+    req = Request(ids, params, 1, body.id_slot, body.cache_prompt, body.n_keep, given)
     run = Run(state, http, req)
     if not await run.open(scheduler):
         return Response(status_code=499)
@@ -64,7 +74,7 @@ async def completion(body: NativeCompletionRequest, http: HTTPRequest) -> Respon
             "stop": True,
             "model": state.settings.model_name,
             "tokens_predicted": len(c.token_ids),
-            "tokens_evaluated": len(prompt_ids),
+            "tokens_evaluated": len(ids),
             "tokens_cached": run.admitted.n_cached,
             "stop_type": _stop_type(c.finish_reason, c.stop_word),
             "stopping_word": c.stop_word or "",
@@ -97,10 +107,11 @@ async def completion(body: NativeCompletionRequest, http: HTTPRequest) -> Respon
 @router.post("/tokenize")
 async def tokenize(body: TokenizeRequest, http: HTTPRequest) -> dict:
     engine = http.app.state.slotserve.require_ready().engine
-    ids = engine.tokenizer.encode(body.content, add_special=body.add_special)
+    ids = await encode(engine, body.content, add_special=body.add_special)
     if not body.with_pieces:
         return {"tokens": ids}
-    return {"tokens": [{"id": i, "piece": engine.tokenizer.decode([i], skip_special=False)} for i in ids]}
+    pieces = await asyncio.to_thread(lambda: [engine.tokenizer.decode([i], skip_special=False) for i in ids])
+    return {"tokens": [{"id": i, "piece": p} for i, p in zip(ids, pieces)]}
 
 
 @router.post("/detokenize")
@@ -109,13 +120,13 @@ async def detokenize(body: DetokenizeRequest, http: HTTPRequest) -> dict:
     vocab = engine.model_config.vocab_size
     if any(not 0 <= t < vocab for t in body.tokens):
         raise APIError(400, f"tokens: ids must be in [0, {vocab})")
-    return {"content": engine.tokenizer.decode(body.tokens, skip_special=False)}
+    return {"content": await decode(engine, body.tokens, skip_special=False)}
 
 
 @router.post("/apply-template")
 async def apply_template(body: ApplyTemplateRequest, http: HTTPRequest) -> dict:
     engine = http.app.state.slotserve.require_ready().engine
-    return {"prompt": render_chat(engine, body.messages)}
+    return {"prompt": await render_chat(engine, body.messages)}
 
 
 @router.get("/props")

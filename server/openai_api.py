@@ -18,10 +18,13 @@ from server.generation import (
     OPENAI_DEFAULTS,
     Choice,
     Run,
+    check_text_fits,
+    decode,
+    encode,
+    prompt_ids,
     render_chat,
     resolve_max_tokens,
     sampling_params,
-    tokenize_prompt,
 )
 from server.schemas import ChatCompletionRequest, CompletionRequest, OpenAIFields
 from server.sse import SSEResponse, sse, sse_error
@@ -55,13 +58,13 @@ def _completion_logprobs(engine: Engine, lps: list[TokenLogprob], offset: int) -
     }
 
 
-async def _start(http: HTTPRequest, body: OpenAIFields, prompt_ids: list[int], max_tokens, logprobs) -> Run:
+async def _start(http: HTTPRequest, body: OpenAIFields, ids: list[int], max_tokens, logprobs) -> Run:
     state = http.app.state.slotserve
     scheduler = state.require_ready()
     engine = scheduler.engine
-    n_tokens, given = resolve_max_tokens(max_tokens, state.settings.n_predict, len(prompt_ids), engine)
+    n_tokens, given = resolve_max_tokens(max_tokens, state.settings.n_predict, len(ids), engine)
     params = sampling_params(body, engine, n_tokens, logprobs, OPENAI_DEFAULTS)
-    req = Request(prompt_ids, params, body.n, body.id_slot, body.cache_prompt, body.n_keep, given)
+    req = Request(ids, params, body.n, body.id_slot, body.cache_prompt, body.n_keep, given)
     run = Run(state, http, req)
     if not await run.open(scheduler):
         return None
@@ -94,13 +97,13 @@ async def completions(body: CompletionRequest, http: HTTPRequest) -> Response:
     engine = state.require_ready().engine
     if body.echo and body.logprobs is not None:
         raise APIError(400, "echo with logprobs is not supported (no prompt logprobs)")
-    prompt_ids = tokenize_prompt(engine, body.prompt)
+    ids = await prompt_ids(engine, body.prompt)
     max_tokens = 16 if body.max_tokens is None else body.max_tokens
-    run = await _start(http, body, prompt_ids, max_tokens, body.logprobs)
+    run = await _start(http, body, ids, max_tokens, body.logprobs)
     if run is None:
         return Response(status_code=499)
     head = _header("text_completion", state.settings.model_name)
-    echo = engine.tokenizer.decode(prompt_ids) if body.echo else ""
+    echo = await decode(engine, ids) if body.echo else ""
 
     if body.stream:
         offsets = [len(echo)] * body.n
@@ -132,11 +135,12 @@ async def completions(body: CompletionRequest, http: HTTPRequest) -> Response:
 async def chat_completions(body: ChatCompletionRequest, http: HTTPRequest) -> Response:
     state = http.app.state.slotserve
     engine = state.require_ready().engine
-    prompt = render_chat(engine, body.messages, body.add_generation_prompt)
-    prompt_ids = engine.tokenizer.encode(prompt, add_special=False)
+    check_text_fits(engine, sum(len(m.text()) for m in body.messages))
+    prompt = await render_chat(engine, body.messages, body.add_generation_prompt)
+    ids = await encode(engine, prompt, add_special=False)
     max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
     n_top = (body.top_logprobs or 0) if body.logprobs else None
-    run = await _start(http, body, prompt_ids, max_tokens, n_top)
+    run = await _start(http, body, ids, max_tokens, n_top)
     if run is None:
         return Response(status_code=499)
     head = _header("chat.completion", state.settings.model_name)

@@ -40,6 +40,8 @@ class ServerSettings(BaseSettings):
     max_queue: int = Field(256, ge=0, description="requests waiting for a slot before 503")
     drain_timeout: float = Field(30, ge=0, description="seconds in-flight requests get after SIGTERM")
     stall_timeout: float = Field(60, gt=0, description="/health fails when a step takes longer than this")
+    max_body_size: int = Field(8 << 20, gt=0, description="largest request body in bytes; larger is 413")
+    log_prompts: bool = Field(False, description="log prompt and completion text (off: never in the logs)")
     metrics: bool = Field(True, description="serve Prometheus metrics on /metrics")
     metrics_public: bool = Field(False, description="/metrics without the API key")
 
@@ -88,12 +90,14 @@ FLAGS: dict[str, tuple[str, ...]] = {
     "max_queue": ("--max-queue",),
     "drain_timeout": ("--drain-timeout",),
     "stall_timeout": ("--stall-timeout",),
+    "max_body_size": ("--max-body-size",),
 }
 SWITCHES: dict[str, tuple[str, str]] = {
     "kv_unified": ("--kv-unified", "--no-kv-unified"),
     "context_shift": ("--context-shift", "--no-context-shift"),
     "metrics": ("--metrics", "--no-metrics"),
     "metrics_public": ("--metrics-public", "--no-metrics-public"),
+    "log_prompts": ("--log-prompts", "--no-log-prompts"),
 }
 
 

@@ -72,3 +72,43 @@ class ServerProcess:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+class InProcessServer:
+    """A real uvicorn server on a free port, in a thread of the test process, so a test
+    can monkeypatch the engine, the memory or the disk to inject faults. ``settings``:
+    ServerSettings fields (llama-server flag names as field names)."""
+
+    def __init__(self, **settings):
+        import threading
+
+        import uvicorn
+
+        from server.app import create_app
+        from server.settings import ServerSettings
+
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.app = create_app(ServerSettings(port=self.port, **settings))
+        self.state = self.app.state.slotserve
+        config = uvicorn.Config(self.app, host="127.0.0.1", port=self.port, log_level="warning")
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self.server.run, name="test-uvicorn", daemon=True)
+
+    def __enter__(self) -> InProcessServer:
+        self.thread.start()
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(self.url + "/ready", timeout=5).status_code == 200:
+                    return self
+            except httpx.TransportError:
+                pass
+            if self.state.status == "failed":
+                raise RuntimeError(self.state.error)
+            time.sleep(0.02)
+        raise TimeoutError("in-process server did not become ready")
+
+    def __exit__(self, *exc) -> None:
+        self.server.should_exit = True
+        self.thread.join(60)
