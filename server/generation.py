@@ -154,12 +154,15 @@ class Run:
         self._open = False
         self.t0 = time.monotonic()  # arrival (same clock as the engine's event times)
         self._failed = False
+        self._overflowed = False
         self._last_t: dict[int, float] = {}  # per choice: time of its last token
+
+    MAX_BUFFERED = 1024  # events waiting for a client that does not read; beyond: cancel
 
     async def open(self, scheduler: Scheduler) -> bool:
         """False when the client left while waiting; raises APIError on refusal."""
         try:
-            scheduler.submit(self.req, self._queue.put_nowait)
+            scheduler.submit(self.req, self._push)
         except RequestError as exc:
             raise APIError(400, str(exc), exc.type, **exc.extra) from exc
         except QueueFull as exc:
@@ -182,6 +185,17 @@ class Run:
             return False
         self.admitted = first
         return True
+
+    def _push(self, event: RequestEvent) -> None:
+        """The scheduler's sink (on the loop). A reader that falls ``MAX_BUFFERED`` events
+        behind gets its request cancelled and, should it read again, an error event."""
+        if self._overflowed:
+            return
+        if self._queue.qsize() >= self.MAX_BUFFERED:
+            self._overflowed = True
+            self._cancel()
+            event = Failed("the client did not read its stream; the request was cancelled", "timeout_error", 408)
+        self._queue.put_nowait(event)
 
     def _client_gone(self, watch: asyncio.Task) -> None:
         if not watch.cancelled():
@@ -261,6 +275,8 @@ class Run:
     @property
     def outcome(self) -> str:
         """stop | length (the first choice's reason), abort (cancelled, client gone) or error."""
+        if self._overflowed:
+            return "abort"
         if self._failed:
             return "error"
         reasons = [c.finish_reason for c in self.choices]

@@ -1,0 +1,98 @@
+"""Slow and many clients: a reader that stops reading, and a thousand idle
+connections beside a burst of requests."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import time
+
+import httpx
+import pytest
+from checkpoints import make_checkpoint
+from prometheus_client.parser import text_string_to_metric_families
+from server_proc import ServerProcess
+
+
+def metric(url: str, name: str, **labels) -> float:
+    for family in text_string_to_metric_families(httpx.get(url + "/metrics").text):
+        for s in family.samples:
+            if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()):
+                return s.value
+    raise KeyError(name)
+
+
+def wait_for(predicate, timeout: float = 60):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if result := predicate():
+            return result
+        time.sleep(0.02)
+    raise TimeoutError
+
+
+def http_request(method: str, path: str, body: bytes = b"") -> bytes:
+    head = f"{method} {path} HTTP/1.1\r\nHost: test\r\nContent-Type: application/json\r\n"
+    return (head + f"Content-Length: {len(body)}\r\n\r\n").encode() + body
+
+
+@pytest.fixture(scope="module")
+def long_model(tmp_path_factory):
+    return make_checkpoint(tmp_path_factory.mktemp("m") / "ckpt", "llama", max_position_embeddings=8192)
+
+
+def test_a_client_that_stops_reading_is_cut_and_slows_nobody(long_model):
+    """8 choices with 20 logprobs each fill the ~3 MB of socket buffers in a few hundred
+    steps; then the server's writes block, and after --stall-timeout it cancels."""
+    args = ("-m", str(long_model), "-np", "9", "-c", "24000", "--stall-timeout", "1")
+    with ServerProcess(*args) as srv:
+        srv.wait_ready()
+        reader = socket.socket()
+        reader.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # a small window, never read
+        reader.connect(("127.0.0.1", srv.port))
+        body = b'{"prompt": "def f():", "max_tokens": 2400, "n": 8, "logprobs": 20, "ignore_eos": true, "stream": true}'
+        reader.sendall(http_request("POST", "/v1/completions", body))
+        wait_for(lambda: any(s["is_processing"] for s in httpx.get(srv.url + "/slots").json()))
+        other = httpx.post(srv.url + "/v1/completions", json={"prompt": "x", "max_tokens": 50}, timeout=60)
+        assert other.status_code == 200 and other.json()["usage"]["completion_tokens"] == 50  # others go on
+        wait_for(lambda: not any(s["is_processing"] for s in httpx.get(srv.url + "/slots").json()))
+        assert max(s["n_cached"] for s in httpx.get(srv.url + "/slots").json()) < 2400  # cut before its end
+        assert metric(srv.url, "slotserve_requests_total", finish_reason="abort") == 1
+        reader.settimeout(60)
+        while reader.recv(1 << 16):  # the server closed the connection: reading ends
+            pass
+        reader.close()
+        assert httpx.get(srv.url + "/health").status_code == 200
+
+
+def test_a_thousand_idle_connections_and_a_burst_get_answers_or_503s():
+    with ServerProcess("-np", "8", "--max-queue", "16", "-t", "1") as srv:
+        srv.wait_ready()
+        idle = []
+        for _ in range(1000):  # keep-alive connections that made one request and stay open
+            s = socket.create_connection(("127.0.0.1", srv.port))
+            s.sendall(http_request("GET", "/health"))
+            idle.append(s)
+        for s in idle:
+            s.settimeout(60)
+            assert s.recv(1 << 12).startswith(b"HTTP/1.1 200")
+
+        async def burst() -> list[httpx.Response]:
+            limits = httpx.Limits(max_connections=200)
+            async with httpx.AsyncClient(base_url=srv.url, timeout=120, limits=limits) as client:
+                body = {"prompt": "def f():", "max_tokens": 16, "ignore_eos": True}
+                return await asyncio.gather(*(client.post("/v1/completions", json=body) for _ in range(200)))
+
+        responses = asyncio.run(burst())
+        statuses = [r.status_code for r in responses]
+        assert set(statuses) <= {200, 503} and statuses.count(200) >= 8 + 16
+        for r in responses:
+            if r.status_code == 503:
+                assert r.headers["retry-after"] == "1" and "--max-queue" in r.json()["error"]["message"]
+            else:
+                assert r.json()["usage"]["completion_tokens"] == 16
+        for s in idle[:10]:  # the idle connections still work
+            s.sendall(http_request("GET", "/health"))
+            assert s.recv(1 << 12).startswith(b"HTTP/1.1 200")
+        for s in idle:
+            s.close()
