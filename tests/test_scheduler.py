@@ -98,13 +98,17 @@ def test_cancel_a_queued_request(folder):
     try:
         busy, queued = Collector(), Collector()
         sched.submit(Request([1, 2, 3], SamplingParams(temperature=0, max_tokens=200, ignore_eos=True)), busy)
+        deadline = time.monotonic() + 30
         while not busy.events:  # admitted: the only slot is taken
+            assert time.monotonic() < deadline
             time.sleep(0.001)
         id_queued = sched.submit(Request([4, 5, 6], SamplingParams(temperature=0, max_tokens=5)), queued)
         assert sched.health().n_waiting == 1
         sched.cancel(id_queued)
         busy.wait()
-        time.sleep(0.05)
+        later = Collector()  # queued after the cancelled one: once it is done, the other would have run
+        sched.submit(Request([7, 8], SamplingParams(temperature=0, max_tokens=2)), later)
+        later.wait()
         assert queued.events == [] and sched.health().n_waiting == 0
     finally:
         sched.stop()
