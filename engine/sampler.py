@@ -95,7 +95,7 @@ def _truncate_and_draw(logits: torch.Tensor, rows: list[SampleRow]) -> torch.Ten
     top_k = torch.tensor([x.top_k if x.top_k > 0 else vocab for x in p], device=dev)[:, None]
     top_p = torch.tensor([x.top_p for x in p], device=dev)[:, None]
     min_p = torch.tensor([x.min_p for x in p], device=dev)[:, None]
-    sorted_logits, order = (logits / temp).sort(dim=-1, descending=True)  # [R, V]
+    sorted_logits, order = (logits / temp).clamp_(-_FINITE, _FINITE).sort(dim=-1, descending=True)  # [R, V]
     rank = torch.arange(vocab, device=dev)[None, :]
     sorted_logits = sorted_logits.masked_fill(rank >= top_k, float("-inf"))
     probs = sorted_logits.softmax(dim=-1)  # [R, V]
@@ -111,10 +111,14 @@ def _truncate_and_draw(logits: torch.Tensor, rows: list[SampleRow]) -> torch.Ten
     return order.gather(1, choice).squeeze(1)
 
 
+_FINITE = 1e30  # logits stay within +-this, so probabilities and logprobs are never NaN or infinite
+
+
 def sample(logits: torch.Tensor, rows: list[SampleRow]) -> SampleOutput:
     """logits: [S, V] float32 (modified in place) -> one token per row."""
     _apply_bias(logits, rows)
     _apply_penalties(logits, rows)
+    logits.nan_to_num_(nan=-_FINITE).clamp_(-_FINITE, _FINITE)  # a tiny penalty divides to inf: keep it finite
     tokens = logits.argmax(dim=-1)  # [S]
     sampling = [i for i, r in enumerate(rows) if not r.params.greedy]
     out = SampleOutput(tokens=[])

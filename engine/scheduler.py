@@ -119,6 +119,8 @@ class Scheduler:
     def validate(self, req: Request) -> None:
         """Raise RequestError for what can never run (independent of load)."""
         n_slots, n_ctx = len(self.table), self.engine.n_ctx_seq
+        if req.id_slot == -1:  # llama-server's "any slot"
+            req.id_slot = None
         if req.id_slot is not None and not 0 <= req.id_slot < n_slots:
             raise RequestError(f"id_slot {req.id_slot} out of range [0, {n_slots})", code="invalid_id_slot")
         if not 1 <= req.n <= n_slots:
@@ -129,10 +131,9 @@ class Scheduler:
         if min(req.prompt_ids) < 0 or max(req.prompt_ids) >= vocab:
             raise RequestError(f"token ids must be in [0, {vocab})")
         n_prompt = len(req.prompt_ids)
-        n_need = n_prompt + (req.params.max_tokens if req.max_tokens_given else 0)
-        if n_prompt >= n_ctx or (n_need > n_ctx and not self.engine.config.context_shift):
+        if n_prompt >= n_ctx:  # max_tokens past the context is not refused: generation ends there ("length")
             raise RequestError(
-                f"the request needs {n_need} tokens ({n_prompt} prompt) but the slot's context is {n_ctx}",
+                f"the prompt has {n_prompt} tokens but the slot's context is {n_ctx}",
                 "exceed_context_size_error",
                 n_prompt_tokens=n_prompt,
                 n_ctx=n_ctx,

@@ -10,6 +10,7 @@ start with a dot, which no slot file name may, so they are never listed or resto
 from __future__ import annotations
 
 import os
+import re
 import secrets
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,18 +40,26 @@ class FileEntry:
     meta: dict[str, str]
 
 
+MAX_NAME_CHARS = 63  # 63 characters of at most 4 UTF-8 bytes each fit any filesystem's 255-byte name
+_NAME_CHAR = r"[^./\\\x00-\x1f\x7f]"  # no separator, dot or control character
+NAME_PATTERN = rf"^{_NAME_CHAR}+(\.{_NAME_CHAR}+)*\.?$"  # no leading dot, never two dots in a row
+
+
 def check_name(filename: str) -> str:
-    """Raise BadFileName unless ``filename`` is one safe path component."""
+    """Raise BadFileName unless ``filename`` is one safe path component: 1 to 63
+    characters matching ``NAME_PATTERN`` (the rule the OpenAPI document states)."""
     if not isinstance(filename, str) or not filename:
         raise BadFileName("filename must be a non-empty string")
-    if len(filename.encode("utf-8", "surrogatepass")) > 255:
-        raise BadFileName("filename is longer than 255 bytes")
+    if len(filename) > MAX_NAME_CHARS:
+        raise BadFileName(f"filename is longer than {MAX_NAME_CHARS} characters")
     if "/" in filename or "\\" in filename or ".." in filename:
         raise BadFileName("filename must be one path component (no '/', '\\' or '..')")
-    if any(ord(c) < 32 or ord(c) == 127 for c in filename):
-        raise BadFileName("filename contains a control character")
+    if any(ord(c) < 32 or ord(c) == 127 or 0xD800 <= ord(c) <= 0xDFFF for c in filename):
+        raise BadFileName("filename contains a control character or a lone surrogate")
     if filename.startswith("."):
         raise BadFileName("filename must not start with '.'")
+    if not re.fullmatch(NAME_PATTERN, filename):  # the checks above, as one rule
+        raise BadFileName("filename is not a valid slot file name")
     return filename
 
 

@@ -6,13 +6,15 @@ import asyncio
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from server import errors, native_api, openai_api, slot_api
 from server.auth import PUBLIC, APIKeyMiddleware, JSONBodyMiddleware
 from server.body_limit import BodyLimitMiddleware
 from server.metrics import StatusCounter
+from server.openapi import build_openapi
+from server.responses import Status, documented
 from server.settings import ServerSettings
 from server.state import ServerState
 
@@ -26,30 +28,42 @@ def create_app(settings: ServerSettings) -> FastAPI:
         yield
         state.close()
 
-    app = FastAPI(title="slotserve", lifespan=lifespan, docs_url=None, redoc_url=None)
+    app = FastAPI(title="slotserve", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     app.state.slotserve = state
     errors.install(app)
     app.include_router(openai_api.router)
     app.include_router(native_api.router)
     app.include_router(slot_api.router)
+    public = PUBLIC | {"/metrics"} if settings.metrics_public else PUBLIC
+    probe = documented(Status) | {503: {"model": Status, "description": "not alive / not ready (the body says why)"}}
 
-    @app.get("/health")
+    @app.get("/health", response_model=None, responses=probe)
     async def health() -> JSONResponse:
         code, body = state.health()
         return JSONResponse(body, status_code=code)
 
-    @app.get("/ready")
+    @app.get("/ready", response_model=None, responses=probe)
     async def ready() -> JSONResponse:
         code, body = state.ready()
         return JSONResponse(body, status_code=code)
 
     if settings.metrics:
 
-        @app.get("/metrics")
+        @app.get("/metrics", response_class=PlainTextResponse, responses=documented(None, text=True))
         async def metrics() -> Response:
             return Response(generate_latest(state.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
-    public = PUBLIC | {"/metrics"} if settings.metrics_public else PUBLIC
+    document: dict = {}
+
+    @app.get("/openapi.json", include_in_schema=False)
+    async def openapi() -> JSONResponse:
+        """The document, with the limits of the loaded model (503 while it loads)."""
+        if not document:
+            engine = state.require_ready().engine
+            limits = {"vocab": engine.model_config.vocab_size, "n_slots": settings.parallel}
+            document.update(build_openapi(app, limits, bool(settings.api_keys), public))
+        return JSONResponse(document)
+
     app.add_middleware(JSONBodyMiddleware)
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_size)
     app.add_middleware(APIKeyMiddleware, keys=settings.api_keys, public=public)

@@ -45,8 +45,13 @@ class APIError(Exception):
         return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
 
 
+_TAGS = {"body", "str", "int", "float", "bool", "none", "list", "dict"}
+
+
 def _field(loc: tuple) -> str:
-    parts = [str(p) for p in loc if p != "body"]
+    """``prompt.0``, not ``body.prompt.list[function-before[...]].0``: union member tags
+    (never valid field names: they hold '[' or '-') are left out."""
+    parts = [str(p) for p in loc if p not in _TAGS and not any(c in str(p) for c in "[-")]
     return ".".join(parts) or "body"
 
 
@@ -61,6 +66,16 @@ def _validation_message(exc: RequestValidationError) -> str:
     return f"{_field(tuple(first.get('loc', ())))}: {msg}"
 
 
+_FIELD_CODES = {"action": "invalid_action", "id_slot": "invalid_id_slot", "filename": "invalid_filename"}
+
+
+def _validation_code(exc: RequestValidationError) -> str | int:
+    """A named code for the fields clients branch on (llama-server's slot calls), else 400."""
+    errors = exc.errors()
+    loc = errors[0].get("loc", ()) if errors else ()
+    return next((_FIELD_CODES[p] for p in loc if isinstance(p, str) and p in _FIELD_CODES), 400)
+
+
 def install(app: FastAPI) -> None:
     @app.exception_handler(APIError)
     async def _api_error(_: Request, exc: APIError) -> JSONResponse:
@@ -68,12 +83,12 @@ def install(app: FastAPI) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
-        return APIError(400, _validation_message(exc)).response()
+        return APIError(400, _validation_message(exc), code=_validation_code(exc)).response()
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
         message = "not found" if exc.status_code == 404 else str(exc.detail)
-        return APIError(exc.status_code, message).response()
+        return APIError(exc.status_code, message, headers=exc.headers).response()  # 405 keeps its Allow
 
     @app.exception_handler(TokenizeError)
     async def _untokenizable(_: Request, exc: TokenizeError) -> JSONResponse:

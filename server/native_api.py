@@ -22,6 +22,15 @@ from server.generation import (
     resolve_max_tokens,
     sampling_params,
 )
+from server.responses import (
+    ApplyTemplateResult,
+    DetokenizeResult,
+    NativeCompletion,
+    Props,
+    SlotState,
+    TokenizeResult,
+    documented,
+)
 from server.schemas import ApplyTemplateRequest, DetokenizeRequest, NativeCompletionRequest, TokenizeRequest
 from server.sse import SSEResponse, sse, sse_error
 
@@ -36,7 +45,9 @@ def _stop_type(reason: str | None, stop_word: str | None) -> str:
     return "none"
 
 
-@router.post("/completion")
+@router.post(
+    "/completion", response_model=None, responses=documented(NativeCompletion, 400, 413, 500, 503, stream=True)
+)
 async def completion(body: NativeCompletionRequest, http: HTTPRequest) -> Response:
     state = http.app.state.slotserve
     scheduler = state.require_ready()
@@ -104,7 +115,7 @@ async def completion(body: NativeCompletionRequest, http: HTTPRequest) -> Respon
     return JSONResponse(final())
 
 
-@router.post("/tokenize")
+@router.post("/tokenize", response_model=None, responses=documented(TokenizeResult, 400, 413, 503))
 async def tokenize(body: TokenizeRequest, http: HTTPRequest) -> dict:
     engine = http.app.state.slotserve.require_ready().engine
     ids = await encode(engine, body.content, add_special=body.add_special)
@@ -114,7 +125,7 @@ async def tokenize(body: TokenizeRequest, http: HTTPRequest) -> dict:
     return {"tokens": [{"id": i, "piece": p} for i, p in zip(ids, pieces)]}
 
 
-@router.post("/detokenize")
+@router.post("/detokenize", response_model=None, responses=documented(DetokenizeResult, 400, 413, 503))
 async def detokenize(body: DetokenizeRequest, http: HTTPRequest) -> dict:
     engine = http.app.state.slotserve.require_ready().engine
     vocab = engine.model_config.vocab_size
@@ -123,13 +134,13 @@ async def detokenize(body: DetokenizeRequest, http: HTTPRequest) -> dict:
     return {"content": await decode(engine, body.tokens, skip_special=False)}
 
 
-@router.post("/apply-template")
+@router.post("/apply-template", response_model=None, responses=documented(ApplyTemplateResult, 400, 413, 503))
 async def apply_template(body: ApplyTemplateRequest, http: HTTPRequest) -> dict:
     engine = http.app.state.slotserve.require_ready().engine
     return {"prompt": await render_chat(engine, body.messages)}
 
 
-@router.get("/props")
+@router.get("/props", response_model=None, responses=documented(Props, 503))
 async def props(http: HTTPRequest) -> dict:
     state = http.app.state.slotserve
     scheduler = state.require_ready()
@@ -151,7 +162,7 @@ async def props(http: HTTPRequest) -> dict:
     }
 
 
-@router.get("/slots")
+@router.get("/slots", response_model=None, responses=documented(list[SlotState], 503))
 async def slots(http: HTTPRequest) -> list[dict]:
     scheduler = http.app.state.slotserve.require_ready()
     return [dataclasses.asdict(s) for s in scheduler.snapshot()]

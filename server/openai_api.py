@@ -26,6 +26,7 @@ from server.generation import (
     resolve_max_tokens,
     sampling_params,
 )
+from server.responses import ChatCompletion, Completion, ModelList, documented
 from server.schemas import ChatCompletionRequest, CompletionRequest, OpenAIFields
 from server.sse import SSEResponse, sse, sse_error
 
@@ -90,7 +91,10 @@ async def _stream(run: Run, head: dict, include_usage: bool, render) -> AsyncIte
     yield sse("[DONE]")
 
 
-@router.post("/v1/completions")
+GENERATE_ERRORS = (400, 413, 500, 503)
+
+
+@router.post("/v1/completions", response_model=None, responses=documented(Completion, *GENERATE_ERRORS, stream=True))
 @router.post("/completions", include_in_schema=False)
 async def completions(body: CompletionRequest, http: HTTPRequest) -> Response:
     state = http.app.state.slotserve
@@ -130,7 +134,9 @@ async def completions(body: CompletionRequest, http: HTTPRequest) -> Response:
     return JSONResponse({**head, "choices": [choice(c) for c in run.choices], "usage": run.usage()})
 
 
-@router.post("/v1/chat/completions")
+@router.post(
+    "/v1/chat/completions", response_model=None, responses=documented(ChatCompletion, *GENERATE_ERRORS, stream=True)
+)
 @router.post("/chat/completions", include_in_schema=False)
 async def chat_completions(body: ChatCompletionRequest, http: HTTPRequest) -> Response:
     state = http.app.state.slotserve
@@ -172,7 +178,7 @@ async def chat_completions(body: ChatCompletionRequest, http: HTTPRequest) -> Re
     return JSONResponse({**head, "choices": [choice(c) for c in run.choices], "usage": run.usage()})
 
 
-@router.get("/v1/models")
+@router.get("/v1/models", response_model=None, responses=documented(ModelList))
 @router.get("/models", include_in_schema=False)
 async def models(http: HTTPRequest) -> dict:
     state = http.app.state.slotserve

@@ -4,11 +4,38 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator
 
 
 class _Body(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    """Strict types (a string is never taken for a number), unknown fields ignored.
+    Every constraint the server enforces on a body's shape is stated here, so the
+    OpenAPI document says exactly what is accepted. Limits that depend on the model
+    or the settings (vocabulary, slots) carry an ``x-limit`` mark that server/openapi.py
+    turns into numbers; the routes enforce the same limits."""
+
+    model_config = ConfigDict(extra="ignore", strict=True)
+
+
+def _limit(name: str) -> dict:
+    return {"json_schema_extra": {"x-limit": name}}
+
+
+def _integral(v):
+    """JSON Schema counts 5.0 as an integer: take it as 5 (strict mode refuses floats)."""
+    return int(v) if isinstance(v, float) and v.is_integer() else v
+
+
+def Int(**constraints):  # noqa: N802 (a type)
+    """An integer field with its constraints (before the validator, so the JSON schema
+    states them), taking integral floats too."""
+    return Annotated[int, Field(**constraints), BeforeValidator(_integral)]
+
+
+TokenId = Int(ge=0, **_limit("token"))  # < the vocabulary size
+TokenIds = Annotated[list[TokenId], Field(min_length=1)]
+NonEmpty = Annotated[str, Field(min_length=1)]
+SlotId = Int(ge=-1, description="a slot (-1: any)", **_limit("slot"))
 
 
 class StreamOptions(_Body):
@@ -20,65 +47,68 @@ class SamplingFields(_Body):
 
     temperature: float | None = Field(None, ge=0, le=100)
     top_p: float | None = Field(None, ge=0, le=1)
-    top_k: int | None = Field(None, ge=-1)
+    top_k: Int(ge=-1) | None = None
     min_p: float | None = Field(None, ge=0, le=1)
-    seed: int | None = Field(None, ge=-1, le=2**64 - 1)
+    seed: Int(ge=-1, le=2**53 - 1) | None = None  # JSON's safe integers: larger ones lose precision in clients
     presence_penalty: float | None = Field(None, ge=-2, le=2)
     frequency_penalty: float | None = Field(None, ge=-2, le=2)
     repetition_penalty: float | None = Field(None, gt=0, le=100)
-    logit_bias: dict[str, Annotated[float, Field(ge=-100, le=100)]] | None = None
-    stop: str | list[str] | None = None
+    logit_bias: dict[str, Annotated[float, Field(ge=-100, le=100)]] | None = Field(
+        None, description="token id (decimal) -> bias", **_limit("token_keys")
+    )
+    stop: NonEmpty | Annotated[list[NonEmpty], Field(max_length=16)] | None = None
     ignore_eos: bool = False
-    id_slot: int | None = None
+    id_slot: SlotId | None = None
     cache_prompt: bool = True
-    n_keep: int = Field(0, ge=-1)
+    n_keep: Int(ge=-1) = 0
     stream: bool = False
-
-    @field_validator("stop")
-    @classmethod
-    def _stops(cls, v):
-        stops = [v] if isinstance(v, str) else (v or [])
-        if len(stops) > 16 or any(not s for s in stops):
-            raise ValueError("stop takes at most 16 non-empty strings")
-        return v
 
     @field_validator("logit_bias")
     @classmethod
     def _bias_keys(cls, v):
         for key in v or {}:
-            if not key.lstrip("-").isdigit():
+            if not key.isdigit() or key != str(int(key)):
                 raise ValueError(f"logit_bias keys must be token ids, got {key!r}")
         return v
 
 
 class OpenAIFields(SamplingFields):
     model: str | None = None
-    n: int = Field(1, ge=1, le=64)
-    max_tokens: int | None = Field(None, ge=0)
+    n: Int(ge=1, description="choices (at most the number of slots)", **_limit("n_slots")) = 1
+    max_tokens: Int(ge=0, description="at most; generation also ends at the slot's context") | None = None
     stream_options: StreamOptions | None = None
 
 
 class CompletionRequest(OpenAIFields):
-    prompt: str | list[int] | list[str] | list[list[int]]
+    model_config = ConfigDict(
+        json_schema_extra={
+            "not": {
+                "description": "echo with logprobs (prompt logprobs are not computed)",
+                "required": ["echo", "logprobs"],
+                "properties": {"echo": {"const": True}, "logprobs": {"type": "integer"}},
+            }
+        }
+    )
+
+    prompt: (
+        NonEmpty
+        | TokenIds
+        | Annotated[list[NonEmpty], Field(min_length=1, max_length=1)]
+        | Annotated[list[TokenIds], Field(min_length=1, max_length=1)]
+    ) = Field(description="one prompt: text or token ids (a list of one of them is taken too)")
     echo: bool = False
-    logprobs: int | None = Field(None, ge=0, le=20)
+    logprobs: Int(ge=0, le=20) | None = None
     suffix: str | None = None
 
     @field_validator("prompt")
     @classmethod
     def _one_prompt(cls, v):
-        if isinstance(v, list) and v and isinstance(v[0], str | list):
-            if len(v) != 1:
-                raise ValueError("one prompt per request (send several requests to batch)")
-            v = v[0]
-        if not v:
-            raise ValueError("the prompt is empty")
-        return v
+        return v[0] if isinstance(v, list) and isinstance(v[0], str | list) else v
 
 
 class ContentPart(_Body):
-    type: str
-    text: str | None = None
+    type: Literal["text"]
+    text: str
 
 
 class Message(_Body):
@@ -86,42 +116,26 @@ class Message(_Body):
     content: str | list[ContentPart] | None = None
     name: str | None = None
 
-    @field_validator("content")
-    @classmethod
-    def _text_parts(cls, v):
-        if isinstance(v, list):
-            for part in v:
-                if part.type != "text" or part.text is None:
-                    raise ValueError(f"content parts of type {part.type!r} are not supported (text only)")
-        return v
-
     def text(self) -> str:
         if isinstance(self.content, list):
-            return "".join(p.text or "" for p in self.content)
+            return "".join(p.text for p in self.content)
         return self.content or ""
 
 
 class ChatCompletionRequest(OpenAIFields):
     messages: list[Message] = Field(min_length=1)
-    max_completion_tokens: int | None = Field(None, ge=0)
+    max_completion_tokens: Int(ge=0) | None = None
     logprobs: bool = False
-    top_logprobs: int | None = Field(None, ge=0, le=20)
+    top_logprobs: Int(ge=0, le=20) | None = None
     add_generation_prompt: bool = True
 
 
 class NativeCompletionRequest(SamplingFields):
     """llama-server's POST /completion."""
 
-    prompt: str | list[int]
-    n_predict: int = Field(-1, ge=-1)
-    n_probs: int = Field(0, ge=0, le=20)
-
-    @field_validator("prompt")
-    @classmethod
-    def _non_empty(cls, v):
-        if not v:
-            raise ValueError("the prompt is empty")
-        return v
+    prompt: NonEmpty | TokenIds
+    n_predict: Int(ge=-1) = -1
+    n_probs: Int(ge=0, le=20) = 0
 
 
 class TokenizeRequest(_Body):
@@ -131,7 +145,7 @@ class TokenizeRequest(_Body):
 
 
 class DetokenizeRequest(_Body):
-    tokens: list[int]
+    tokens: list[TokenId]
 
 
 class ApplyTemplateRequest(_Body):

@@ -11,25 +11,28 @@ from __future__ import annotations
 
 import asyncio
 import time
+from typing import Annotated, Literal
 
-from fastapi import APIRouter, Query
+from fastapi import APIRouter, Path, Query
 from fastapi import Request as HTTPRequest
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from engine import slot_io
 from engine.scheduler import Scheduler, SlotBusy
 from memory import CacheFull, StateMismatch
-from memory.slot_dir import BadFileName, FileMissing, SlotDirectory, check_name
+from memory.slot_dir import MAX_NAME_CHARS, NAME_PATTERN, BadFileName, FileMissing, SlotDirectory, check_name
 from memory.slot_file import SlotFile, SlotFileError, decode, encode, fingerprint_mismatch, fingerprint_of
 from server.errors import APIError
+from server.responses import Deleted, SlotActionResult, SlotFileList, documented
 
 router = APIRouter()
-ACTIONS = ("save", "restore", "erase")
+NAME_RULE = {"minLength": 1, "maxLength": MAX_NAME_CHARS, "pattern": NAME_PATTERN}  # what check_name enforces
+FileName = Annotated[str, Field(description="one path component inside --slot-save-path", json_schema_extra=NAME_RULE)]
 
 
 class SlotActionBody(BaseModel):
-    model_config = ConfigDict(extra="allow")
-    filename: str | None = None
+    model_config = ConfigDict(extra="ignore", strict=True)
+    filename: FileName | None = Field(None, description="save/restore: the file (default slot-<id>.slot)")
 
 
 def _directory(http: HTTPRequest) -> SlotDirectory:
@@ -39,42 +42,44 @@ def _directory(http: HTTPRequest) -> SlotDirectory:
     return directory
 
 
-def _slot_id(raw: str, scheduler: Scheduler) -> int:
+def _slot_id(id_slot: int, scheduler: Scheduler) -> int:
     n = len(scheduler.table)
-    try:
-        id_slot = int(raw)
-    except ValueError:
-        raise APIError(400, f"slot id must be an integer, got {raw!r}", code="invalid_id_slot") from None
     if not 0 <= id_slot < n:
         raise APIError(400, f"slot id {id_slot} out of range [0, {n})", code="invalid_id_slot")
     return id_slot
 
 
-def _filename(body: SlotActionBody | None) -> str:
-    if body is None or body.filename is None:
-        raise APIError(400, "filename is required", code="missing_filename")
+def _filename(body: SlotActionBody | None, slot: int) -> str:
+    name = body.filename if body is not None and body.filename is not None else f"slot-{slot}.slot"
     try:
-        return check_name(body.filename)
+        return check_name(name)
     except BadFileName as exc:
         raise APIError(400, str(exc), code="invalid_filename") from None
 
 
-@router.post("/slots/{id_slot}")
+SLOT = Path(ge=0, description="the slot", json_schema_extra={"x-limit": "slot"})
+FILE = Path(description="a slot file's name", json_schema_extra=NAME_RULE)
+
+
+@router.post(
+    "/slots/{id_slot:int}",  # digits only: POST /slots/files is 405, not a bad slot id
+    response_model=None,
+    responses=documented(SlotActionResult, 400, 404, 409, 413, 501, 503, 507),
+)
 async def slot_action(
-    id_slot: str,
+    id_slot: Annotated[int, SLOT],
     http: HTTPRequest,
+    action: Annotated[Literal["save", "restore", "erase"], Query()],
     body: SlotActionBody | None = None,
-    action: str | None = Query(None),
-    nowait: bool = Query(False),
+    nowait: Annotated[bool, Query(description="409 at once instead of waiting for a busy slot")] = False,
 ) -> dict:
     scheduler = http.app.state.slotserve.require_ready()
     directory = _directory(http)
-    if action not in ACTIONS:
-        raise APIError(400, f"action must be one of {', '.join(ACTIONS)}, got {action!r}", code="invalid_action")
     slot = _slot_id(id_slot, scheduler)
     metrics = http.app.state.slotserve.metrics
     try:
-        result = await _run_action(scheduler, directory, slot, action, body, nowait)
+        filename = _filename(body, slot)  # checked for every action, erase too
+        result = await _run_action(scheduler, directory, slot, action, filename, nowait)
     except Exception:
         metrics.slot_file_ops.labels(action, "error").inc()
         raise
@@ -89,13 +94,13 @@ async def slot_action(
 
 
 async def _run_action(
-    scheduler: Scheduler, directory: SlotDirectory, slot: int, action: str, body: SlotActionBody | None, nowait: bool
+    scheduler: Scheduler, directory: SlotDirectory, slot: int, action: str, filename: str, nowait: bool
 ) -> dict:
     try:
         if action == "save":
-            return await _save(scheduler, directory, slot, _filename(body))
+            return await _save(scheduler, directory, slot, filename)
         if action == "restore":
-            return await _restore(scheduler, directory, slot, _filename(body), nowait)
+            return await _restore(scheduler, directory, slot, filename, nowait)
         n_erased = await scheduler.call(lambda: slot_io.erase(scheduler.board, slot), idle_slot=slot, wait=not nowait)
         return {"id_slot": slot, "n_erased": n_erased}
     except SlotBusy as exc:
@@ -132,8 +137,10 @@ def _read_valid(directory: SlotDirectory, filename: str, scheduler: Scheduler) -
         data = directory.read(filename)
         file = decode(data)
     except SlotFileError as exc:
+        if isinstance(exc, FileMissing):
+            raise APIError(404, str(exc), code="file_not_found") from None
         code = "invalid_filename" if isinstance(exc, BadFileName) else "invalid_slot_file"
-        raise APIError(400, str(exc), code="file_not_found" if isinstance(exc, FileMissing) else code) from None
+        raise APIError(400, str(exc), code=code) from None
     engine = scheduler.engine
     reason = fingerprint_mismatch(file.fingerprint, engine.fingerprint)
     if reason:
@@ -175,7 +182,7 @@ async def _restore(scheduler: Scheduler, directory: SlotDirectory, slot: int, fi
     }
 
 
-@router.get("/slots/files")
+@router.get("/slots/files", response_model=None, responses=documented(SlotFileList, 501, 503))
 async def list_files(http: HTTPRequest) -> dict:
     scheduler = http.app.state.slotserve.require_ready()
     entries = await asyncio.to_thread(_directory(http).list)
@@ -197,8 +204,8 @@ async def list_files(http: HTTPRequest) -> dict:
     return {"object": "list", "data": data}
 
 
-@router.delete("/slots/files/{filename}")
-async def delete_file(filename: str, http: HTTPRequest) -> dict:
+@router.delete("/slots/files/{filename}", response_model=None, responses=documented(Deleted, 400, 404, 501))
+async def delete_file(filename: Annotated[str, FILE], http: HTTPRequest) -> dict:
     directory = _directory(http)
     ops = http.app.state.slotserve.metrics.slot_file_ops
     try:

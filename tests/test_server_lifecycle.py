@@ -167,7 +167,8 @@ def test_full_queue_is_503_with_retry_after(tmp_path):
         with httpx.stream("POST", srv.url + "/v1/completions", json=body, timeout=60) as r:
             lines = r.iter_lines()  # keep a reference: a collected iterator closes the stream
             next(line for line in lines if line.startswith("data: "))
-            queued = threading.Thread(target=httpx.post, args=(srv.url + "/v1/completions",), kwargs={"json": body})
+            short = {"prompt": "x", "max_tokens": 2}
+            queued = threading.Thread(target=httpx.post, args=(srv.url + "/v1/completions",), kwargs={"json": short})
             queued.start()  # waits in the queue for the only slot
             wait_for(lambda: "slotserve_requests_waiting 1.0" in httpx.get(srv.url + "/metrics").text, what="queued")
             full = httpx.post(srv.url + "/v1/completions", json={"prompt": "x", "max_tokens": 1})

@@ -93,12 +93,11 @@ def test_bad_requests_are_4xx(server, save_dir):
         (lambda: action(server, 0, "save", "a-directory"), 400, "invalid_filename"),
         (lambda: action(server, 0, "save", "../up"), 400, "invalid_filename"),
         (lambda: action(server, 0, "explode", "x"), 400, "invalid_action"),
-        (lambda: action(server, "one", "save", "x"), 400, "invalid_id_slot"),
+        (lambda: action(server, "one", "save", "x"), 404, 404),  # /slots/{digits} only
         (lambda: action(server, N_SLOTS, "save", "x"), 400, "invalid_id_slot"),
-        (lambda: action(server, -1, "erase"), 400, "invalid_id_slot"),
-        (lambda: action(server, 0, "save"), 400, "missing_filename"),
-        (lambda: action(server, 0, "restore"), 400, "missing_filename"),
-        (lambda: action(server, 0, "restore", "absent.slot"), 400, "file_not_found"),
+        (lambda: action(server, -1, "erase"), 404, 404),
+        (lambda: action(server, 0, "erase", ".bad"), 400, "invalid_filename"),  # checked for erase too
+        (lambda: action(server, 0, "restore", "absent.slot"), 404, "file_not_found"),
         (lambda: httpx.delete(server.url + "/slots/files/absent.slot"), 404, "file_not_found"),
         (lambda: httpx.delete(server.url + "/slots/files/.hidden"), 400, "invalid_filename"),
     ]
@@ -245,3 +244,12 @@ def test_restore_in_a_new_process_continues_exactly(server, save_dir, tokenizer,
         assert saved["n_saved"] - 1 <= cont["tokens_cached"] <= saved["n_saved"]
         whole = complete(other, prompt, 32, id_slot=0, cache_prompt=False)  # the uninterrupted run
     assert first["tokens"] + cont["tokens"] == whole["tokens"]
+
+
+def test_without_a_filename_a_slot_uses_its_own_file(server, save_dir):
+    complete(server, "Default names are per slot", 4, id_slot=1)
+    saved = ok(action(server, 1, "save"))
+    assert saved["filename"] == "slot-1.slot" and (save_dir / "slot-1.slot").is_file()
+    ok(action(server, 1, "erase"))
+    assert ok(action(server, 1, "restore"))["n_restored"] == saved["n_saved"]
+    (save_dir / "slot-1.slot").unlink()

@@ -1,0 +1,239 @@
+"""Response bodies as pydantic models, for the OpenAPI document only: routes build
+their JSON directly (no response validation on the hot path), and the schema test
+(tests/test_openapi.py) checks that every answer matches what is documented here."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict
+
+
+class _Out(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+
+class ErrorDetail(_Out):
+    message: str
+    type: str
+    code: int | str
+
+
+class ErrorBody(_Out):
+    """Every error: OpenAI's shape, sometimes with extra fields (``n_ctx``, ``n_prompt_tokens``)."""
+
+    error: ErrorDetail
+
+
+class Status(_Out):
+    status: str
+    error: str | None = None
+
+
+class Usage(_Out):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+    prompt_tokens_details: dict[str, int]
+
+
+class CompletionLogprobs(_Out):
+    tokens: list[str]
+    token_logprobs: list[float]
+    top_logprobs: list[dict[str, float]]
+    text_offset: list[int]
+
+
+class CompletionChoice(_Out):
+    index: int
+    text: str
+    logprobs: CompletionLogprobs | None
+    finish_reason: str | None
+
+
+class Completion(_Out):
+    id: str
+    object: Literal["text_completion"]
+    created: int
+    model: str
+    choices: list[CompletionChoice]
+    usage: Usage
+
+
+class TopLogprob(_Out):
+    token: str
+    logprob: float
+    bytes: list[int]
+
+
+class ChatTokenLogprob(TopLogprob):
+    top_logprobs: list[TopLogprob]
+
+
+class ChatLogprobs(_Out):
+    content: list[ChatTokenLogprob]
+
+
+class ChatMessageOut(_Out):
+    role: Literal["assistant"]
+    content: str
+
+
+class ChatChoice(_Out):
+    index: int
+    message: ChatMessageOut
+    logprobs: ChatLogprobs | None
+    finish_reason: str | None
+
+
+class ChatCompletion(_Out):
+    id: str
+    object: Literal["chat.completion"]
+    created: int
+    model: str
+    choices: list[ChatChoice]
+    usage: Usage
+
+
+class ModelCard(_Out):
+    id: str
+    object: Literal["model"]
+    created: int
+    owned_by: str
+    meta: dict[str, int]
+
+
+class ModelList(_Out):
+    object: Literal["list"]
+    data: list[ModelCard]
+
+
+class NativeCompletion(_Out):
+    """llama-server's /completion answer (non-streaming)."""
+
+    content: str
+    tokens: list[int]
+    id_slot: int
+    stop: bool
+    model: str
+    tokens_predicted: int
+    tokens_evaluated: int
+    tokens_cached: int
+    stop_type: str
+    stopping_word: str
+    truncated: bool
+    timings: dict[str, float]
+    generation_settings: dict[str, Any]
+    completion_probabilities: list[dict[str, Any]] | None = None
+
+
+class TokenPiece(_Out):
+    id: int
+    piece: str
+
+
+class TokenizeResult(_Out):
+    tokens: list[int] | list[TokenPiece]
+
+
+class DetokenizeResult(_Out):
+    content: str
+
+
+class ApplyTemplateResult(_Out):
+    prompt: str
+
+
+class Props(_Out):
+    default_generation_settings: dict[str, Any]
+    total_slots: int
+    model_path: str
+    model_alias: str
+    chat_template: str
+    bos_token: str | None
+    eos_token: str | None
+    build_info: str
+    is_sleeping: bool
+    memory: dict[str, Any]
+
+
+class SlotState(_Out):
+    id: int
+    n_ctx: int
+    is_processing: bool
+    id_task: int | None
+    n_prompt_tokens: int
+    n_cached: int
+    n_decoded: int
+    params: dict[str, Any]
+
+
+class SlotActionResult(_Out):
+    """save: n_saved, n_written; restore: n_restored, n_read; erase: n_erased."""
+
+    id_slot: int
+    filename: str | None = None
+    n_saved: int | None = None
+    n_written: int | None = None
+    n_restored: int | None = None
+    n_read: int | None = None
+    n_erased: int | None = None
+    timings: dict[str, float] | None = None
+
+
+class SlotFileEntry(_Out):
+    filename: str
+    size: int
+    n_tokens: int
+    created: float
+    memory_kind: str | None
+    model: dict[str, Any] | None
+    model_match: bool
+
+
+class SlotFileList(_Out):
+    object: Literal["list"]
+    data: list[SlotFileEntry]
+
+
+class Deleted(_Out):
+    filename: str
+    deleted: bool
+
+
+SSE_EVENT = {  # one server-sent event: `data:` is a JSON chunk, an error object or [DONE]
+    "type": "object",
+    "required": ["data"],
+    "properties": {"data": {"type": "string"}, "event": {"type": "string"}, "id": {"type": "string"}},
+}
+
+_WHY = {
+    400: "invalid request (the message names the field)",
+    401: "missing or invalid API key",
+    404: "not found",
+    409: "the slot is busy (nowait) or between states",
+    413: "the request body is larger than --max-body-size",
+    500: "an engine step failed (a bug or a device fault)",
+    501: "slot files are off (no --slot-save-path)",
+    503: "loading, shutting down, queue full or cache full (Retry-After)",
+    507: "the slot file could not be written (disk full)",
+}
+
+
+def documented(ok: Any, *errors: int, stream: bool = False, text: bool = False) -> dict:
+    """The ``responses`` of a route: its 200 body (JSON, SSE when ``stream``, plain
+    text when ``text``) and each error status it may answer, all in the error shape."""
+    content: dict = {}
+    if text:
+        content["text/plain"] = {"schema": {"type": "string"}}
+    if stream:
+        content["text/event-stream"] = {"schema": SSE_EVENT}
+    ok_doc: dict = {"description": "OK"}
+    if ok is not None:
+        ok_doc["model"] = ok
+    if content:
+        ok_doc["content"] = content
+    out: dict = {200: ok_doc}
+    for status in sorted({401, *errors}):
+        out[status] = {"model": ErrorBody, "description": _WHY[status]}
+    return out
