@@ -11,6 +11,7 @@ from fastapi import Request as HTTPRequest
 from fastapi.responses import JSONResponse, Response
 
 from engine.request import Delta, Failed, Request
+from engine.scheduler import SlotInfo
 from server.errors import APIError
 from server.generation import (
     LLAMA_DEFAULTS,
@@ -27,7 +28,6 @@ from server.responses import (
     DetokenizeResult,
     NativeCompletion,
     Props,
-    SlotState,
     TokenizeResult,
     documented,
 )
@@ -162,7 +162,7 @@ async def props(http: HTTPRequest) -> dict:
     }
 
 
-@router.get("/slots", response_model=None, responses=documented(list[SlotState], 503))
+@router.get("/slots", response_model=None, responses=documented(list[SlotInfo], 503))
 async def slots(http: HTTPRequest) -> list[dict]:
     scheduler = http.app.state.slotserve.require_ready()
     return [dataclasses.asdict(s) for s in scheduler.snapshot()]

@@ -157,17 +157,6 @@ class Props(_Out):
     memory: dict[str, Any]
 
 
-class SlotState(_Out):
-    id: int
-    n_ctx: int
-    is_processing: bool
-    id_task: int | None
-    n_prompt_tokens: int
-    n_cached: int
-    n_decoded: int
-    params: dict[str, Any]
-
-
 class SlotActionResult(_Out):
     """save: n_saved, n_written; restore: n_restored, n_read; erase: n_erased."""
 

@@ -5,30 +5,11 @@ from __future__ import annotations
 
 import asyncio
 import socket
-import time
 
 import httpx
 import pytest
 from checkpoints import make_checkpoint
-from prometheus_client.parser import text_string_to_metric_families
-from server_proc import ServerProcess
-
-
-def metric(url: str, name: str, **labels) -> float:
-    for family in text_string_to_metric_families(httpx.get(url + "/metrics").text):
-        for s in family.samples:
-            if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()):
-                return s.value
-    raise KeyError(name)
-
-
-def wait_for(predicate, timeout: float = 60):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if result := predicate():
-            return result
-        time.sleep(0.02)
-    raise TimeoutError
+from server_proc import ServerProcess, metric, wait_for
 
 
 def http_request(method: str, path: str, body: bytes = b"") -> bytes:
@@ -55,7 +36,7 @@ def test_a_client_that_stops_reading_is_cut_and_slows_nobody(long_model):
         wait_for(lambda: any(s["is_processing"] for s in httpx.get(srv.url + "/slots").json()))
         other = httpx.post(srv.url + "/v1/completions", json={"prompt": "x", "max_tokens": 50}, timeout=60)
         assert other.status_code == 200 and other.json()["usage"]["completion_tokens"] == 50  # others go on
-        wait_for(lambda: not any(s["is_processing"] for s in httpx.get(srv.url + "/slots").json()))
+        wait_for(lambda: not any(s["is_processing"] for s in httpx.get(srv.url + "/slots").json()), 180)
         assert max(s["n_cached"] for s in httpx.get(srv.url + "/slots").json()) < 2400  # cut before its end
         assert metric(srv.url, "slotserve_requests_total", finish_reason="abort") == 1
         reader.settimeout(60)

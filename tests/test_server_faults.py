@@ -9,12 +9,10 @@ import errno
 import json
 import os
 import threading
-import time
 
 import httpx
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
-from server_proc import InProcessServer
+from server_proc import InProcessServer, metric, wait_for
 
 from engine import slot_io
 from engine.runner import ModelRunner
@@ -38,23 +36,6 @@ def faulty_forward(monkeypatch):
 
     monkeypatch.setattr(ModelRunner, "run", run)
     return release
-
-
-def metric(url: str, name: str, **labels) -> float:
-    for family in text_string_to_metric_families(httpx.get(url + "/metrics").text):
-        for s in family.samples:
-            if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()):
-                return s.value
-    raise KeyError(name)
-
-
-def wait_for(predicate, timeout: float = 30):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if result := predicate():
-            return result
-        time.sleep(0.01)
-    raise TimeoutError
 
 
 def complete(url: str, prompt, **kw) -> httpx.Response:
@@ -100,6 +81,7 @@ def test_a_stalled_step_turns_health_off_until_it_ends(faulty_forward):
         assert httpx.get(srv.url + "/health").status_code == 200
 
 
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")  # the thread dies on purpose
 def test_a_dead_engine_thread_is_503_everywhere(monkeypatch, tmp_path):
     def die(self, plan):
         raise SystemExit("injected: the engine thread dies")

@@ -8,22 +8,10 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 
 import httpx
 import pytest
-from server_proc import ServerProcess
-
-
-def wait_for(predicate, timeout: float = 30, what: str = "condition"):
-    """Poll ``predicate`` until it returns something truthy; fail after ``timeout`` s."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        result = predicate()
-        if result:
-            return result
-        time.sleep(0.01)
-    raise TimeoutError(f"{what} not reached in {timeout} s")
+from server_proc import ServerProcess, wait_for
 
 
 def data_lines(lines) -> list[str]:

@@ -5,11 +5,10 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
-import time
 
 import httpx
 import pytest
-from server_proc import ServerProcess
+from server_proc import ServerProcess, wait_for
 
 from engine import Engine
 
@@ -33,16 +32,8 @@ def slots(server) -> list[dict]:
     return httpx.get(server.url + "/slots").json()
 
 
-def wait_until(predicate, timeout: float = 30) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise TimeoutError
-        time.sleep(0.01)
-
-
 def wait_idle(server, timeout: float) -> None:
-    wait_until(lambda: not any(s["is_processing"] for s in slots(server)), timeout)
+    wait_for(lambda: not any(s["is_processing"] for s in slots(server)), timeout)
 
 
 def complete(server, prompt, **kw) -> dict:
@@ -131,7 +122,7 @@ def test_pinned_request_waits_for_its_slot(server):
         next(line for line in lines if line.startswith("data: "))
         t = threading.Thread(target=lambda: done.setdefault("pinned", complete(server, "def short():", id_slot=2)))
         t.start()
-        wait_until(lambda: "slotserve_requests_waiting 1.0" in httpx.get(server.url + "/metrics").text)
+        wait_for(lambda: "slotserve_requests_waiting 1.0" in httpx.get(server.url + "/metrics").text)
         free = complete(server, "def other():", max_tokens=2)  # an unpinned one does not wait
         assert free["usage"]["completion_tokens"] == 2
         assert "pinned" not in done  # slot 2 still runs the long stream (~1000 steps to go)
