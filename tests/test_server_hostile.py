@@ -65,8 +65,13 @@ def test_the_event_loop_never_waits_on_big_work(long_context_model):
             latencies.append(_timed_get(srv.url + "/health"))
         for t in threads:
             t.join(120)
+        latencies.sort()
+        print(
+            f"/health: {len(latencies)} answers, median {latencies[len(latencies) // 2] * 1000:.1f} ms, "
+            f"max {latencies[-1] * 1000:.1f} ms"
+        )  # docs/benchmarks.md quotes these
         assert len(latencies) >= 5  # answered again and again while the work went on
-        assert max(latencies) < 1.0  # a hang guard; docs/benchmarks.md has the measured figures
+        assert latencies[-1] < 5.0  # a hang guard (the 10 MB prompt alone took 9.9 s on the loop before)
         for name in ("big", "chunked"):
             r = results[name]
             assert r.status_code == 413, r.text

@@ -148,7 +148,7 @@ def test_slot_file_metrics(server):
     saved = httpx.post(server.url + "/slots/0?action=save", json={"filename": "m.slot"}, headers=KEY).json()
     restored = httpx.post(server.url + "/slots/1?action=restore", json={"filename": "m.slot"}, headers=KEY).json()
     missing = httpx.post(server.url + "/slots/1?action=restore", json={"filename": "none"}, headers=KEY)
-    assert missing.status_code == 400
+    assert missing.status_code == 404
     after, _ = scrape(server)
     ops = "slotserve_slot_file_operations_total"
     assert delta(after, before, ops, action="save", outcome="ok") == 1
