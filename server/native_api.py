@@ -112,7 +112,7 @@ async def completion(body: NativeCompletionRequest, http: HTTPRequest) -> Respon
         return SSEResponse(frames(), run)
 
     await run.collect()
-    return JSONResponse(final())
+    return JSONResponse(await asyncio.to_thread(final))  # completion_probabilities: many decodes
 
 
 @router.post("/tokenize", response_model=None, responses=documented(TokenizeResult, 400, 413, 503))

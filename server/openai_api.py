@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -131,7 +132,8 @@ async def completions(body: CompletionRequest, http: HTTPRequest) -> Response:
         lps = _completion_logprobs(engine, c.logprobs, len(echo)) if body.logprobs is not None else None
         return {"index": c.index, "text": echo + c.text, "logprobs": lps, "finish_reason": c.finish_reason}
 
-    return JSONResponse({**head, "choices": [choice(c) for c in run.choices], "usage": run.usage()})
+    choices = await asyncio.to_thread(lambda: [choice(c) for c in run.choices])  # logprob pieces: many decodes
+    return JSONResponse({**head, "choices": choices, "usage": run.usage()})
 
 
 @router.post(
@@ -175,7 +177,8 @@ async def chat_completions(body: ChatCompletionRequest, http: HTTPRequest) -> Re
         message = {"role": "assistant", "content": c.text}
         return {"index": c.index, "message": message, "logprobs": lps, "finish_reason": c.finish_reason}
 
-    return JSONResponse({**head, "choices": [choice(c) for c in run.choices], "usage": run.usage()})
+    choices = await asyncio.to_thread(lambda: [choice(c) for c in run.choices])  # logprob pieces: many decodes
+    return JSONResponse({**head, "choices": choices, "usage": run.usage()})
 
 
 @router.get("/v1/models", response_model=None, responses=documented(ModelList))
