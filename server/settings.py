@@ -39,7 +39,9 @@ class ServerSettings(BaseSettings):
     timeout: float = Field(600, gt=0, description="idle keep-alive connection timeout, seconds")
     max_queue: int = Field(256, ge=0, description="requests waiting for a slot before 503")
     drain_timeout: float = Field(30, ge=0, description="seconds in-flight requests get after SIGTERM")
-    stall_timeout: float = Field(60, gt=0, description="/health fails when a step takes longer than this")
+    stall_timeout: float = Field(
+        60, gt=0, description="a step this long fails /health; a stream write blocked this long cuts its client"
+    )
     max_body_size: int = Field(8 << 20, gt=0, description="largest request body in bytes; larger is 413")
     log_prompts: bool = Field(False, description="log prompt and completion text (off: never in the logs)")
     metrics: bool = Field(True, description="serve Prometheus metrics on /metrics")
