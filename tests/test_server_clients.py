@@ -17,6 +17,25 @@ def http_request(method: str, path: str, body: bytes = b"") -> bytes:
     return (head + f"Content-Length: {len(body)}\r\n\r\n").encode() + body
 
 
+def read_response(sock: socket.socket) -> tuple[bytes, bytes]:
+    """One whole HTTP/1.1 response with a Content-Length: (status line, body). TCP may
+    split the head and the body into separate segments, so read until both are in."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = sock.recv(1 << 12)
+        assert chunk, f"connection closed mid-response: {data!r}"
+        data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    lines = head.split(b"\r\n")
+    length = next(int(v) for k, _, v in (ln.partition(b":") for ln in lines[1:]) if k.strip().lower() == b"content-length")
+    while len(body) < length:
+        chunk = sock.recv(1 << 12)
+        assert chunk, "connection closed mid-body"
+        body += chunk
+    assert len(body) == length, "more bytes than one response"
+    return lines[0], body
+
+
 @pytest.fixture(scope="module")
 def long_model(tmp_path_factory):
     return make_checkpoint(tmp_path_factory.mktemp("m") / "ckpt", "llama", max_position_embeddings=8192)
@@ -56,7 +75,7 @@ def test_a_thousand_idle_connections_and_a_burst_get_answers_or_503s():
             idle.append(s)
         for s in idle:
             s.settimeout(60)
-            assert s.recv(1 << 12).startswith(b"HTTP/1.1 200")
+            assert read_response(s) == (b"HTTP/1.1 200 OK", b'{"status":"ok"}')
 
         async def burst() -> list[httpx.Response]:
             limits = httpx.Limits(max_connections=200)
@@ -74,6 +93,6 @@ def test_a_thousand_idle_connections_and_a_burst_get_answers_or_503s():
                 assert r.json()["usage"]["completion_tokens"] == 16
         for s in idle[:10]:  # the idle connections still work
             s.sendall(http_request("GET", "/health"))
-            assert s.recv(1 << 12).startswith(b"HTTP/1.1 200")
+            assert read_response(s) == (b"HTTP/1.1 200 OK", b'{"status":"ok"}')
         for s in idle:
             s.close()
