@@ -27,7 +27,8 @@ def read_response(sock: socket.socket) -> tuple[bytes, bytes]:
         data += chunk
     head, _, body = data.partition(b"\r\n\r\n")
     lines = head.split(b"\r\n")
-    length = next(int(v) for k, _, v in (ln.partition(b":") for ln in lines[1:]) if k.strip().lower() == b"content-length")
+    fields = dict(ln.partition(b":")[::2] for ln in lines[1:])
+    length = int(next(v for k, v in fields.items() if k.strip().lower() == b"content-length"))
     while len(body) < length:
         chunk = sock.recv(1 << 12)
         assert chunk, "connection closed mid-body"
