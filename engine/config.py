@@ -49,8 +49,3 @@ class EngineConfig:
         if self.device == "auto":
             return torch.device("cuda" if torch.cuda.is_available() else "cpu")
         return torch.device(self.device)
-
-    @property
-    def n_blocks(self) -> int:
-        """Pool size: the whole context plus one partly filled block per sequence."""
-        return -(-self.n_ctx // self.block_size) + self.n_seq_max

@@ -8,7 +8,6 @@ it (``memory.seq_rm``). ``generate`` is the offline convenience built on the sam
 
 from __future__ import annotations
 
-import dataclasses
 import random
 from dataclasses import dataclass
 
@@ -27,7 +26,7 @@ from engine.sampler import SampleOutput, SampleRow, sample
 from engine.sampling_params import SamplingParams
 from engine.sequence import FinishReason, Sequence, StepEvent, TokenLogprob
 from engine.tokenizer import Tokenizer
-from memory import CacheFull, MemoryError_, PagedKVCache
+from memory import CacheFull, MemoryConfig, MemoryError_, build_memory
 
 
 @dataclass
@@ -51,14 +50,9 @@ class Engine:
         self.fingerprint = model_fingerprint(self.model_config, self.model, config.dtype)
         if self._use_onednn():
             pack_linears(self.model)
-        self.memory = PagedKVCache(
-            self.model.layer_specs(config.torch_dtype),
-            n_blocks=config.n_blocks,
-            n_seq_max=config.n_seq_max,
-            block_size=config.block_size,
-            device=self.device,
-            rope_shift=self.model.rope_shift,
-        )
+        self.layer_specs = self.model.layer_specs(config.torch_dtype)
+        memory_config = MemoryConfig(config.n_ctx, config.n_seq_max, config.block_size, self.device)
+        self.memory = build_memory(self.layer_specs, memory_config, rope_shift=self.model.rope_shift)
         self.runner = ModelRunner(self.model, self.memory, self.device)
         self.running: list[Sequence] = []
         self._rng = random.Random()
@@ -132,7 +126,27 @@ class Engine:
             integrity = "ok"
         except MemoryError_ as exc:
             integrity = str(exc)
-        return {**dataclasses.asdict(usage), "usage_ratio": usage.ratio, "integrity": integrity}
+        groups = [
+            {
+                "kind": g.kind,
+                "n_layers": g.n_layers,
+                "block_size": g.block_tokens,
+                "n_blocks_total": g.n_blocks_total,
+                "n_blocks_used": g.n_blocks_used,
+                "bytes_total": g.bytes_total,
+                "bytes_used": g.bytes_used,
+            }
+            for g in usage.groups
+        ]
+        return {
+            "kind": usage.kind,
+            "n_cells_used": usage.n_cells_used,
+            "bytes_total": usage.bytes_total,
+            "bytes_used": usage.bytes_used,
+            "usage_ratio": usage.ratio,
+            "groups": groups,
+            "integrity": integrity,
+        }
 
     @property
     def has_work(self) -> bool:

@@ -5,6 +5,10 @@ class EngineError(Exception):
     """Base class of engine errors."""
 
 
+class EngineStopped(EngineError, RuntimeError):
+    """The engine thread is not running (shutting down or dead): a call cannot run."""
+
+
 class CheckpointError(EngineError):
     """A checkpoint folder is missing a file, a field or a tensor, or is malformed.
     The message names the file and the field."""
@@ -24,3 +28,48 @@ class StepFailed(EngineError):
         super().__init__(f"{type(cause).__name__}: {cause}")
         self.seqs = seqs
         self.cause = cause
+
+
+class SlotError(EngineError):
+    """A slot operation that cannot run; ``code`` names why (a stable, machine-readable
+    string the server puts in its error body). Nothing was changed."""
+
+    code: str | None = None  # None: the server uses the HTTP status as the code
+
+    def __init__(self, message: str, code: str | None = None, **extra):
+        super().__init__(message)
+        if code is not None:
+            self.code = code
+        self.extra = extra
+
+
+class SlotBusy(SlotError):
+    """The slot is running a request and the caller asked not to wait, or it is being
+    set up for one; retry."""
+
+    code = "slot_busy"
+
+
+class SlotFilesOff(SlotError):
+    """No slot save directory was configured."""
+
+
+class SlotFileMissing(SlotError):
+    code = "file_not_found"
+
+
+class BadSlotFile(SlotError):
+    """A bad file name, an unreadable or corrupted file, a file of another model or one
+    that does not fit this server's cache (``code`` says which)."""
+
+    code = "invalid_slot_file"
+
+
+class SlotWriteFailed(SlotError):
+    """The file system refused the write (full disk, permissions)."""
+
+    code = "write_failed"
+
+
+class NoRoom(SlotError):
+    """Not enough free cache, even after dropping idle slots' caches; retry later."""

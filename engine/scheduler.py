@@ -23,7 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from engine.engine import Engine
-from engine.errors import StepFailed
+from engine.errors import EngineStopped, SlotBusy, StepFailed
 from engine.request import Failed, QueueFull, Request, RequestError, RequestEvent
 from engine.slots import SlotTable
 from engine.task_board import Sink, Task, TaskBoard
@@ -42,14 +42,6 @@ class SlotInfo:
     n_cached: int
     n_decoded: int
     params: dict
-
-
-class EngineStopped(RuntimeError):
-    """The engine thread is not running (shutting down or dead): a call cannot run."""
-
-
-class SlotBusy(Exception):
-    """The slot is running a request and the caller asked not to wait."""
 
 
 @dataclass(frozen=True)

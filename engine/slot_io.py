@@ -4,11 +4,12 @@ a step boundary and restore/erase run while the slot is idle."""
 
 from __future__ import annotations
 
+from engine.errors import SlotBusy
 from engine.task_board import TaskBoard
 from memory import CacheFull, SeqState
 
 
-class SlotNotReady(Exception):
+class SlotNotReady(SlotBusy):
     """The slot is between states (a request is being set up in it); retry."""
 
 

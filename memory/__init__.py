@@ -5,6 +5,7 @@ from memory.paged_kv import PagedKVCache
 from memory.protocol import (
     CacheFull,
     ForwardView,
+    GroupUsage,
     IntegrityError,
     Memory,
     MemoryBatch,
@@ -13,6 +14,7 @@ from memory.protocol import (
     SeqState,
     StateMismatch,
 )
+from memory.registry import MemoryConfig, build_memory, cache_bytes
 from memory.spec import FullAttentionSpec, LayerSpec
 
 __all__ = [
@@ -20,13 +22,17 @@ __all__ = [
     "CacheFull",
     "ForwardView",
     "FullAttentionSpec",
+    "GroupUsage",
     "IntegrityError",
     "LayerSpec",
     "Memory",
     "MemoryBatch",
+    "MemoryConfig",
     "MemoryError_",
     "MemoryUsage",
     "PagedKVCache",
     "SeqState",
     "StateMismatch",
+    "build_memory",
+    "cache_bytes",
 ]

@@ -52,16 +52,50 @@ class MemoryBatch:
 
 
 @dataclass(frozen=True)
-class MemoryUsage:
-    kind: str
+class GroupUsage:
+    """Storage of one group of layers that share a layout (e.g. the full-attention
+    layers of a model). A *block* is the group's unit of allocation: ``block_tokens``
+    cells of every layer of the group, or one sequence's whole state when
+    ``block_tokens`` is 0 (recurrent kinds). Byte figures count real storage only."""
+
+    kind: str  # "attention_full" | "attention_sliding" | "recurrent"
+    n_layers: int
+    block_tokens: int
     n_blocks_total: int
-    n_blocks_used: int
-    block_size: int
-    n_cells_used: int  # logical cells summed over sequences (shared cells count once per sequence)
+    n_blocks_used: int  # blocks referenced by any sequence, idle caches included
+    n_blocks_held: int  # distinct blocks referenced by the sequences asked about (``usage(held_by)``)
+    bytes_per_block: int
+
+    @property
+    def bytes_total(self) -> int:
+        return self.n_blocks_total * self.bytes_per_block
+
+    @property
+    def bytes_used(self) -> int:
+        return self.n_blocks_used * self.bytes_per_block
+
+
+@dataclass(frozen=True)
+class MemoryUsage:
+    """Statistics every kind reports: its name, one entry per layer group, and the
+    logical cells held summed over sequences (a shared cell counts once per sequence)."""
+
+    kind: str
+    groups: tuple[GroupUsage, ...]
+    n_cells_used: int
+
+    @property
+    def bytes_total(self) -> int:
+        return sum(g.bytes_total for g in self.groups)
+
+    @property
+    def bytes_used(self) -> int:
+        return sum(g.bytes_used for g in self.groups)
 
     @property
     def ratio(self) -> float:
-        return self.n_blocks_used / self.n_blocks_total if self.n_blocks_total else 0.0
+        """Share of the storage bytes in use (0-1)."""
+        return self.bytes_used / self.bytes_total if self.bytes_total else 0.0
 
 
 @dataclass
@@ -160,13 +194,10 @@ class Memory(ABC):
         """Whether ``seq_add`` is supported."""
 
     @abstractmethod
-    def n_blocks_held(self, seqs: list[int]) -> int:
-        """Distinct storage blocks referenced by ``seqs`` (a shared block counts once).
-        May be called from another thread: a racy but safe read, for monitoring."""
-
-    @abstractmethod
-    def usage(self) -> MemoryUsage:
-        """Storage statistics."""
+    def usage(self, held_by: list[int] | tuple[int, ...] = ()) -> MemoryUsage:
+        """Storage statistics; each group's ``n_blocks_held`` counts the distinct blocks
+        that the sequences ``held_by`` reference (a shared block counts once). May be
+        called from another thread: a racy but safe read, for monitoring."""
 
     @abstractmethod
     def integrity_check(self) -> None:

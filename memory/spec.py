@@ -1,7 +1,8 @@
 """Frozen per-layer memory specs: what one layer needs stored per token.
 
-A model declares one spec per layer; memory is built from that list, never from the
-architecture name. Each spec knows its own byte size, so sizing sums specs.
+A model declares one spec per layer (a list indexed by layer); memory is built from
+that list by ``memory.registry``, never from the architecture name. Each spec knows
+its own byte size per token, so sizing sums specs.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ class FullAttentionSpec:
     head_dim: int
     dtype: torch.dtype
 
-    kind = "full_attention"
+    kind = "attention_full"
 
     @property
     def bytes_per_token(self) -> int:

@@ -59,8 +59,8 @@ def create_app(settings: ServerSettings) -> FastAPI:
     async def openapi() -> JSONResponse:
         """The document, with the limits of the loaded model (503 while it loads)."""
         if not document:
-            engine = state.require_ready().engine
-            limits = {"vocab": engine.model_config.vocab_size, "n_slots": settings.parallel}
+            engine = state.require_ready()
+            limits = {"vocab": engine.vocab_size, "n_slots": settings.parallel}
             document.update(build_openapi(app, limits, bool(settings.api_keys), public))
         return JSONResponse(document)
 

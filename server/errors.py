@@ -10,7 +10,16 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from engine.scheduler import EngineStopped
+from engine.errors import (
+    BadSlotFile,
+    EngineStopped,
+    NoRoom,
+    SlotBusy,
+    SlotError,
+    SlotFileMissing,
+    SlotFilesOff,
+    SlotWriteFailed,
+)
 from engine.tokenizer import TokenizeError
 
 log = logging.getLogger("slotserve")
@@ -43,6 +52,27 @@ class APIError(Exception):
 
     def response(self) -> JSONResponse:
         return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
+
+
+_SLOT_STATUS = {  # most specific first
+    SlotBusy: 409,
+    SlotFilesOff: 501,
+    SlotFileMissing: 404,
+    BadSlotFile: 400,
+    SlotWriteFailed: 507,
+    NoRoom: 503,
+    SlotError: 400,
+}
+
+
+def slot_error(exc: SlotError) -> APIError:
+    """The HTTP form of an engine slot error (its code and extra fields kept)."""
+    status = next(code for cls, code in _SLOT_STATUS.items() if isinstance(exc, cls))
+    code, type_ = exc.code, "server_error" if status == 507 else None
+    if code == "exceed_context_size_error":  # llama-server's shape: the type names it, the code is 400
+        code, type_ = None, code
+    headers = {"Retry-After": "1"} if status == 503 else None
+    return APIError(status, str(exc), type_, code, headers, **exc.extra)
 
 
 _TAGS = {"body", "str", "int", "float", "bool", "none", "list", "dict"}
@@ -93,6 +123,10 @@ def install(app: FastAPI) -> None:
     @app.exception_handler(TokenizeError)
     async def _untokenizable(_: Request, exc: TokenizeError) -> JSONResponse:
         return APIError(400, str(exc)).response()
+
+    @app.exception_handler(SlotError)
+    async def _slot(_: Request, exc: SlotError) -> JSONResponse:
+        return slot_error(exc).response()
 
     @app.exception_handler(EngineStopped)
     async def _stopped(_: Request, exc: EngineStopped) -> JSONResponse:

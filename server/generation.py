@@ -11,11 +11,11 @@ from dataclasses import dataclass, field
 
 from fastapi import Request as HTTPRequest
 
-from engine import Engine, SamplingParams
+from engine import SamplingParams
 from engine.chat_template import ChatTemplateError
 from engine.request import Admitted, Delta, Failed, QueueFull, Request, RequestError, RequestEvent
-from engine.scheduler import Scheduler
 from engine.sequence import TokenLogprob
+from engine.service import EngineService
 from server.errors import APIError
 from server.schemas import Message, SamplingFields
 from server.state import ServerState
@@ -26,9 +26,9 @@ OPENAI_DEFAULTS = dict(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0)
 
 
 def sampling_params(
-    body: SamplingFields, engine: Engine, max_tokens: int, logprobs: int | None, defaults: dict
+    body: SamplingFields, engine: EngineService, max_tokens: int, logprobs: int | None, defaults: dict
 ) -> SamplingParams:
-    vocab = engine.model_config.vocab_size
+    vocab = engine.vocab_size
     bias = {int(k): v for k, v in (body.logit_bias or {}).items()}
     if any(not 0 <= k < vocab for k in bias):
         raise APIError(400, f"logit_bias: token ids must be in [0, {vocab})")
@@ -53,20 +53,20 @@ def sampling_params(
         raise APIError(400, str(exc)) from exc
 
 
-def resolve_max_tokens(requested: int | None, default: int, n_prompt: int, engine: Engine) -> tuple[int, bool]:
+def resolve_max_tokens(requested: int | None, default: int, n_prompt: int, engine: EngineService) -> tuple[int, bool]:
     """(max_tokens, given): an open limit runs to the end of the slot's context."""
     if requested is None and default >= 0:
         requested = default
     if requested is not None:
         return requested, True
-    room = engine.n_ctx_seq - n_prompt
-    return (1 << 30 if engine.config.context_shift else max(room, 0)), False
+    room = engine.n_ctx - n_prompt
+    return (1 << 30 if engine.context_shift else max(room, 0)), False
 
 
-def check_text_fits(engine: Engine, n_chars: int) -> None:
+def check_text_fits(engine: EngineService, n_chars: int) -> None:
     """Refuse at once a text that cannot fit the slot's context whatever its tokens
     (more characters than the context's tokens can hold), before spending CPU on it."""
-    n_ctx = engine.n_ctx_seq
+    n_ctx = engine.n_ctx
     if n_chars > n_ctx * engine.tokenizer.max_token_chars:
         raise APIError(
             400,
@@ -76,7 +76,7 @@ def check_text_fits(engine: Engine, n_chars: int) -> None:
         )
 
 
-async def render_chat(engine: Engine, messages: list[Message], add_generation_prompt: bool = True) -> str:
+async def render_chat(engine: EngineService, messages: list[Message], add_generation_prompt: bool = True) -> str:
     """The chat template applied (in a worker thread: a big conversation renders slowly)."""
     template = engine.tokenizer.chat_template
     if template is None:
@@ -88,21 +88,21 @@ async def render_chat(engine: Engine, messages: list[Message], add_generation_pr
         raise APIError(400, f"chat template: {exc}") from exc
 
 
-async def encode(engine: Engine, text: str, add_special: bool = True) -> list[int]:
+async def encode(engine: EngineService, text: str, add_special: bool = True) -> list[int]:
     """Token ids of ``text``, encoded in a worker thread (the event loop never waits on it)."""
     return await asyncio.to_thread(engine.tokenizer.encode, text, add_special)
 
 
-async def decode(engine: Engine, ids: list[int], skip_special: bool = True) -> str:
+async def decode(engine: EngineService, ids: list[int], skip_special: bool = True) -> str:
     return await asyncio.to_thread(engine.tokenizer.decode, ids, skip_special)
 
 
-async def prompt_ids(engine: Engine, prompt: str | list[int]) -> list[int]:
+async def prompt_ids(engine: EngineService, prompt: str | list[int]) -> list[int]:
     """A generation prompt as token ids: text is checked against the context, then encoded."""
     if isinstance(prompt, str):
         check_text_fits(engine, len(prompt))
         return await encode(engine, prompt)
-    vocab = engine.model_config.vocab_size
+    vocab = engine.vocab_size
     if any(not 0 <= t < vocab for t in prompt):
         raise APIError(400, f"prompt: token ids must be in [0, {vocab})")
     return list(prompt)
@@ -148,7 +148,7 @@ class Run:
         self.t_first: float | None = None
         self.t_last: float | None = None
         self._queue: asyncio.Queue[RequestEvent | None] = asyncio.Queue()
-        self._scheduler: Scheduler | None = None
+        self._engine: EngineService | None = None
         self._watch: asyncio.Task | None = None
         self._n_done = 0
         self._open = False
@@ -159,15 +159,15 @@ class Run:
 
     MAX_BUFFERED = 1024  # events waiting for a client that does not read; beyond: cancel
 
-    async def open(self, scheduler: Scheduler) -> bool:
+    async def open(self, engine: EngineService) -> bool:
         """False when the client left while waiting; raises APIError on refusal."""
         try:
-            scheduler.submit(self.req, self._push)
+            engine.submit(self.req, self._push)
         except RequestError as exc:
             raise APIError(400, str(exc), exc.type, **exc.extra) from exc
         except QueueFull as exc:
             raise APIError(503, str(exc), "unavailable_error", headers={"Retry-After": "1"}) from exc
-        self._scheduler, self._open = scheduler, True
+        self._engine, self._open = engine, True
         self.state.n_inflight += 1
         self._watch = asyncio.create_task(_wait_disconnect(self.http))
         self._watch.add_done_callback(self._client_gone)
@@ -203,8 +203,8 @@ class Run:
             self._cancel()
 
     def _cancel(self) -> None:
-        if self._scheduler is not None and self._n_done < self.req.n:
-            self._scheduler.cancel(self.req.id)  # idempotent; a finished request ignores it
+        if self._engine is not None and self._n_done < self.req.n:
+            self._engine.cancel(self.req.id)  # idempotent; a finished request ignores it
 
     async def events(self) -> AsyncIterator[Delta | Failed]:
         """The rest of the events; choices are updated as they pass."""

@@ -1,10 +1,10 @@
 """Prometheus metrics (prometheus-client), one registry per app.
 
 Counters and histograms are updated on the event loop when a request ends (and per
-token for inter-token latency); gauges are read at scrape time from the scheduler and
-memory, so an idle server always shows idle values. Names follow the Prometheus naming
-guide: prefix ``slotserve_``, base units (seconds, bytes), ``_total`` on counters, no
-request ids, slot ids or text in labels. docs/metrics.md lists every metric.
+token for inter-token latency); gauges are read at scrape time from the engine, so an
+idle server always shows idle values. Names follow the Prometheus naming guide: prefix
+``slotserve_``, base units (seconds, bytes), ``_total`` on counters, no request ids,
+slot ids or text in labels. docs/metrics.md lists every metric.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, Info, disab
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from engine.scheduler import Scheduler
+from engine.service import EngineService
 
 LATENCY = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 80, 160)
 TOKEN_GAP = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 1, 2.5)
@@ -65,23 +65,13 @@ class Metrics:
             for outcome in ("ok", "error"):
                 self.slot_file_ops.labels(action, outcome)
 
-    def bind(self, scheduler_of: Callable[[], Scheduler | None], ready: Callable[[], bool]) -> None:
-        """Gauges read at scrape time: readiness always; the rest from the scheduler
+    def bind(self, engine_of: Callable[[], EngineService | None], ready: Callable[[], bool]) -> None:
+        """Gauges read at scrape time: readiness always; the rest from the engine
         (None while loading: those gauges are absent)."""
-        self.registry.register(_LiveCollector(scheduler_of, ready))
+        self.registry.register(_LiveCollector(engine_of, ready))
 
-    def describe_cache(self, scheduler: Scheduler, ctx_size: int, layout: str) -> None:
-        usage = scheduler.engine.memory.usage()
-        self.cache_config.info(
-            {
-                "block_size": str(usage.block_size),
-                "num_blocks": str(usage.n_blocks_total),
-                "slots": str(len(scheduler.table)),
-                "ctx_size": str(ctx_size),
-                "layout": layout,
-                "memory_kind": usage.kind,
-            }
-        )
+    def describe_cache(self, config: dict[str, str]) -> None:
+        self.cache_config.info(config)
 
     def request_ended(
         self, reason: str, n_prompt: int, n_cached: int, n_generated: int, t0: float, t_admit, t_first, t_end
@@ -107,8 +97,8 @@ class Metrics:
 
 
 class _LiveCollector(Collector):
-    def __init__(self, scheduler_of: Callable[[], Scheduler | None], ready: Callable[[], bool]):
-        self.scheduler_of = scheduler_of
+    def __init__(self, engine_of: Callable[[], EngineService | None], ready: Callable[[], bool]):
+        self.engine_of = engine_of
         self.ready = ready
 
     def describe(self) -> Iterable:
@@ -118,36 +108,38 @@ class _LiveCollector(Collector):
         yield GaugeMetricFamily(
             "slotserve_ready", "1 when /ready answers 200 (loaded, not draining), else 0", value=int(self.ready())
         )
-        scheduler = self.scheduler_of()
-        if scheduler is None:
+        engine = self.engine_of()
+        if engine is None:
             return
-        health = scheduler.health()
-        busy = [s.id for s in scheduler.table.slots if s.busy]
-        memory = scheduler.engine.memory
-        usage = memory.usage()
-        held = memory.n_blocks_held(busy)
+        health = engine.health()
+        stats = engine.cache_stats()
         yield CounterMetricFamily(
             "slotserve_engine_faults", "Engine steps that raised (their requests failed)", value=health.n_faults
         )
         yield GaugeMetricFamily("slotserve_requests_running", "Requests in slots", value=health.n_running)
         yield GaugeMetricFamily("slotserve_requests_waiting", "Requests queued for a slot", value=health.n_waiting)
-        yield GaugeMetricFamily("slotserve_slots_busy", "Slots running a request", value=len(busy))
+        yield GaugeMetricFamily("slotserve_slots_busy", "Slots running a request", value=stats.n_slots_busy)
         yield GaugeMetricFamily(
-            "slotserve_slots_idle", "Slots free for a request", value=len(scheduler.table) - len(busy)
+            "slotserve_slots_idle", "Slots free for a request", value=stats.n_slots - stats.n_slots_busy
         )
-        capacity = max(usage.n_blocks_total, 1)
-        for name, doc, value in (
-            ("slotserve_kv_cache_usage_ratio", "Share of cache blocks held by running requests (0-1)", held / capacity),
-            (
-                "slotserve_kv_cache_blocks_used",
-                "Cache blocks in use, idle caches included",
-                usage.n_blocks_used,
+        families = {
+            "ratio": GaugeMetricFamily(
+                "slotserve_kv_cache_usage_ratio",
+                "Share of cache blocks held by running requests (0-1)",
+                labels=["memory_kind"],
             ),
-            ("slotserve_kv_cache_blocks_capacity", "Cache blocks in the pool", usage.n_blocks_total),
-        ):
-            family = GaugeMetricFamily(name, doc, labels=["memory_kind"])
-            family.add_metric([usage.kind], value)
-            yield family
+            "used": GaugeMetricFamily(
+                "slotserve_kv_cache_blocks_used", "Cache blocks in use, idle caches included", labels=["memory_kind"]
+            ),
+            "capacity": GaugeMetricFamily(
+                "slotserve_kv_cache_blocks_capacity", "Cache blocks in the pool", labels=["memory_kind"]
+            ),
+        }
+        for group in stats.usage.groups:  # one series per kind of layer group
+            families["ratio"].add_metric([group.kind], group.n_blocks_held / max(group.n_blocks_total, 1))
+            families["used"].add_metric([group.kind], group.n_blocks_used)
+            families["capacity"].add_metric([group.kind], group.n_blocks_total)
+        yield from families.values()
 
 
 class StatusCounter:

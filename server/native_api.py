@@ -11,7 +11,7 @@ from fastapi import Request as HTTPRequest
 from fastapi.responses import JSONResponse, Response
 
 from engine.request import Delta, Failed, Request
-from engine.scheduler import SlotInfo
+from engine.service import SlotInfo
 from server.errors import APIError
 from server.generation import (
     LLAMA_DEFAULTS,
@@ -50,15 +50,14 @@ def _stop_type(reason: str | None, stop_word: str | None) -> str:
 )
 async def completion(body: NativeCompletionRequest, http: HTTPRequest) -> Response:
     state = http.app.state.slotserve
-    scheduler = state.require_ready()
-    engine = scheduler.engine
+    engine = state.require_ready()
     ids = await prompt_ids(engine, body.prompt)
     requested = None if body.n_predict < 0 else body.n_predict
     n_tokens, given = resolve_max_tokens(requested, state.settings.n_predict, len(ids), engine)
     params = sampling_params(body, engine, n_tokens, body.n_probs or None, LLAMA_DEFAULTS)
     req = Request(ids, params, 1, body.id_slot, body.cache_prompt, body.n_keep, given)
     run = Run(state, http, req)
-    if not await run.open(scheduler):
+    if not await run.open(engine):
         return Response(status_code=499)
     id_slot = run.admitted.id_slots[0]
 
@@ -117,7 +116,7 @@ async def completion(body: NativeCompletionRequest, http: HTTPRequest) -> Respon
 
 @router.post("/tokenize", response_model=None, responses=documented(TokenizeResult, 400, 413, 503))
 async def tokenize(body: TokenizeRequest, http: HTTPRequest) -> dict:
-    engine = http.app.state.slotserve.require_ready().engine
+    engine = http.app.state.slotserve.require_ready()
     ids = await encode(engine, body.content, add_special=body.add_special)
     if not body.with_pieces:
         return {"tokens": ids}
@@ -127,8 +126,8 @@ async def tokenize(body: TokenizeRequest, http: HTTPRequest) -> dict:
 
 @router.post("/detokenize", response_model=None, responses=documented(DetokenizeResult, 400, 413, 503))
 async def detokenize(body: DetokenizeRequest, http: HTTPRequest) -> dict:
-    engine = http.app.state.slotserve.require_ready().engine
-    vocab = engine.model_config.vocab_size
+    engine = http.app.state.slotserve.require_ready()
+    vocab = engine.vocab_size
     if any(not 0 <= t < vocab for t in body.tokens):
         raise APIError(400, f"tokens: ids must be in [0, {vocab})")
     return {"content": await decode(engine, body.tokens, skip_special=False)}
@@ -136,21 +135,20 @@ async def detokenize(body: DetokenizeRequest, http: HTTPRequest) -> dict:
 
 @router.post("/apply-template", response_model=None, responses=documented(ApplyTemplateResult, 400, 413, 503))
 async def apply_template(body: ApplyTemplateRequest, http: HTTPRequest) -> dict:
-    engine = http.app.state.slotserve.require_ready().engine
+    engine = http.app.state.slotserve.require_ready()
     return {"prompt": await render_chat(engine, body.messages)}
 
 
 @router.get("/props", response_model=None, responses=documented(Props, 503))
 async def props(http: HTTPRequest) -> dict:
     state = http.app.state.slotserve
-    scheduler = state.require_ready()
-    engine = scheduler.engine
-    memory = await scheduler.call(engine.memory_report)
+    engine = state.require_ready()
+    memory = await engine.memory_report()
     tok = engine.tokenizer
     template = tok.chat_template.source if tok.chat_template else ""
     return {
-        "default_generation_settings": {"n_ctx": engine.n_ctx_seq, "params": {**LLAMA_DEFAULTS, "n_predict": -1}},
-        "total_slots": len(state.scheduler.table),
+        "default_generation_settings": {"n_ctx": engine.n_ctx, "params": {**LLAMA_DEFAULTS, "n_predict": -1}},
+        "total_slots": engine.n_slots,
         "model_path": str(state.settings.model),
         "model_alias": state.settings.model_name,
         "chat_template": template,
@@ -164,5 +162,5 @@ async def props(http: HTTPRequest) -> dict:
 
 @router.get("/slots", response_model=None, responses=documented(list[SlotInfo], 503))
 async def slots(http: HTTPRequest) -> list[dict]:
-    scheduler = http.app.state.slotserve.require_ready()
-    return [dataclasses.asdict(s) for s in scheduler.snapshot()]
+    engine = http.app.state.slotserve.require_ready()
+    return [dataclasses.asdict(s) for s in engine.slots()]

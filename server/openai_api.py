@@ -62,13 +62,12 @@ def _completion_logprobs(engine: Engine, lps: list[TokenLogprob], offset: int) -
 
 async def _start(http: HTTPRequest, body: OpenAIFields, ids: list[int], max_tokens, logprobs) -> Run:
     state = http.app.state.slotserve
-    scheduler = state.require_ready()
-    engine = scheduler.engine
+    engine = state.require_ready()
     n_tokens, given = resolve_max_tokens(max_tokens, state.settings.n_predict, len(ids), engine)
     params = sampling_params(body, engine, n_tokens, logprobs, OPENAI_DEFAULTS)
     req = Request(ids, params, body.n, body.id_slot, body.cache_prompt, body.n_keep, given)
     run = Run(state, http, req)
-    if not await run.open(scheduler):
+    if not await run.open(engine):
         return None
     return run
 
@@ -99,7 +98,7 @@ GENERATE_ERRORS = (400, 413, 500, 503)
 @router.post("/completions", include_in_schema=False)
 async def completions(body: CompletionRequest, http: HTTPRequest) -> Response:
     state = http.app.state.slotserve
-    engine = state.require_ready().engine
+    engine = state.require_ready()
     if body.echo and body.logprobs is not None:
         raise APIError(400, "echo with logprobs is not supported (no prompt logprobs)")
     ids = await prompt_ids(engine, body.prompt)
@@ -142,7 +141,7 @@ async def completions(body: CompletionRequest, http: HTTPRequest) -> Response:
 @router.post("/chat/completions", include_in_schema=False)
 async def chat_completions(body: ChatCompletionRequest, http: HTTPRequest) -> Response:
     state = http.app.state.slotserve
-    engine = state.require_ready().engine
+    engine = state.require_ready()
     check_text_fits(engine, sum(len(m.text()) for m in body.messages))
     prompt = await render_chat(engine, body.messages, body.add_generation_prompt)
     ids = await encode(engine, prompt, add_special=False)
@@ -185,7 +184,7 @@ async def chat_completions(body: ChatCompletionRequest, http: HTTPRequest) -> Re
 @router.get("/models", include_in_schema=False)
 async def models(http: HTTPRequest) -> dict:
     state = http.app.state.slotserve
-    meta = {"n_ctx": state.engine.n_ctx_seq, "n_vocab": state.engine.model_config.vocab_size} if state.engine else {}
+    meta = {"n_ctx": state.engine.n_ctx, "n_vocab": state.engine.vocab_size} if state.engine else {}
     entry = {
         "id": state.settings.model_name,
         "object": "model",

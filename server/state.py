@@ -7,9 +7,9 @@ import logging
 import threading
 import time
 
-from engine import Engine, EngineConfig, SamplingParams
-from engine.scheduler import Scheduler
-from memory.slot_dir import SlotDirectory
+from engine import EngineConfig
+from engine.service import EngineService
+from engine.slot_files import SlotFiles
 from server.errors import APIError
 from server.metrics import Metrics
 from server.settings import ServerSettings
@@ -26,14 +26,13 @@ class ServerState:
         self.settings = settings
         self.status = "loading"
         self.error: str | None = None
-        self.engine: Engine | None = None
-        self.scheduler: Scheduler | None = None
+        self.engine: EngineService | None = None  # set once loaded and started
         self.n_inflight = 0  # HTTP requests between admission check and their last byte
         self.t_started = time.time()
         self.loop: asyncio.AbstractEventLoop | None = None
         self.metrics = Metrics()
-        self.metrics.bind(lambda: self.scheduler, lambda: self.ready()[0] == 200)
-        self.slot_dir = SlotDirectory(settings.slot_save_path) if settings.slot_save_path is not None else None
+        self.metrics.bind(lambda: self.engine, lambda: self.ready()[0] == 200)
+        self.slot_files = SlotFiles(settings.slot_save_path) if settings.slot_save_path is not None else None
         self._loader = threading.Thread(target=self._load, name="slotserve-loader", daemon=True)
         self._closing = threading.Event()
 
@@ -54,26 +53,19 @@ class ServerState:
                 n_threads=s.threads,
                 context_shift=s.context_shift,
             )
-            engine = Engine(config)
-            self._warm_up(engine)
+            engine = EngineService(config, self.slot_files)
             if self._closing.is_set():  # shut down while loading: start no engine thread
                 return
-            scheduler = Scheduler(engine, s.slot_prompt_similarity, s.max_queue, s.stall_timeout, self.loop)
-            scheduler.start()
+            engine.start(self.loop, s.slot_prompt_similarity, s.max_queue, s.stall_timeout)
         except Exception as exc:  # a bad checkpoint or setting: report it, keep the listener up
             log.exception("loading the model failed")
             self.error, self.status = f"{type(exc).__name__}: {exc}", "failed"
             return
-        self.engine, self.scheduler = engine, scheduler
-        self.metrics.describe_cache(scheduler, s.ctx_size, "unified")
+        self.engine = engine
+        self.metrics.describe_cache(engine.cache_config())
         if self.status == "loading":
             self.status = "ready"
-        log.info("model %s ready: %d slots, context %d", s.model_name, s.parallel, engine.n_ctx_seq)
-
-    @staticmethod
-    def _warm_up(engine: Engine) -> None:
-        engine.generate([[0, 1, 2, 3]], SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True))
-        engine.memory.seq_rm(-1)
+        log.info("model %s ready: %d slots, context %d", s.model_name, s.parallel, engine.n_ctx)
 
     def begin_drain(self) -> None:
         self.status = "draining"
@@ -81,21 +73,21 @@ class ServerState:
     def cut_off(self) -> None:
         """End every running and waiting request now (503 "shutting down"; streams get
         their final error event). Does not wait."""
-        if self.scheduler is not None:
-            self.scheduler.stop(timeout=0)
+        if self.engine is not None:
+            self.engine.stop(timeout=0)
 
     def close(self, timeout: float = 30.0) -> bool:
         """Stop the engine thread at a step boundary and join it. True when no thread
         of ours is left inside torch (False: a load or a step is still running)."""
         self._closing.set()
-        if self.scheduler is not None and not self.scheduler.stop(timeout):
+        if self.engine is not None and not self.engine.stop(timeout):
             return False
         return not self._loader.is_alive()
 
-    def require_ready(self) -> Scheduler:
-        """The scheduler, or a 503 that says why there is none."""
-        if self.status == "ready" and self.scheduler is not None:
-            return self.scheduler
+    def require_ready(self) -> EngineService:
+        """The engine, or a 503 that says why it cannot serve."""
+        if self.status == "ready" and self.engine is not None:
+            return self.engine
         reason = {
             "loading": "the model is loading",
             "draining": "the server is shutting down",
@@ -106,8 +98,8 @@ class ServerState:
     def health(self) -> tuple[int, dict]:
         if self.status == "failed":
             return 503, {"status": "error", "error": self.error}
-        if self.scheduler is not None:
-            h = self.scheduler.health()
+        if self.engine is not None:
+            h = self.engine.health()
             if not h.alive:
                 return 503, {"status": "error", "error": "the engine thread has died"}
             if h.stalled:

@@ -1,4 +1,5 @@
-"""Random sequences of memory operations against a plain-Python reference."""
+"""Random sequences of memory operations against a plain-Python reference, for every
+KV layout (unified pool, per-stream)."""
 
 from __future__ import annotations
 
@@ -6,7 +7,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from memory import CacheFull, FullAttentionSpec, MemoryBatch, PagedKVCache
+from memory import CacheFull, FullAttentionSpec, Memory, MemoryBatch, PagedKVCache
+from memory.stream_kv import StreamKVCache
 
 N_SEQ = 3
 
@@ -17,26 +19,31 @@ def shift(layer: int, k: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def new_cache(n_blocks: int, block_size: int) -> PagedKVCache:
-    spec = FullAttentionSpec(n_kv_heads=1, head_dim=2, dtype=torch.float32)
-    return PagedKVCache({0: spec}, n_blocks=n_blocks, n_seq_max=N_SEQ, block_size=block_size, rope_shift=shift)
+SPEC = FullAttentionSpec(n_kv_heads=1, head_dim=2, dtype=torch.float32)
 
 
-def observed(cache: PagedKVCache, seq: int) -> list[tuple[int, int]]:
-    cells = cache.cells(seq)
-    k = cache.k[0][cells]  # [n, 1, 2]: (tag, position)
-    pos = cache.cell_pos[cells].tolist()
+def new_cache(n_blocks: int, block_size: int, layout: str = "unified") -> Memory:
+    if layout == "stream":  # the same number of cells, split into one stream per sequence
+        return StreamKVCache({0: SPEC}, N_SEQ, max(1, n_blocks * block_size // N_SEQ), rope_shift=shift)
+    return PagedKVCache({0: SPEC}, n_blocks=n_blocks, n_seq_max=N_SEQ, block_size=block_size, rope_shift=shift)
+
+
+def observed(cache: Memory, seq: int) -> list[tuple[int, int]]:
+    state = cache.save_seq(seq)
+    k = state.tensors["k.0"]  # [n, 1, 2]: (tag, position)
+    pos = state.positions.tolist()
     assert k[:, 0, 1].long().tolist() == pos, "stored keys disagree with cell positions"
     return list(zip(k[:, 0, 0].long().tolist(), pos))
 
 
 def do_prepare(cache, ref, seq, n, tag):
+    """Through the forward view, as a model writes: each key holds (tag, position)."""
     start = ref[seq][-1][1] + 1 if ref[seq] else 0
     positions = torch.arange(start, start + n)
-    cache.prepare(MemoryBatch([seq], [n], positions))
-    cells = cache.cells(seq, cache.seq_len(seq) - n)
-    cache.k[0][cells, 0, 0] = float(tag)
-    cache.k[0][cells, 0, 1] = positions.float()
+    view = cache.prepare(MemoryBatch([seq], [n], positions))
+    kv = torch.stack([torch.full((n,), float(tag)), positions.float()], -1)[:, None, :]  # [n, 1, 2]
+    out = view.attend(0, torch.zeros(n, 1, 2), kv, kv.clone())  # [n, 1, 2]
+    assert torch.isfinite(out).all()
     ref[seq] += [(tag, p) for p in positions.tolist()]
 
 
@@ -66,9 +73,14 @@ op = st.one_of(
 
 
 @settings(max_examples=150, deadline=None)
-@given(ops=st.lists(op, max_size=30), block_size=st.sampled_from([1, 2, 4, 16]), n_blocks=st.integers(3, 40))
-def test_random_operations_match_reference(ops, block_size, n_blocks):
-    cache = new_cache(n_blocks, block_size)
+@given(
+    ops=st.lists(op, max_size=30),
+    block_size=st.sampled_from([1, 2, 4, 16]),
+    n_blocks=st.integers(3, 40),
+    layout=st.sampled_from(["unified", "stream"]),
+)
+def test_random_operations_match_reference(ops, block_size, n_blocks, layout):
+    cache = new_cache(n_blocks, block_size, layout)
     ref: list[list[tuple[int, int]]] = [[] for _ in range(N_SEQ)]
     for i, (name, *args) in enumerate(ops):
         before = [list(r) for r in ref]
@@ -103,7 +115,7 @@ def test_random_operations_match_reference(ops, block_size, n_blocks):
     cache.seq_keep(0)
     cache.seq_rm(0)
     cache.integrity_check()
-    assert cache.pool.n_free == n_blocks  # nothing leaked
+    assert cache.usage().groups[0].n_blocks_used == 0  # nothing leaked
 
 
 def test_prefix_copy_shares_blocks_and_copy_on_write():

@@ -87,7 +87,7 @@ def test_n_choices_share_one_prefill(folder):
         assert len({tuple(t) for t in tokens.values()}) > 1  # seeds differ per choice
         report = sched.engine.memory_report()
         prompt_blocks = -(-len(prompt) // 8)
-        assert report["n_blocks_used"] < 3 * prompt_blocks  # the prompt's full blocks are shared
+        assert report["groups"][0]["n_blocks_used"] < 3 * prompt_blocks  # the prompt's full blocks are shared
         assert report["integrity"] == "ok"
     finally:
         sched.stop()

@@ -16,7 +16,7 @@ from engine.errors import CheckpointError
 from engine.model_config import ModelConfig
 from engine.models.layers import AttentionShape, DecoderLayer, RMSNorm
 from engine.models.rope import Rotary, rotate
-from memory import ForwardView, FullAttentionSpec
+from memory import ForwardView, FullAttentionSpec, LayerSpec
 
 FUSED = {
     "q_proj": ("qkv_proj", 0),
@@ -71,9 +71,9 @@ class DecoderLM(nn.Module):
 
     # ---- memory ----------------------------------------------------------------
 
-    def layer_specs(self, dtype: torch.dtype) -> dict[int, FullAttentionSpec]:
-        """Per-layer memory spec: every layer is full attention in this family."""
-        return {i: FullAttentionSpec(self.cfg.n_kv_heads, self.cfg.head_dim, dtype) for i in range(self.cfg.n_layers)}
+    def layer_specs(self, dtype: torch.dtype) -> list[LayerSpec]:
+        """Per-layer memory spec (index = layer): every layer is full attention in this family."""
+        return [FullAttentionSpec(self.cfg.n_kv_heads, self.cfg.head_dim, dtype) for _ in range(self.cfg.n_layers)]
 
     def rope_shift(self, layer: int, k: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
         """Re-rotate stored keys k: [N, KVH, D] by ``delta`` ([N]) positions."""

@@ -1,0 +1,188 @@
+"""The engine as the HTTP side sees it: one facade over the engine, its scheduler
+thread and slot files. ``server/`` uses this, the request and event types
+(``engine.request``), sampling parameters and engine errors, and nothing deeper: it
+never reaches into the scheduler, the slot table or memory, and never touches tensors.
+
+Thread contract: the constructor loads the model (slow; the server runs it in a loader
+thread) and ``start`` starts the engine thread; everything else is called from the
+event loop. What reads or changes memory runs on the engine thread between two steps.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+
+from engine import slot_io
+from engine.config import EngineConfig
+from engine.engine import Engine
+from engine.errors import BadSlotFile, NoRoom, SlotError, SlotFilesOff
+from engine.request import Request
+from engine.sampling_params import SamplingParams
+from engine.scheduler import Health, Scheduler, SlotInfo
+from engine.slot_files import SlotFiles
+from engine.task_board import Sink
+from engine.tokenizer import Tokenizer
+from memory import CacheFull, MemoryUsage, StateMismatch
+
+
+@dataclass(frozen=True)
+class CacheStats:
+    """``usage``: the memory's statistics, each group's ``n_blocks_held`` counting the
+    blocks of the slots that run a request now."""
+
+    usage: MemoryUsage
+    n_slots: int
+    n_slots_busy: int
+
+
+@dataclass(frozen=True)
+class SlotSaved:
+    n_saved: int  # tokens
+    n_written: int  # bytes
+
+
+@dataclass(frozen=True)
+class SlotRestored:
+    n_restored: int  # tokens
+    n_read: int  # bytes
+
+
+class EngineService:
+    def __init__(self, config: EngineConfig, files: SlotFiles | None = None):
+        self._engine = Engine(config)
+        self._files = files
+        self._warm_up()
+        self._scheduler: Scheduler | None = None
+
+    def _warm_up(self) -> None:
+        engine = self._engine
+        engine.generate([[0, 1, 2, 3]], SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True))
+        engine.memory.seq_rm(-1)
+
+    def start(
+        self,
+        loop: asyncio.AbstractEventLoop | None,
+        similarity: float = 0.1,
+        max_queue: int = 256,
+        stall_timeout: float = 60.0,
+    ) -> None:
+        """Start the engine thread; events go to sinks on ``loop``."""
+        self._scheduler = Scheduler(self._engine, similarity, max_queue, stall_timeout, loop)
+        self._scheduler.start()
+
+    def stop(self, timeout: float | None = 30.0) -> bool:
+        """See ``Scheduler.stop``; True when no engine thread is left running."""
+        return self._scheduler is None or self._scheduler.stop(timeout)
+
+    @property
+    def _sched(self) -> Scheduler:
+        if self._scheduler is None:
+            raise RuntimeError("the engine thread was not started")
+        return self._scheduler
+
+    # ---- facts -----------------------------------------------------------------
+
+    @property
+    def tokenizer(self) -> Tokenizer:
+        return self._engine.tokenizer
+
+    @property
+    def vocab_size(self) -> int:
+        return self._engine.model_config.vocab_size
+
+    @property
+    def n_ctx(self) -> int:
+        """Most tokens one slot may hold."""
+        return self._engine.n_ctx_seq
+
+    @property
+    def n_slots(self) -> int:
+        return self._engine.config.n_seq_max
+
+    @property
+    def context_shift(self) -> bool:
+        return self._engine.config.context_shift
+
+    @property
+    def fingerprint(self) -> dict[str, str]:
+        return self._engine.fingerprint
+
+    def cache_config(self) -> dict[str, str]:
+        """The cache's fixed shape, for /metrics' info series."""
+        usage = self._engine.memory.usage()
+        group = usage.groups[0]
+        return {
+            "block_size": str(group.block_tokens),
+            "num_blocks": str(group.n_blocks_total),
+            "slots": str(self.n_slots),
+            "ctx_size": str(self._engine.config.n_ctx),
+            "layout": "unified",
+            "memory_kind": usage.kind,
+        }
+
+    # ---- requests --------------------------------------------------------------
+
+    def submit(self, req: Request, sink: Sink) -> int:
+        """Queue ``req``; returns its id. Raises RequestError, QueueFull, EngineStopped."""
+        return self._sched.submit(req, sink)
+
+    def cancel(self, id_task: int) -> None:
+        self._sched.cancel(id_task)
+
+    def health(self) -> Health:
+        return self._sched.health()
+
+    def slots(self) -> list[SlotInfo]:
+        """Per-slot state (a racy read, for monitoring)."""
+        return self._sched.snapshot()
+
+    def cache_stats(self) -> CacheStats:
+        """Memory statistics (a racy read, for monitoring)."""
+        busy = [s.id for s in self._sched.table.slots if s.busy]
+        return CacheStats(self._engine.memory.usage(held_by=busy), self.n_slots, len(busy))
+
+    async def memory_report(self) -> dict:
+        """Usage and integrity check of the memory, taken between two steps."""
+        return await self._sched.call(self._engine.memory_report)
+
+    # ---- slots and slot files ---------------------------------------------------
+
+    def check_slot(self, id_slot: int) -> int:
+        if not 0 <= id_slot < self.n_slots:
+            raise SlotError(f"slot id {id_slot} out of range [0, {self.n_slots})", code="invalid_id_slot")
+        return id_slot
+
+    def files(self) -> SlotFiles:
+        if self._files is None:
+            raise SlotFilesOff("slot files are off: start the server with --slot-save-path")
+        return self._files
+
+    async def save_slot(self, id_slot: int, filename: str) -> SlotSaved:
+        """Snapshot the slot (busy or idle) at a step boundary, then encode and write
+        the file in a worker thread."""
+        files, slot = self.files(), self.check_slot(id_slot)
+        sched = self._sched
+        tokens, state = await sched.call(lambda: slot_io.snapshot(sched.board, slot))
+        n_written = await asyncio.to_thread(files.write, filename, tokens, state, self.fingerprint)
+        return SlotSaved(len(tokens), n_written)
+
+    async def restore_slot(self, id_slot: int, filename: str, nowait: bool = False) -> SlotRestored:
+        """Read and check the whole file in a worker thread, then load it into the idle
+        slot (waiting for it unless ``nowait``). All or nothing."""
+        files, slot = self.files(), self.check_slot(id_slot)
+        file, n_read = await asyncio.to_thread(files.read, filename, self.fingerprint, self.vocab_size, self.n_ctx)
+        sched = self._sched
+        try:
+            await sched.call(lambda: slot_io.restore(sched.board, slot, file.tokens, file.state), slot, not nowait)
+        except StateMismatch as exc:
+            raise BadSlotFile(f"the file does not fit this server's cache: {exc}") from None
+        except CacheFull as exc:
+            raise NoRoom(f"not enough free cache to restore: {exc}") from None
+        return SlotRestored(len(file.tokens), n_read)
+
+    async def erase_slot(self, id_slot: int, nowait: bool = False) -> int:
+        """Drop the idle slot's cache; returns how many tokens it held."""
+        slot = self.check_slot(id_slot)
+        sched = self._sched
+        return await sched.call(lambda: slot_io.erase(sched.board, slot), slot, not nowait)

@@ -1,0 +1,100 @@
+"""Slot files as the engine offers them: the save directory plus the file format, with
+engine errors (``SlotError`` subclasses) instead of memory's. Usable before a model is
+loaded (listing, deleting); reading checks a file against a model's fingerprint,
+vocabulary and context before anything touches a slot."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from engine.errors import BadSlotFile, SlotFileMissing, SlotWriteFailed
+from memory import SeqState
+from memory.slot_dir import MAX_NAME_CHARS, NAME_PATTERN, BadFileName, FileMissing, SlotDirectory, check_name
+from memory.slot_file import SlotFile, SlotFileError, decode, encode, fingerprint_mismatch, fingerprint_of
+
+__all__ = ["MAX_NAME_CHARS", "NAME_PATTERN", "SlotFileInfo", "SlotFiles"]
+
+
+@dataclass(frozen=True)
+class SlotFileInfo:
+    filename: str
+    size: int
+    n_tokens: int
+    created: float
+    memory_kind: str | None
+    model: dict[str, str]
+    model_match: bool
+
+
+def _bad_name(exc: Exception) -> BadSlotFile:
+    return BadSlotFile(str(exc), code="invalid_filename")
+
+
+class SlotFiles:
+    def __init__(self, root: Path):
+        self.directory = SlotDirectory(root)
+
+    @staticmethod
+    def check_name(filename: str) -> str:
+        try:
+            return check_name(filename)
+        except BadFileName as exc:
+            raise _bad_name(exc) from None
+
+    def write(self, filename: str, tokens: list[int], state: SeqState, fingerprint: dict[str, str]) -> int:
+        """Encode and write atomically; returns the bytes written."""
+        data = encode(tokens, state, fingerprint)
+        try:
+            return self.directory.write(filename, data)
+        except BadFileName as exc:
+            raise _bad_name(exc) from None
+        except IsADirectoryError:
+            raise BadSlotFile(f"{filename!r} is a directory", code="invalid_filename") from None
+        except OSError as exc:
+            raise SlotWriteFailed(f"writing the slot file failed: {exc.strerror}") from None
+
+    def read(self, filename: str, fingerprint: dict[str, str], vocab_size: int, n_ctx: int) -> tuple[SlotFile, int]:
+        """The whole file, checked against the model; returns it and its size in bytes."""
+        try:
+            data = self.directory.read(filename)
+            file = decode(data)
+        except FileMissing as exc:
+            raise SlotFileMissing(str(exc)) from None
+        except BadFileName as exc:
+            raise _bad_name(exc) from None
+        except SlotFileError as exc:
+            raise BadSlotFile(str(exc)) from None
+        reason = fingerprint_mismatch(file.fingerprint, fingerprint)
+        if reason:
+            raise BadSlotFile(reason, code="model_mismatch")
+        if file.tokens and (min(file.tokens) < 0 or max(file.tokens) >= vocab_size):
+            raise BadSlotFile(f"the file holds token ids outside the vocabulary [0, {vocab_size})")
+        if len(file.tokens) > n_ctx:
+            raise BadSlotFile(
+                f"the file holds {len(file.tokens)} tokens but the slot's context is {n_ctx}",
+                code="exceed_context_size_error",
+                n_prompt_tokens=len(file.tokens),
+                n_ctx=n_ctx,
+            )
+        return file, len(data)
+
+    def list(self, fingerprint: dict[str, str] | None) -> list[SlotFileInfo]:
+        out = []
+        for e in self.directory.list():
+            model = fingerprint_of(e.meta)
+            match = fingerprint is not None and fingerprint_mismatch(model, fingerprint) is None
+            kind = e.meta.get("memory.memory_kind")
+            kind = "kv_unified" if kind == "kv" else kind  # the name files had before the kinds were named
+            out.append(SlotFileInfo(e.filename, e.size, e.n_tokens, e.created, kind, model, match))
+        return out
+
+    def delete(self, filename: str) -> None:
+        try:
+            self.directory.delete(filename)
+        except FileMissing as exc:
+            raise SlotFileMissing(str(exc)) from None
+        except BadFileName as exc:
+            raise _bad_name(exc) from None
+        except SlotFileError as exc:
+            raise BadSlotFile(str(exc), code="not_a_slot_file") from None
