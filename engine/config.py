@@ -13,9 +13,10 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 
 @dataclass(frozen=True)
 class EngineConfig:
-    """``n_ctx``: total cache cells of the unified pool (llama-server's ``-c``); one
-    sequence may use all of it. ``n_seq_max``: sequences (slots). ``max_batch_tokens``:
-    token budget of one step (``-b``)."""
+    """``n_ctx``: total cache cells (llama-server's ``-c``): with ``kv_unified`` one
+    pool that one sequence may use all of, else ``n_ctx / n_seq_max`` cells per
+    sequence (rounded up to whole blocks). ``n_seq_max``: sequences (slots).
+    ``max_batch_tokens``: token budget of one step (``-b``)."""
 
     model: Path = DEMO_MODEL
     dtype: str = "float32"
@@ -27,6 +28,7 @@ class EngineConfig:
     n_threads: int | None = None
     linear: str = "auto"  # auto | torch | onednn (prepacked; CPU float32 only)
     context_shift: bool = False  # a full sequence drops old tokens instead of stopping
+    kv_unified: bool = True  # one block pool for all sequences; False: a contiguous stream per sequence
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "model", Path(self.model))

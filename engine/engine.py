@@ -51,8 +51,9 @@ class Engine:
         if self._use_onednn():
             pack_linears(self.model)
         self.layer_specs = self.model.layer_specs(config.torch_dtype)
-        memory_config = MemoryConfig(config.n_ctx, config.n_seq_max, config.block_size, self.device)
-        self.memory = build_memory(self.layer_specs, memory_config, rope_shift=self.model.rope_shift)
+        layout = "unified" if config.kv_unified else "stream"
+        self.memory_config = MemoryConfig(config.n_ctx, config.n_seq_max, config.block_size, self.device, layout)
+        self.memory = build_memory(self.layer_specs, self.memory_config, rope_shift=self.model.rope_shift)
         self.runner = ModelRunner(self.model, self.memory, self.device)
         self.running: list[Sequence] = []
         self._rng = random.Random()
@@ -71,7 +72,7 @@ class Engine:
     @property
     def n_ctx_seq(self) -> int:
         """Most tokens one sequence may hold."""
-        return min(self.config.n_ctx, self.model_config.max_position_embeddings)
+        return min(self.memory_config.seq_cells, self.model_config.max_position_embeddings)
 
     # ---- step-level API --------------------------------------------------------
 
@@ -140,6 +141,7 @@ class Engine:
         ]
         return {
             "kind": usage.kind,
+            "layout": self.memory_config.layout,
             "n_cells_used": usage.n_cells_used,
             "bytes_total": usage.bytes_total,
             "bytes_used": usage.bytes_used,

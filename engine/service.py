@@ -117,7 +117,7 @@ class EngineService:
             "num_blocks": str(group.n_blocks_total),
             "slots": str(self.n_slots),
             "ctx_size": str(self._engine.config.n_ctx),
-            "layout": "unified",
+            "layout": self._engine.memory_config.layout,
             "memory_kind": usage.kind,
         }
 

@@ -61,12 +61,15 @@ class GroupedKVView(ForwardView):
 
     @cached_property
     def layouts(self) -> list[AttentionLayout]:
-        n_tokens = self.batch.n_tokens
+        """One layout per group; a group's sequences in seq-id order (so that the
+        streams of consecutive slots are a run a stream view reads in place)."""
+        n_tokens, seq_ids = self.batch.n_tokens, self.batch.seq_ids
         starts = list(itertools.accumulate(n_tokens, initial=0))[:-1]
-        decode = [i for i, n in enumerate(n_tokens) if n == 1]
-        chunks = [i for i, n in enumerate(n_tokens) if n != 1]
+        by_seq = sorted(range(len(n_tokens)), key=lambda i: seq_ids[i])
+        decode = [i for i in by_seq if n_tokens[i] == 1]
+        chunks = [i for i in by_seq if n_tokens[i] != 1]
         groups = [g for g in (decode, chunks) if g]
-        if len(groups) == 1:
+        if len(groups) == 1 and groups[0] == sorted(groups[0]):  # every row, in batch order
             return [self._layout(groups[0], None, starts)]
         rows = [torch.cat([torch.arange(starts[i], starts[i] + n_tokens[i]) for i in g]) for g in groups]
         return [self._layout(g, r.to(self.device), starts) for g, r in zip(groups, rows)]
@@ -91,7 +94,7 @@ class GroupedKVView(ForwardView):
         k_cache.index_copy_(0, self.write_rows, k.to(k_cache.dtype))
         v_cache.index_copy_(0, self.write_rows, v.to(v_cache.dtype))
         layouts = self.layouts
-        if len(layouts) == 1:
+        if len(layouts) == 1 and layouts[0].tokens is None:
             return self._attend_group(layer, layouts[0], q)
         out = q.new_empty(q.shape)  # [T, H, D]
         for lay in layouts:

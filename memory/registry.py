@@ -16,33 +16,57 @@ import torch
 from memory.paged_kv import PagedKVCache, RopeShift
 from memory.protocol import Memory
 from memory.spec import LayerSpec
+from memory.stream_kv import StreamKVCache
+
+LAYOUTS = ("unified", "stream")
 
 
 @dataclass(frozen=True)
 class MemoryConfig:
     """``n_ctx``: cells of the whole cache (llama-server's ``-c``), shared by
-    ``n_seq_max`` sequences; ``block_size``: cells per block."""
+    ``n_seq_max`` sequences; ``block_size``: cells per block. ``layout``: ``unified``
+    (one block pool; one sequence may use all of it) or ``stream`` (each sequence owns
+    ``stream_cells`` contiguous cells)."""
 
     n_ctx: int
     n_seq_max: int
     block_size: int = 16
     device: torch.device | str = "cpu"
+    layout: str = "unified"
+
+    def __post_init__(self) -> None:
+        if self.layout not in LAYOUTS:
+            raise ValueError(f"layout must be one of {', '.join(LAYOUTS)}, got '{self.layout}'")
 
     @property
     def n_blocks(self) -> int:
         """Pool size: the whole context plus one partly filled block per sequence."""
         return -(-self.n_ctx // self.block_size) + self.n_seq_max
 
+    @property
+    def stream_cells(self) -> int:
+        """Cells per stream: ``n_ctx / n_seq_max`` rounded up to whole blocks."""
+        per_seq = -(-self.n_ctx // self.n_seq_max)
+        return -(-per_seq // self.block_size) * self.block_size
+
+    @property
+    def seq_cells(self) -> int:
+        """Most cells one sequence may hold."""
+        return self.stream_cells if self.layout == "stream" else self.n_ctx
+
 
 Builder = Callable[[dict[str, dict[int, LayerSpec]], MemoryConfig, RopeShift | None], Memory]
 
 
-def _unified_kv(groups: dict[str, dict[int, LayerSpec]], cfg: MemoryConfig, rope_shift: RopeShift | None) -> Memory:
-    return PagedKVCache(groups["attention_full"], cfg.n_blocks, cfg.n_seq_max, cfg.block_size, cfg.device, rope_shift)
+def _kv(groups: dict[str, dict[int, LayerSpec]], cfg: MemoryConfig, rope_shift: RopeShift | None) -> Memory:
+    specs = groups["attention_full"]
+    if cfg.layout == "stream":
+        return StreamKVCache(specs, cfg.n_seq_max, cfg.stream_cells, cfg.device, rope_shift, cfg.block_size)
+    return PagedKVCache(specs, cfg.n_blocks, cfg.n_seq_max, cfg.block_size, cfg.device, rope_shift)
 
 
 KINDS: dict[frozenset[str], Builder] = {
-    frozenset({"attention_full"}): _unified_kv,
+    frozenset({"attention_full"}): _kv,
 }
 
 

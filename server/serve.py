@@ -80,8 +80,6 @@ def _raise_fd_limit() -> None:
 
 
 def serve(settings: ServerSettings) -> int:
-    if not settings.kv_unified:
-        raise SystemExit("error: --no-kv-unified (per-stream KV cache) is not implemented yet; use --kv-unified")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     _raise_fd_limit()
     try:

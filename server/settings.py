@@ -26,7 +26,9 @@ class ServerSettings(BaseSettings):
     parallel: int = Field(4, gt=0, description="number of slots")
     batch_size: int = Field(2048, gt=0, description="logical token budget of one step")
     ubatch_size: int = Field(512, gt=0, description="physical token budget of one forward (step = min(-b, -ub))")
-    kv_unified: bool = Field(True, description="one block pool shared by all slots (per-stream: later)")
+    kv_unified: bool = Field(
+        True, description="one block pool shared by all slots; --no-kv-unified: each slot owns ctx-size/parallel cells"
+    )
     block_size: int = Field(16, gt=0, description="KV cells per block")
     dtype: str = Field("float32", pattern="^(float32|bfloat16|float16)$", description="weights and activations")
     slot_save_path: Path | None = Field(None, description="folder for slot files (slot save/restore off without it)")

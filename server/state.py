@@ -52,6 +52,7 @@ class ServerState:
                 max_batch_tokens=s.step_tokens,
                 n_threads=s.threads,
                 context_shift=s.context_shift,
+                kv_unified=s.kv_unified,
             )
             engine = EngineService(config, self.slot_files)
             if self._closing.is_set():  # shut down while loading: start no engine thread

@@ -63,22 +63,25 @@ def reference(model, prompt: list[int]) -> tuple[list[int], list[torch.Tensor]]:
     return out.sequences[0, len(prompt) :].tolist(), [x[0] for x in out.logits]
 
 
+@pytest.mark.parametrize("layout", ["unified", "stream"])
 @pytest.mark.parametrize("case", list(CASES))
-def test_batched_greedy_matches_transformers(tmp_path, case):
+def test_batched_greedy_matches_transformers(tmp_path, case, layout):
     arch, overrides = CASES[case]
     folder = make_checkpoint(tmp_path / case, arch, **overrides)
     gen = torch.Generator().manual_seed(1)
     prompts = [torch.randint(0, 300, (n,), generator=gen).tolist() for n in (1, 7, 30, 75)]
     # a small token budget forces chunked prefill mixed with decode steps
-    engine = Engine.from_pretrained(str(folder), n_ctx=512, n_seq_max=4, max_batch_tokens=40, block_size=8)
+    kw = dict(n_ctx=512, n_seq_max=4, max_batch_tokens=40, block_size=8, kv_unified=layout == "unified")
+    engine = Engine.from_pretrained(str(folder), **kw)
     params = SamplingParams(temperature=0.0, max_tokens=N_STEPS, ignore_eos=True)
-    seqs = [engine.add_sequence(p, params, seq_id=i) for i, p in enumerate(prompts)]
+    # slots out of order: decode groups are first scattered streams ({0, 2}), then a run of all four
+    seqs = [engine.add_sequence(p, params, seq_id=slot) for slot, p in zip((2, 0, 3, 1), prompts)]
     logits: dict[int, list[torch.Tensor]] = {i: [] for i in range(4)}
     n_forwards = 0
     while engine.has_work:
         for ev in engine.step(keep_logits=True):
             if ev.logits is not None:
-                logits[ev.seq.seq_id].append(ev.logits)
+                logits[seqs.index(ev.seq)].append(ev.logits)
         n_forwards += 1
     assert n_forwards < 4 * (N_STEPS + 3)  # sequences really ran together
     ref_model = load_reference(folder)

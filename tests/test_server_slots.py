@@ -1,4 +1,5 @@
-"""Slots through a real server: concurrency, prefix reuse, pinning, cancellation."""
+"""Slots through a real server: concurrency, prefix reuse, pinning, cancellation; each
+under both KV layouts (one unified pool, a stream per slot)."""
 
 from __future__ import annotations
 
@@ -15,10 +16,10 @@ from engine import Engine
 N_SLOTS = 4
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
+@pytest.fixture(scope="module", params=["--kv-unified", "--no-kv-unified"])
+def server(tmp_path_factory, request):
     log = tmp_path_factory.mktemp("server") / "server.log"
-    with ServerProcess("-np", str(N_SLOTS), "-c", "4096", log=log) as srv:
+    with ServerProcess("-np", str(N_SLOTS), "-c", "4096", request.param, log=log) as srv:
         srv.wait_ready()
         yield srv
 
