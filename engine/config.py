@@ -29,6 +29,7 @@ class EngineConfig:
     linear: str = "auto"  # auto | torch | onednn (prepacked; CPU float32 only)
     context_shift: bool = False  # a full sequence drops old tokens instead of stopping
     kv_unified: bool = True  # one block pool for all sequences; False: a contiguous stream per sequence
+    swa_full: bool = False  # sliding-window layers keep full-size caches (as llama.cpp's --swa-full)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "model", Path(self.model))

@@ -26,7 +26,7 @@ from engine.sampler import SampleOutput, SampleRow, sample
 from engine.sampling_params import SamplingParams
 from engine.sequence import FinishReason, Sequence, StepEvent, TokenLogprob
 from engine.tokenizer import Tokenizer
-from memory import CacheFull, MemoryConfig, MemoryError_, build_memory
+from memory import CacheFull, FullAttentionSpec, LayerSpec, MemoryConfig, MemoryError_, build_memory
 
 
 @dataclass
@@ -50,13 +50,35 @@ class Engine:
         self.fingerprint = model_fingerprint(self.model_config, self.model, config.dtype)
         if self._use_onednn():
             pack_linears(self.model)
-        self.layer_specs = self.model.layer_specs(config.torch_dtype)
         layout = "unified" if config.kv_unified else "stream"
-        self.memory_config = MemoryConfig(config.n_ctx, config.n_seq_max, config.block_size, self.device, layout)
+        self.memory_config = MemoryConfig(
+            config.n_ctx,
+            config.n_seq_max,
+            config.block_size,
+            self.device,
+            layout,
+            swa_full=config.swa_full,
+            max_step=config.max_batch_tokens,
+        )
+        self.layer_specs = self._specs(self.model.layer_specs(config.torch_dtype))
         self.memory = build_memory(self.layer_specs, self.memory_config, rope_shift=self.model.rope_shift)
+        if config.context_shift and not self.memory.can_shift:
+            raise ValueError(
+                f"context shift needs a cache that can move positions; a '{self.memory.kind}' cache cannot "
+                "(sliding-window layers: add --swa-full)"
+            )
         self.runner = ModelRunner(self.model, self.memory, self.device)
         self.running: list[Sequence] = []
         self._rng = random.Random()
+
+    def _specs(self, specs: list[LayerSpec]) -> list[LayerSpec]:
+        """A window no smaller than what a sequence can hold never hides a key: such
+        layers are stored (and attended) as full attention."""
+        n_seq = self.n_ctx_seq
+        return [
+            FullAttentionSpec(s.n_kv_heads, s.head_dim, s.dtype) if getattr(s, "window", 0) >= n_seq else s
+            for s in specs
+        ]
 
     def _use_onednn(self) -> bool:
         cfg = self.config
@@ -95,8 +117,11 @@ class Engine:
         vocab = self.model_config.vocab_size
         if min(prompt_ids) < 0 or max(prompt_ids) >= vocab:
             raise ValueError(f"token ids must be in [0, {vocab})")
-        n_cached = max(0, min(n_cached, len(prompt_ids) - 1, self.memory.seq_len(seq_id)))
-        self.memory.seq_rm(seq_id, n_cached)
+        n_cached = max(0, min(n_cached, len(prompt_ids) - 1, self.memory.seq_pos_max(seq_id) + 1))
+        n_cached = self.memory.seq_cut_point(seq_id, n_cached)
+        if not self.memory.seq_rm(seq_id, n_cached):
+            self.memory.seq_rm(seq_id)
+            n_cached = 0
         seed = (
             params.seed & (2**63 - 1) if params.seed is not None else self._rng.getrandbits(63)
         )  # int64 for the sampler

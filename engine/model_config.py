@@ -55,6 +55,7 @@ class ModelConfig:
     bos_token_id: int | None
     eos_token_ids: tuple[int, ...]
     sliding_window: int | None
+    layer_types: tuple[str, ...]  # per layer: "full_attention" | "sliding_attention"
     raw: dict[str, Any] = field(repr=False, compare=False, default_factory=dict)
 
     @property
@@ -92,6 +93,38 @@ def _rope(raw: dict, path: Path) -> RopeConfig:
     return RopeConfig(rope_type=rope_type, theta=float(params.get("rope_theta", 10000.0)), **kwargs)
 
 
+LAYER_TYPES = {
+    "full_attention": "full_attention",
+    "attention": "full_attention",
+    "sliding_attention": "sliding_attention",
+}
+
+
+def _layer_types(raw: dict, n_layers: int, window: int | None, path: Path) -> tuple[str, ...]:
+    """Per-layer attention kind from ``layer_types`` (transformers 5, with the legacy
+    names), else Gemma 3's ``sliding_window_pattern`` (every n-th layer is global), else
+    every layer sliding when the config has a window (Mistral), else all full."""
+    given = raw.get("layer_types")
+    if given is not None:
+        if not isinstance(given, list) or len(given) != n_layers:
+            raise CheckpointError(f"{path}: field 'layer_types' must list one type per layer ({n_layers})")
+        unknown = sorted({str(t) for t in given if t not in LAYER_TYPES})
+        if unknown:
+            raise CheckpointError(
+                f"{path}: field 'layer_types' names {', '.join(unknown)}, which slotserve does not support; "
+                f"supported: {', '.join(sorted(LAYER_TYPES))}"
+            )
+        types = tuple(LAYER_TYPES[t] for t in given)
+    elif raw.get("sliding_window_pattern"):
+        pattern = int(raw["sliding_window_pattern"])
+        types = tuple("full_attention" if (i + 1) % pattern == 0 else "sliding_attention" for i in range(n_layers))
+    else:
+        types = ("sliding_attention",) * n_layers
+    if window is None:  # no window (or switched off): every layer attends to everything
+        return ("full_attention",) * n_layers
+    return types
+
+
 def parse_model_config(raw: dict, path: Path) -> ModelConfig:
     if not isinstance(raw, dict):
         raise CheckpointError(f"{path}: expected a JSON object")
@@ -100,18 +133,22 @@ def parse_model_config(raw: dict, path: Path) -> ModelConfig:
     n_heads = int(_require(raw, "num_attention_heads", path))
     hidden = int(_require(raw, "hidden_size", path))
     window = raw.get("sliding_window") if raw.get("use_sliding_window", True) else None
+    n_layers = int(_require(raw, "num_hidden_layers", path))
+    max_pos = int(raw.get("max_position_embeddings", 4096))
+    if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window <= 0):
+        raise CheckpointError(f"{path}: field 'sliding_window' is {window!r}; it must be a positive integer")
     return ModelConfig(
         architecture=arch,
         model_type=str(raw.get("model_type", "")),
         vocab_size=int(_require(raw, "vocab_size", path)),
         hidden_size=hidden,
         intermediate_size=int(_require(raw, "intermediate_size", path)),
-        n_layers=int(_require(raw, "num_hidden_layers", path)),
+        n_layers=n_layers,
         n_heads=n_heads,
         n_kv_heads=int(raw.get("num_key_value_heads") or n_heads),
         head_dim=int(raw.get("head_dim") or hidden // n_heads),
         rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
-        max_position_embeddings=int(raw.get("max_position_embeddings", 4096)),
+        max_position_embeddings=max_pos,
         tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
         attention_bias=bool(raw.get("attention_bias", False)),
         mlp_bias=bool(raw.get("mlp_bias", False)),
@@ -120,6 +157,7 @@ def parse_model_config(raw: dict, path: Path) -> ModelConfig:
         bos_token_id=raw.get("bos_token_id"),
         eos_token_ids=_as_ids(raw.get("eos_token_id")),
         sliding_window=int(window) if window else None,
+        layer_types=_layer_types(raw, n_layers, int(window) if window else None, path),
         raw=raw,
     )
 

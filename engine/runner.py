@@ -45,4 +45,6 @@ class ModelRunner:
             raise
         for c in plan:
             c.seq.n_computed += c.n_tokens
+            if c.samples and not c.seq.output_ids:  # the prompt is computed: a point to come back to
+                self.memory.checkpoint(c.seq.seq_id)
         return logits

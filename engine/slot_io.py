@@ -18,7 +18,7 @@ def snapshot(board: TaskBoard, slot_id: int) -> tuple[list[int], SeqState]:
     slot = board.table.slots[slot_id]
     tokens = list(board.cached_tokens(slot))
     memory = board.engine.memory
-    if memory.seq_len(slot_id) != len(tokens):
+    if memory.seq_pos_max(slot_id) + 1 != len(tokens):
         raise SlotNotReady(f"slot {slot_id} is being set up for a request; retry")
     return tokens, memory.save_seq(slot_id)
 

@@ -85,13 +85,13 @@ class TaskBoard:
     def _reuse_prefix(self, slot: Slot, req: Request) -> int:
         """Tokens of the prompt the slot holds after keeping its own prefix or copying a
         longer one from another slot (busy or idle)."""
-        prompt = req.prompt_ids
-        own = common_prefix(slot.cached, prompt)
+        prompt, memory = req.prompt_ids, self.engine.memory
+        own = memory.seq_cut_point(slot.id, common_prefix(slot.cached, prompt))
         best, n_best = None, own
         for other in self.table.slots:
             if other is slot:
                 continue
-            n = common_prefix(self.cached_tokens(other), prompt)
+            n = memory.seq_cut_point(other.id, common_prefix(self.cached_tokens(other), prompt))
             if n > n_best:
                 best, n_best = other, n
         if best is None:

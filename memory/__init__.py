@@ -15,7 +15,7 @@ from memory.protocol import (
     StateMismatch,
 )
 from memory.registry import MemoryConfig, build_memory, cache_bytes
-from memory.spec import FullAttentionSpec, LayerSpec
+from memory.spec import FullAttentionSpec, LayerSpec, SlidingWindowSpec
 
 __all__ = [
     "BlockPool",
@@ -32,6 +32,7 @@ __all__ = [
     "MemoryUsage",
     "PagedKVCache",
     "SeqState",
+    "SlidingWindowSpec",
     "StateMismatch",
     "build_memory",
     "cache_bytes",

@@ -12,7 +12,7 @@ from collections.abc import Callable
 import torch
 
 from memory.protocol import SeqState, StateMismatch
-from memory.spec import FullAttentionSpec
+from memory.spec import LayerSpec
 
 KVRopeShift = Callable[[int, torch.Tensor, torch.Tensor], torch.Tensor]
 """rope_shift(layer, k [N, kv_heads, head_dim], delta [N]) -> k rotated by delta."""
@@ -30,12 +30,14 @@ def kv_state(kind: str, positions: torch.Tensor, k: dict[int, torch.Tensor], v: 
     return SeqState(positions=positions.to(torch.long, copy=True), tensors=tensors, meta=meta)
 
 
-def validate_kv_state(specs: dict[int, FullAttentionSpec], state: SeqState, into: str) -> int:
-    """The number of cells of ``state``; raises StateMismatch when it is not a KV state
-    with exactly the tensors ``specs`` need."""
+def validate_kv_state(
+    specs: dict[int, LayerSpec], state: SeqState, into: str, kinds: tuple[str, ...] = KV_KINDS
+) -> int:
+    """The number of cells of ``state``; raises StateMismatch when it is not a state of
+    one of ``kinds`` with exactly the tensors ``specs`` need."""
     n = int(state.positions.numel())
     kind = state.meta.get("memory_kind", "kv")
-    if kind not in KV_KINDS:
+    if kind not in kinds:
         raise StateMismatch(f"a '{kind}' state does not restore into a '{into}' memory")
     if state.positions.dim() != 1:
         raise StateMismatch("positions must be one-dimensional")

@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import itertools
 from abc import abstractmethod
+from dataclasses import dataclass, field
 from functools import cached_property
-from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -28,22 +28,45 @@ from memory.protocol import ForwardView, MemoryBatch
 FAR = 2**62  # position of padding: padded queries see everything, padded keys nothing
 
 
-class AttentionLayout(NamedTuple):
+@dataclass
+class AttentionLayout:
     """One group of sequences attended in one SDPA call."""
 
     tokens: torch.Tensor | None  # [T_g] rows of the step's flat batch in this group; None: all, in order
     keys: torch.Tensor | slice  # which stored keys: kind-specific (blocks, or streams)
-    mask: torch.Tensor  # [B_g, 1, Q, L] bool, True = may attend
+    kv_pos: torch.Tensor  # [B_g, L] position of each key (CPU; FAR + 1 where none)
+    q_pos: torch.Tensor  # [B_g, Q] position of each query (CPU; FAR for padding)
     q_rows: torch.Tensor | None  # [T_g] row of each token in the flattened [B_g * Q]; None when Q == 1
+    device: torch.device
+    masks: dict = field(default_factory=dict)  # window (None: full) -> [B_g, 1, Q, L] bool on the device
+
+    @property
+    def shape(self) -> tuple[int, int, int]:
+        """(B_g, Q, L)."""
+        return self.q_pos.shape[0], self.q_pos.shape[1], self.kv_pos.shape[1]
+
+    def mask(self, window: int | None) -> torch.Tensor:
+        """True = may attend: causal by position, and with a window only keys in
+        (q - window, q]. Built once per step and window, shared by the layers."""
+        if window not in self.masks:
+            allowed = self.kv_pos[:, None, :] <= self.q_pos[:, :, None]  # [B_g, Q, L]
+            if window is not None:
+                allowed &= self.kv_pos[:, None, :] > self.q_pos[:, :, None] - window
+            self.masks[window] = allowed[:, None].to(self.device)  # [B_g, 1, Q, L]
+        return self.masks[window]
 
 
 class GroupedKVView(ForwardView):
     """The grouping, masks and SDPA; a subclass says where keys are and how to read them."""
 
-    def __init__(self, batch: MemoryBatch, write_rows: torch.Tensor, device: torch.device):
+    def __init__(
+        self, batch: MemoryBatch, write_rows: torch.Tensor, device: torch.device, windows: dict[int, int] | None = None
+    ):
+        """``windows``: layer -> sliding window, for layers that attend through one."""
         self.batch = batch
         self.device = device
         self.write_rows = write_rows.to(device)  # [T] rows of the flat [cells, KVH, D] storage
+        self.windows = windows or {}
 
     @abstractmethod
     def _keys(self, seqs: list[int]) -> tuple[torch.Tensor | slice, torch.Tensor]:
@@ -85,9 +108,8 @@ class GroupedKVView(ForwardView):
         for j, i in enumerate(members):
             q_pos[j, : n_new[j]] = batch.positions[starts[i] : starts[i] + n_new[j]]
             q_rows.append(torch.arange(n_new[j]) + j * n_q)
-        mask = (kv_pos[:, None, :] <= q_pos[:, :, None])[:, None]  # [B_g, 1, Q, L]
         rows = torch.cat(q_rows).to(self.device) if n_q > 1 else None
-        return AttentionLayout(tokens, keys, mask.to(self.device), rows)
+        return AttentionLayout(tokens, keys, kv_pos, q_pos, rows, self.device)
 
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         k_cache, v_cache = self._storage(layer)  # [cells, KVH, D]
@@ -103,7 +125,7 @@ class GroupedKVView(ForwardView):
 
     def _attend_group(self, layer: int, lay: AttentionLayout, q: torch.Tensor) -> torch.Tensor:
         """q: [T_g, H, D] -> attention output [T_g, H, D] for one group."""
-        n_seqs, n_q, n_kv = lay.mask.shape[0], lay.mask.shape[2], lay.mask.shape[-1]
+        n_seqs, n_q, n_kv = lay.shape
         n_tok, n_heads, head_dim = q.shape
         if lay.q_rows is None:
             qp = q.reshape(n_seqs, 1, n_heads, head_dim)  # [B, 1, H, D]
@@ -116,7 +138,7 @@ class GroupedKVView(ForwardView):
             qp.transpose(1, 2),
             keys.to(q.dtype).transpose(1, 2),
             values.to(q.dtype).transpose(1, 2),
-            attn_mask=lay.mask,
+            attn_mask=lay.mask(self.windows.get(layer)),
             enable_gqa=True,
         )  # [B, H, Q, D]
         out = out.transpose(1, 2).reshape(n_seqs * n_q, n_heads, head_dim)
@@ -125,7 +147,7 @@ class GroupedKVView(ForwardView):
 
 class PagedKVView(GroupedKVView):
     def __init__(self, cache: PagedStore, batch: MemoryBatch, slot_mapping: torch.Tensor):
-        super().__init__(batch, slot_mapping, cache.device)
+        super().__init__(batch, slot_mapping, cache.device, cache.windows)
         self.cache = cache
 
     def _keys(self, seqs: list[int]) -> tuple[torch.Tensor, torch.Tensor]:

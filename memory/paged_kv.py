@@ -24,7 +24,7 @@ from memory.protocol import (
     MemoryUsage,
     SeqState,
 )
-from memory.spec import FullAttentionSpec
+from memory.spec import LayerSpec
 
 RopeShift = KVRopeShift
 
@@ -34,7 +34,7 @@ class PagedKVCache(PagedStore, Memory):
 
     def __init__(
         self,
-        layer_specs: dict[int, FullAttentionSpec],
+        layer_specs: dict[int, LayerSpec],
         n_blocks: int,
         n_seq_max: int,
         block_size: int = 16,

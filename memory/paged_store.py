@@ -14,7 +14,7 @@ import torch
 
 from memory.block_pool import BlockPool
 from memory.protocol import CacheFull
-from memory.spec import FullAttentionSpec
+from memory.spec import LayerSpec, window_of
 
 NO_POS = -(2**62)  # position of a cell no sequence holds
 
@@ -26,7 +26,7 @@ def n_blocks_for(n_cells: int, bs: int) -> int:
 class PagedStore:
     def __init__(
         self,
-        layer_specs: dict[int, FullAttentionSpec],
+        layer_specs: dict[int, LayerSpec],
         n_blocks: int,
         n_seq_max: int,
         block_size: int = 16,
@@ -38,6 +38,7 @@ class PagedStore:
         self.n_seq_max = n_seq_max
         self.device = torch.device(device)
         self.specs = dict(layer_specs)
+        self.windows = {layer: w for layer, s in self.specs.items() if (w := window_of(s)) is not None}
         self.pool = BlockPool(n_blocks)
         n_cells = n_blocks * block_size
         self.k = {

@@ -153,6 +153,18 @@ class Memory(ABC):
         (unchanged) if a copy is needed and storage is short.
         """
 
+    def seq_cut_point(self, seq: int, p: int) -> int:
+        """The largest position q <= p such that ``seq_rm(seq, q)`` and
+        ``seq_cp(seq, dst, 0, q)`` succeed and leave everything a query at position q
+        needs (kinds that keep only a window, or a recurrent state, can cut only where
+        they still hold or kept a checkpoint). Default: any position."""
+        return p
+
+    def checkpoint(self, seq: int) -> None:
+        """``seq``'s prompt has just been computed: keep what a later cut back to this
+        point needs (kinds that forget, e.g. sliding windows). Default: nothing."""
+        return None
+
     @abstractmethod
     def seq_keep(self, seq: int) -> None:
         """Drop every sequence but ``seq``."""

@@ -13,8 +13,10 @@ from dataclasses import dataclass
 
 import torch
 
+from memory.iswa import ISWAMemory
 from memory.paged_kv import PagedKVCache, RopeShift
 from memory.protocol import Memory
+from memory.sliding_kv import SlidingKVCache
 from memory.spec import LayerSpec
 from memory.stream_kv import StreamKVCache
 
@@ -26,13 +28,17 @@ class MemoryConfig:
     """``n_ctx``: cells of the whole cache (llama-server's ``-c``), shared by
     ``n_seq_max`` sequences; ``block_size``: cells per block. ``layout``: ``unified``
     (one block pool; one sequence may use all of it) or ``stream`` (each sequence owns
-    ``stream_cells`` contiguous cells)."""
+    ``stream_cells`` contiguous cells); it applies to full-size caches. Sliding-window
+    layers get a ring of window - 1 + ``max_step`` cells per sequence, unless
+    ``swa_full``."""
 
     n_ctx: int
     n_seq_max: int
     block_size: int = 16
     device: torch.device | str = "cpu"
     layout: str = "unified"
+    swa_full: bool = False  # sliding-window layers get a full-size cache (and can shift)
+    max_step: int = 512  # most tokens one sequence adds in one step (sizes sliding-window rings)
 
     def __post_init__(self) -> None:
         if self.layout not in LAYOUTS:
@@ -58,15 +64,35 @@ class MemoryConfig:
 Builder = Callable[[dict[str, dict[int, LayerSpec]], MemoryConfig, RopeShift | None], Memory]
 
 
-def _kv(groups: dict[str, dict[int, LayerSpec]], cfg: MemoryConfig, rope_shift: RopeShift | None) -> Memory:
-    specs = groups["attention_full"]
+def _kv_of(specs: dict[int, LayerSpec], cfg: MemoryConfig, rope_shift: RopeShift | None) -> Memory:
     if cfg.layout == "stream":
         return StreamKVCache(specs, cfg.n_seq_max, cfg.stream_cells, cfg.device, rope_shift, cfg.block_size)
     return PagedKVCache(specs, cfg.n_blocks, cfg.n_seq_max, cfg.block_size, cfg.device, rope_shift)
 
 
+def _kv(groups: dict[str, dict[int, LayerSpec]], cfg: MemoryConfig, rope_shift: RopeShift | None) -> Memory:
+    """Full-size caches for every layer (sliding layers too: their window is a mask)."""
+    specs = {layer: spec for group in groups.values() for layer, spec in group.items()}
+    return _kv_of(dict(sorted(specs.items())), cfg, rope_shift)
+
+
+def _sliding(groups: dict[str, dict[int, LayerSpec]], cfg: MemoryConfig, rope_shift: RopeShift | None) -> Memory:
+    if cfg.swa_full:
+        return _kv(groups, cfg, rope_shift)
+    return SlidingKVCache(groups["attention_sliding"], cfg.n_seq_max, cfg.max_step, cfg.device, cfg.block_size)
+
+
+def _iswa(groups: dict[str, dict[int, LayerSpec]], cfg: MemoryConfig, rope_shift: RopeShift | None) -> Memory:
+    if cfg.swa_full:
+        return _kv(groups, cfg, rope_shift)
+    full = _kv_of(groups["attention_full"], cfg, rope_shift)
+    return ISWAMemory(full, SlidingKVCache(groups["attention_sliding"], cfg.n_seq_max, cfg.max_step, cfg.device))
+
+
 KINDS: dict[frozenset[str], Builder] = {
     frozenset({"attention_full"}): _kv,
+    frozenset({"attention_sliding"}): _sliding,
+    frozenset({"attention_full", "attention_sliding"}): _iswa,
 }
 
 

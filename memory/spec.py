@@ -28,4 +28,25 @@ class FullAttentionSpec:
         return 2 * self.n_kv_heads * self.head_dim * itemsize  # K and V
 
 
-LayerSpec = FullAttentionSpec  # later: SlidingWindowSpec | RecurrentSpec | ReuseSpec
+@dataclass(frozen=True)
+class SlidingWindowSpec:
+    """A layer whose query at position p attends to positions (p - window, p]."""
+
+    n_kv_heads: int
+    head_dim: int
+    dtype: torch.dtype
+    window: int
+
+    kind = "attention_sliding"
+
+    @property
+    def bytes_per_token(self) -> int:
+        itemsize = torch.empty((), dtype=self.dtype).element_size()
+        return 2 * self.n_kv_heads * self.head_dim * itemsize
+
+
+LayerSpec = FullAttentionSpec | SlidingWindowSpec  # later: RecurrentSpec, ReuseSpec
+
+
+def window_of(spec: LayerSpec) -> int | None:
+    return getattr(spec, "window", None)

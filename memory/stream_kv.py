@@ -26,7 +26,7 @@ from memory.protocol import (
     SeqState,
     StateMismatch,
 )
-from memory.spec import FullAttentionSpec
+from memory.spec import LayerSpec, window_of
 
 UNUSED = FAR + 1  # position of a cell past a stream's end: no query attends to it
 
@@ -36,7 +36,7 @@ class StreamKVCache(Memory):
 
     def __init__(
         self,
-        layer_specs: dict[int, FullAttentionSpec],
+        layer_specs: dict[int, LayerSpec],
         n_seq_max: int,
         stream_cells: int,
         device: torch.device | str = "cpu",
@@ -49,12 +49,17 @@ class StreamKVCache(Memory):
         self.n_seq_max, self.stream_cells, self.block_size = n_seq_max, stream_cells, block_size
         self.device = torch.device(device)
         self.specs = dict(layer_specs)
+        self.windows = {layer: w for layer, s in self.specs.items() if (w := window_of(s)) is not None}
         self.rope_shift = rope_shift
         shape = lambda s: (n_seq_max, stream_cells, s.n_kv_heads, s.head_dim)  # noqa: E731
         self.k = {layer: torch.zeros(shape(s), dtype=s.dtype, device=self.device) for layer, s in self.specs.items()}
         self.v = {layer: torch.zeros_like(t) for layer, t in self.k.items()}  # [S, C, KVH, D]
         self.cell_pos = torch.full((n_seq_max, stream_cells), UNUSED, dtype=torch.long)  # [S, C]
         self.n: list[int] = [0] * n_seq_max
+
+    def n_read(self, seq: int) -> int:
+        """Leading cells of ``seq``'s stream that attention reads."""
+        return self.n[seq]
 
     def _check_seq(self, seq: int) -> None:
         if not 0 <= seq < self.n_seq_max:
@@ -209,14 +214,14 @@ class StreamKVCache(Memory):
 
 class StreamKVView(GroupedKVView):
     def __init__(self, cache: StreamKVCache, batch: MemoryBatch, write_rows: torch.Tensor):
-        super().__init__(batch, write_rows, cache.device)
+        super().__init__(batch, write_rows, cache.device, cache.windows)
         self.cache = cache
 
     """When the group's sequences are a run of consecutive streams, attention reads them
     in place (a strided view, no copy); otherwise one ``index_select`` picks them."""
 
     def _keys(self, seqs: list[int]) -> tuple[torch.Tensor | slice, torch.Tensor]:
-        n_kv = max(self.cache.n[s] for s in seqs)
+        n_kv = max(self.cache.n_read(s) for s in seqs)
         first = seqs[0]
         if seqs == list(range(first, first + len(seqs))):  # a run of streams: read in place
             return slice(first, first + len(seqs)), self.cache.cell_pos[first : first + len(seqs), :n_kv]

@@ -46,7 +46,11 @@ CASES = {
     "qwen2": ("qwen2", {}),
     "qwen3": ("qwen3", {}),
     "mistral": ("mistral", {}),
+    "mistral-swa": ("mistral", {"sliding_window": 8}),  # every layer windowed; prompts up to 75 + 32 tokens
 }
+WINDOWED = {"mistral-swa"}
+MODES = {"unified": dict(kv_unified=True), "stream": dict(kv_unified=False), "swa-full": dict(swa_full=True)}
+RUNS = [(case, mode) for case in CASES for mode in MODES if mode != "swa-full" or case in WINDOWED]
 
 
 def reference(model, prompt: list[int]) -> tuple[list[int], list[torch.Tensor]]:
@@ -63,15 +67,14 @@ def reference(model, prompt: list[int]) -> tuple[list[int], list[torch.Tensor]]:
     return out.sequences[0, len(prompt) :].tolist(), [x[0] for x in out.logits]
 
 
-@pytest.mark.parametrize("layout", ["unified", "stream"])
-@pytest.mark.parametrize("case", list(CASES))
-def test_batched_greedy_matches_transformers(tmp_path, case, layout):
+@pytest.mark.parametrize("case,mode", RUNS)
+def test_batched_greedy_matches_transformers(tmp_path, case, mode):
     arch, overrides = CASES[case]
     folder = make_checkpoint(tmp_path / case, arch, **overrides)
     gen = torch.Generator().manual_seed(1)
     prompts = [torch.randint(0, 300, (n,), generator=gen).tolist() for n in (1, 7, 30, 75)]
     # a small token budget forces chunked prefill mixed with decode steps
-    kw = dict(n_ctx=512, n_seq_max=4, max_batch_tokens=40, block_size=8, kv_unified=layout == "unified")
+    kw = dict(n_ctx=512, n_seq_max=4, max_batch_tokens=40, block_size=8, **MODES[mode])
     engine = Engine.from_pretrained(str(folder), **kw)
     params = SamplingParams(temperature=0.0, max_tokens=N_STEPS, ignore_eos=True)
     # slots out of order: decode groups are first scattered streams ({0, 2}), then a run of all four

@@ -16,7 +16,7 @@ from engine.errors import CheckpointError
 from engine.model_config import ModelConfig
 from engine.models.layers import AttentionShape, DecoderLayer, RMSNorm
 from engine.models.rope import Rotary, rotate
-from memory import ForwardView, FullAttentionSpec, LayerSpec
+from memory import ForwardView, FullAttentionSpec, LayerSpec, SlidingWindowSpec
 
 FUSED = {
     "q_proj": ("qkv_proj", 0),
@@ -72,8 +72,14 @@ class DecoderLM(nn.Module):
     # ---- memory ----------------------------------------------------------------
 
     def layer_specs(self, dtype: torch.dtype) -> list[LayerSpec]:
-        """Per-layer memory spec (index = layer): every layer is full attention in this family."""
-        return [FullAttentionSpec(self.cfg.n_kv_heads, self.cfg.head_dim, dtype) for _ in range(self.cfg.n_layers)]
+        """Per-layer memory spec (index = layer), from the config's layer types."""
+        cfg = self.cfg
+        return [
+            SlidingWindowSpec(cfg.n_kv_heads, cfg.head_dim, dtype, cfg.sliding_window)
+            if kind == "sliding_attention"
+            else FullAttentionSpec(cfg.n_kv_heads, cfg.head_dim, dtype)
+            for kind in cfg.layer_types
+        ]
 
     def rope_shift(self, layer: int, k: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
         """Re-rotate stored keys k: [N, KVH, D] by ``delta`` ([N]) positions."""

@@ -1,5 +1,5 @@
-"""Mistral: Llama without biases. Its sliding window is not applied yet (full
-attention); sequences longer than the window diverge from the reference."""
+"""Mistral: Llama without biases; ``sliding_window`` applies to every layer (the
+memory gives those layers a sliding-window cache, see memory/sliding_kv.py)."""
 
 from engine.models.base import DecoderLM
 from engine.models.registry import register
