@@ -13,7 +13,6 @@ from engine.errors import CheckpointError
 from engine.model_config import ModelConfig
 from engine.models import model_class
 from engine.models.base import DecoderLM
-from engine.models.rope import Rotary
 
 INDEX = "model.safetensors.index.json"
 
@@ -54,7 +53,7 @@ def load_model(folder: Path, cfg: ModelConfig, dtype: torch.dtype, device: torch
     model = model.to_empty(device=device).to(dtype)
     if cfg.tie_word_embeddings:
         model.lm_head.weight = model.model.embed_tokens.weight
-    model.rotary = Rotary(cfg.rope, cfg.head_dim, cfg.max_position_embeddings).to(device)
+    model.init_buffers(device)  # computed, not loaded: the meta-device build left them empty
     with torch.no_grad():
         model.load_weights(iter_tensors(weight_files(folder)))
     return model.eval().requires_grad_(False)

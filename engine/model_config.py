@@ -56,6 +56,7 @@ class ModelConfig:
     eos_token_ids: tuple[int, ...]
     sliding_window: int | None
     layer_types: tuple[str, ...]  # per layer: "full_attention" | "sliding_attention"
+    rope_local: RopeConfig | None  # sliding layers' own rope (Gemma 3), else None: the same as ``rope``
     raw: dict[str, Any] = field(repr=False, compare=False, default_factory=dict)
 
     @property
@@ -81,8 +82,26 @@ def _as_ids(value: Any) -> tuple[int, ...]:
 
 def _rope(raw: dict, path: Path) -> RopeConfig:
     params = dict(raw.get("rope_parameters") or raw.get("rope_scaling") or {})
+    if isinstance(params.get("full_attention"), dict):  # transformers 5, per layer type (Gemma 3)
+        params = dict(params["full_attention"])
     if "rope_theta" in raw and "rope_theta" not in params:
         params["rope_theta"] = raw["rope_theta"]
+    return _rope_of(params, path)
+
+
+def _rope_local(raw: dict, path: Path) -> RopeConfig | None:
+    """The sliding layers' rope where the config gives them their own: transformers 5
+    nests it under ``rope_parameters.sliding_attention``; older Gemma 3 configs say
+    ``rope_local_base_freq`` (default rope, no scaling)."""
+    params = raw.get("rope_parameters") or {}
+    if isinstance(params.get("sliding_attention"), dict):
+        return _rope_of(dict(params["sliding_attention"]), path)
+    if raw.get("rope_local_base_freq") is not None:
+        return RopeConfig(theta=float(raw["rope_local_base_freq"]))
+    return None
+
+
+def _rope_of(params: dict, path: Path) -> RopeConfig:
     rope_type = params.get("rope_type") or params.get("type") or "default"
     if rope_type not in ROPE_TYPES:
         raise CheckpointError(
@@ -158,6 +177,7 @@ def parse_model_config(raw: dict, path: Path) -> ModelConfig:
         eos_token_ids=_as_ids(raw.get("eos_token_id")),
         sliding_window=int(window) if window else None,
         layer_types=_layer_types(raw, n_layers, int(window) if window else None, path),
+        rope_local=_rope_local(raw, path),
         raw=raw,
     )
 

@@ -30,9 +30,17 @@ class ISWAView(ForwardView):
     def __init__(self, full: ForwardView, swa: ForwardView, swa_layers: set[int]):
         self.full, self.swa, self.swa_layers = full, swa, swa_layers
 
-    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    def attend(
+        self,
+        layer: int,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        scale: float | None = None,
+        softcap: float | None = None,
+    ) -> torch.Tensor:
         view = self.swa if layer in self.swa_layers else self.full
-        return view.attend(layer, q, k, v)
+        return view.attend(layer, q, k, v, scale, softcap)
 
 
 class ISWAMemory(Memory):

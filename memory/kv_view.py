@@ -111,19 +111,30 @@ class GroupedKVView(ForwardView):
         rows = torch.cat(q_rows).to(self.device) if n_q > 1 else None
         return AttentionLayout(tokens, keys, kv_pos, q_pos, rows, self.device)
 
-    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    def attend(
+        self,
+        layer: int,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        scale: float | None = None,
+        softcap: float | None = None,
+    ) -> torch.Tensor:
         k_cache, v_cache = self._storage(layer)  # [cells, KVH, D]
         k_cache.index_copy_(0, self.write_rows, k.to(k_cache.dtype))
         v_cache.index_copy_(0, self.write_rows, v.to(v_cache.dtype))
         layouts = self.layouts
         if len(layouts) == 1 and layouts[0].tokens is None:
-            return self._attend_group(layer, layouts[0], q)
+            return self._attend_group(layer, layouts[0], q, scale, softcap)
         out = q.new_empty(q.shape)  # [T, H, D]
         for lay in layouts:
-            out.index_copy_(0, lay.tokens, self._attend_group(layer, lay, q.index_select(0, lay.tokens)))
+            part = self._attend_group(layer, lay, q.index_select(0, lay.tokens), scale, softcap)
+            out.index_copy_(0, lay.tokens, part)
         return out
 
-    def _attend_group(self, layer: int, lay: AttentionLayout, q: torch.Tensor) -> torch.Tensor:
+    def _attend_group(
+        self, layer: int, lay: AttentionLayout, q: torch.Tensor, scale: float | None, softcap: float | None
+    ) -> torch.Tensor:
         """q: [T_g, H, D] -> attention output [T_g, H, D] for one group."""
         n_seqs, n_q, n_kv = lay.shape
         n_tok, n_heads, head_dim = q.shape
@@ -134,15 +145,28 @@ class GroupedKVView(ForwardView):
             qp[lay.q_rows] = q
             qp = qp.view(n_seqs, n_q, n_heads, head_dim)  # [B, Q, H, D]
         keys, values = self._read(layer, lay.keys, n_seqs, n_kv)  # [B, L, KVH, D]
-        out = F.scaled_dot_product_attention(
-            qp.transpose(1, 2),
-            keys.to(q.dtype).transpose(1, 2),
-            values.to(q.dtype).transpose(1, 2),
-            attn_mask=lay.mask(self.windows.get(layer)),
-            enable_gqa=True,
-        )  # [B, H, Q, D]
+        q4, k4, v4 = qp.transpose(1, 2), keys.to(q.dtype).transpose(1, 2), values.to(q.dtype).transpose(1, 2)
+        mask = lay.mask(self.windows.get(layer))  # [B, 1, Q, L]
+        if softcap is None:
+            out = F.scaled_dot_product_attention(q4, k4, v4, attn_mask=mask, scale=scale, enable_gqa=True)
+        else:
+            out = _capped_attention(q4, k4, v4, mask, scale or head_dim**-0.5, softcap)  # [B, H, Q, D]
         out = out.transpose(1, 2).reshape(n_seqs * n_q, n_heads, head_dim)
         return out if lay.q_rows is None else out[lay.q_rows]  # [T_g, H, D]
+
+
+def _capped_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float, softcap: float
+) -> torch.Tensor:
+    """Attention with soft-capped scores (Gemma 2), which SDPA cannot do.
+    q: [B, H, Q, D]; k, v: [B, KVH, L, D]; mask: [B, 1, Q, L] -> [B, H, Q, D]."""
+    groups = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)  # [B, H, L, D]
+    scores = torch.matmul(q, k.transpose(-1, -2)) * scale  # [B, H, Q, L]
+    scores = torch.tanh(scores / softcap) * softcap
+    scores = scores.masked_fill(~mask, float("-inf"))
+    probs = torch.softmax(scores.float(), dim=-1).to(q.dtype)
+    return torch.matmul(probs, v)
 
 
 class PagedKVView(GroupedKVView):

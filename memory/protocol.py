@@ -116,12 +116,22 @@ class ForwardView(ABC):
     """What a model sees of memory during one forward pass."""
 
     @abstractmethod
-    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    def attend(
+        self,
+        layer: int,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        scale: float | None = None,
+        softcap: float | None = None,
+    ) -> torch.Tensor:
         """Store this batch's ``k``/``v`` of ``layer``, then attend.
 
         q: [T, heads, head_dim]; k, v: [T, kv_heads, head_dim] (keys already rotated).
         Returns [T, heads, head_dim]. Each row attends to its own sequence's cells whose
-        position is <= the row's position (causal by position).
+        position is <= the row's position (causal by position), and for a layer with a
+        sliding window only to those within it. ``scale``: score scale (default
+        1/sqrt(head_dim)); ``softcap``: scores become ``tanh(s / cap) * cap`` (Gemma 2).
         """
 
 

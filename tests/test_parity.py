@@ -47,8 +47,24 @@ CASES = {
     "qwen3": ("qwen3", {}),
     "mistral": ("mistral", {}),
     "mistral-swa": ("mistral", {"sliding_window": 8}),  # every layer windowed; prompts up to 75 + 32 tokens
+    "gemma2": (  # alternating local / global layers, soft-capped scores and logits
+        "gemma2",
+        {"num_hidden_layers": 4, "sliding_window": 8, "query_pre_attn_scalar": 24},
+    ),
+    "gemma3": (  # five local layers per global one, q/k norms, a rope per layer type
+        "gemma3",
+        {
+            "num_hidden_layers": 6,
+            "sliding_window": 16,
+            "query_pre_attn_scalar": 16,
+            "rope_parameters": {
+                "full_attention": {"rope_type": "linear", "rope_theta": 100000.0, "factor": 4.0},
+                "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+            },
+        },
+    ),
 }
-WINDOWED = {"mistral-swa"}
+WINDOWED = {"mistral-swa", "gemma2", "gemma3"}
 MODES = {"unified": dict(kv_unified=True), "stream": dict(kv_unified=False), "swa-full": dict(swa_full=True)}
 RUNS = [(case, mode) for case in CASES for mode in MODES if mode != "swa-full" or case in WINDOWED]
 

@@ -69,6 +69,10 @@ class DecoderLM(nn.Module):
             "gate_up_proj": [cfg.intermediate_size] * 2,
         }
 
+    def init_buffers(self, device: torch.device) -> None:
+        """(Re)compute the buffers that are not in the checkpoint (rotary frequencies)."""
+        self.rotary = Rotary(self.cfg.rope, self.cfg.head_dim, self.cfg.max_position_embeddings).to(device)
+
     # ---- memory ----------------------------------------------------------------
 
     def layer_specs(self, dtype: torch.dtype) -> list[LayerSpec]:
