@@ -29,6 +29,9 @@ class ServerSettings(BaseSettings):
     kv_unified: bool = Field(
         True, description="one block pool shared by all slots; --no-kv-unified: each slot owns ctx-size/parallel cells"
     )
+    swa_full: bool = Field(
+        False, description="sliding-window layers keep full-size caches (more memory; allows --context-shift)"
+    )
     block_size: int = Field(16, gt=0, description="KV cells per block")
     dtype: str = Field("float32", pattern="^(float32|bfloat16|float16)$", description="weights and activations")
     slot_save_path: Path | None = Field(None, description="folder for slot files (slot save/restore off without it)")
@@ -98,6 +101,7 @@ FLAGS: dict[str, tuple[str, ...]] = {
 }
 SWITCHES: dict[str, tuple[str, str]] = {
     "kv_unified": ("--kv-unified", "--no-kv-unified"),
+    "swa_full": ("--swa-full", "--no-swa-full"),
     "context_shift": ("--context-shift", "--no-context-shift"),
     "metrics": ("--metrics", "--no-metrics"),
     "metrics_public": ("--metrics-public", "--no-metrics-public"),

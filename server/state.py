@@ -53,6 +53,7 @@ class ServerState:
                 n_threads=s.threads,
                 context_shift=s.context_shift,
                 kv_unified=s.kv_unified,
+                swa_full=s.swa_full,
             )
             engine = EngineService(config, self.slot_files)
             if self._closing.is_set():  # shut down while loading: start no engine thread

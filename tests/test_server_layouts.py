@@ -67,3 +67,43 @@ def test_a_slot_file_moves_between_layouts_and_continues_exactly(tmp_path):
         assert n_saved - 1 <= third["tokens_cached"] <= n_saved
     assert first + second["tokens"] + third["tokens"] == whole
     assert Path(tmp_path / "slots" / "moving.slot").is_file()
+
+
+def test_a_windowed_model_reuses_its_slot_across_turns(tmp_path):
+    """Gemma 2 (window 8, rings of 8 - 1 + 32 cells): a follow-up that extends the
+    conversation reuses the whole cache; one that re-renders the last turn reuses the
+    prompt up to the last checkpoint; both answer what a cold run answers."""
+    from checkpoints import make_checkpoint
+
+    folder = make_checkpoint(
+        tmp_path / "gemma2", "gemma2", num_hidden_layers=4, sliding_window=8, query_pre_attn_scalar=24
+    )
+    args = ("-m", str(folder), "-np", "2", "-c", "1024", "-ub", "32", "--slot-save-path", str(tmp_path / "s"))
+    with ServerProcess(*args, log=tmp_path / "g.log") as srv:
+        srv.wait_ready()
+        memory = httpx.get(srv.url + "/props").json()["memory"]
+        assert memory["kind"] == "kv_iswa"
+        assert [g["kind"] for g in memory["groups"]] == ["attention_full", "attention_sliding"]
+        ids = lambda text: httpx.post(srv.url + "/tokenize", json={"content": text}).json()["tokens"]  # noqa: E731
+        prompt = ids("User: say something long about windows\nAssistant:")
+        first = complete(srv, prompt, 60, id_slot=0)
+        follow = prompt + first["tokens"] + ids("\nUser: and more\nAssistant:")
+        warm = complete(srv, follow, 8, id_slot=0)
+        cold = complete(srv, follow, 8, id_slot=1, cache_prompt=False)
+        assert warm["tokens_cached"] >= first["tokens_evaluated"] + 50 and cold["tokens_cached"] == 0
+        assert warm["tokens"] == cold["tokens"]
+        rerendered = prompt + ids(" (edited)\nUser: again\nAssistant:")  # shares the first prompt only
+        again = complete(srv, rerendered, 8, id_slot=0)
+        fresh = complete(srv, rerendered, 8, id_slot=1, cache_prompt=False)
+        assert again["tokens_cached"] == len(prompt)  # back to the first prompt's checkpoint
+        assert again["tokens"] == fresh["tokens"]
+        assert httpx.get(srv.url + "/props").json()["memory"]["integrity"] == "ok"
+    shift = ServerProcess("-m", str(folder), "--context-shift", log=tmp_path / "shift.log")
+    with shift:
+        r = shift.wait_listening()
+        from server_proc import wait_for
+
+        wait_for(lambda: httpx.get(shift.url + "/health").status_code == 503, 60, "the load to fail")
+        body = httpx.get(shift.url + "/health").json()
+        assert "context shift" in body["error"] and "--swa-full" in body["error"]
+        assert r.status_code in (200, 503)
