@@ -30,6 +30,7 @@ class EngineConfig:
     context_shift: bool = False  # a full sequence drops old tokens instead of stopping
     kv_unified: bool = True  # one block pool for all sequences; False: a contiguous stream per sequence
     swa_full: bool = False  # sliding-window layers keep full-size caches (as llama.cpp's --swa-full)
+    swa_checkpoints: int = 2  # windows kept per slot for cuts behind a sliding-window ring
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "model", Path(self.model))

@@ -59,6 +59,7 @@ class Engine:
             layout,
             swa_full=config.swa_full,
             max_step=config.max_batch_tokens,
+            n_checkpoints=config.swa_checkpoints,
         )
         self.layer_specs = self._specs(self.model.layer_specs(config.torch_dtype))
         self.memory = build_memory(self.layer_specs, self.memory_config, rope_shift=self.model.rope_shift)

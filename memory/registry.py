@@ -39,6 +39,7 @@ class MemoryConfig:
     layout: str = "unified"
     swa_full: bool = False  # sliding-window layers get a full-size cache (and can shift)
     max_step: int = 512  # most tokens one sequence adds in one step (sizes sliding-window rings)
+    n_checkpoints: int = 2  # sliding-window checkpoints kept per sequence
 
     def __post_init__(self) -> None:
         if self.layout not in LAYOUTS:
@@ -79,14 +80,18 @@ def _kv(groups: dict[str, dict[int, LayerSpec]], cfg: MemoryConfig, rope_shift: 
 def _sliding(groups: dict[str, dict[int, LayerSpec]], cfg: MemoryConfig, rope_shift: RopeShift | None) -> Memory:
     if cfg.swa_full:
         return _kv(groups, cfg, rope_shift)
-    return SlidingKVCache(groups["attention_sliding"], cfg.n_seq_max, cfg.max_step, cfg.device, cfg.block_size)
+    return _ring(groups["attention_sliding"], cfg)
+
+
+def _ring(specs: dict[int, LayerSpec], cfg: MemoryConfig) -> SlidingKVCache:
+    return SlidingKVCache(specs, cfg.n_seq_max, cfg.max_step, cfg.device, cfg.block_size, cfg.n_checkpoints)
 
 
 def _iswa(groups: dict[str, dict[int, LayerSpec]], cfg: MemoryConfig, rope_shift: RopeShift | None) -> Memory:
     if cfg.swa_full:
         return _kv(groups, cfg, rope_shift)
     full = _kv_of(groups["attention_full"], cfg, rope_shift)
-    return ISWAMemory(full, SlidingKVCache(groups["attention_sliding"], cfg.n_seq_max, cfg.max_step, cfg.device))
+    return ISWAMemory(full, _ring(groups["attention_sliding"], cfg))
 
 
 KINDS: dict[frozenset[str], Builder] = {

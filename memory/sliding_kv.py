@@ -13,7 +13,7 @@ Positions of a sequence are 0..n-1 (no shifting: ``can_shift`` is False); the ri
 [lo, n). Cutting back to q (``seq_rm(seq, q)``) is exact while the ring still holds the
 W - 1 positions before q, i.e. for the last ``max_step`` tokens or so; further back it
 needs a *checkpoint*: ``checkpoint(seq)`` (called when a prompt has been computed) keeps
-a copy of the last W - 1 cells, at most ``MAX_CHECKPOINTS`` per sequence, newest kept.
+a copy of the last W - 1 cells, at most ``n_checkpoints`` per sequence, newest kept.
 ``seq_cut_point`` says where a cut is possible.
 """
 
@@ -27,8 +27,6 @@ from memory.kv_state import validate_kv_state
 from memory.protocol import GroupUsage, IntegrityError, Memory, MemoryBatch, MemoryUsage, SeqState, StateMismatch
 from memory.spec import LayerSpec, window_of
 from memory.stream_kv import UNUSED, StreamKVView
-
-MAX_CHECKPOINTS = 2
 
 
 @dataclass
@@ -51,15 +49,18 @@ class SlidingKVCache(Memory):
         max_step: int,
         device: torch.device | str = "cpu",
         block_size: int = 16,
+        n_checkpoints: int = 2,
     ):
         """``max_step``: most tokens one sequence adds in one ``prepare``.
-        ``block_size``: the unit in which ``usage`` counts cells."""
+        ``block_size``: the unit in which ``usage`` counts cells. ``n_checkpoints``:
+        windows kept per sequence for cuts further back than the ring (0: none)."""
         self.specs = dict(layer_specs)
         self.windows = {layer: window_of(s) for layer, s in self.specs.items()}
         if not self.specs or any(w is None or w <= 0 for w in self.windows.values()):
             raise ValueError("every layer of a sliding-window cache needs a positive window")
         self.window = max(self.windows.values())
         self.n_seq_max, self.max_step, self.block_size = n_seq_max, max_step, block_size
+        self.n_checkpoints = n_checkpoints
         self.ring = self.window - 1 + max_step
         self.device = torch.device(device)
         shape = lambda s: (n_seq_max, self.ring, s.n_kv_heads, s.head_dim)  # noqa: E731
@@ -221,10 +222,10 @@ class SlidingKVCache(Memory):
     def checkpoint(self, seq: int) -> None:
         self._check_seq(seq)
         end = self.n[seq]
-        if end <= 0 or self._checkpoint_at(seq, end) is not None:
+        if end <= 0 or self.n_checkpoints <= 0 or self._checkpoint_at(seq, end) is not None:
             return
         ckpt = self._snapshot(seq, max(self.lo[seq], end - self.window + 1), end)
-        self.checkpoints[seq] = [*self.checkpoints[seq], ckpt][-MAX_CHECKPOINTS:]
+        self.checkpoints[seq] = [*self.checkpoints[seq], ckpt][-self.n_checkpoints :]
 
     def seq_pos_min(self, seq: int) -> int:
         self._check_seq(seq)

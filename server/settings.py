@@ -32,6 +32,9 @@ class ServerSettings(BaseSettings):
     swa_full: bool = Field(
         False, description="sliding-window layers keep full-size caches (more memory; allows --context-shift)"
     )
+    ctx_checkpoints: int = Field(
+        2, ge=0, description="sliding-window checkpoints kept per slot, for prefix reuse behind the window"
+    )
     block_size: int = Field(16, gt=0, description="KV cells per block")
     dtype: str = Field("float32", pattern="^(float32|bfloat16|float16)$", description="weights and activations")
     slot_save_path: Path | None = Field(None, description="folder for slot files (slot save/restore off without it)")
@@ -98,6 +101,7 @@ FLAGS: dict[str, tuple[str, ...]] = {
     "drain_timeout": ("--drain-timeout",),
     "stall_timeout": ("--stall-timeout",),
     "max_body_size": ("--max-body-size",),
+    "ctx_checkpoints": ("--ctx-checkpoints", "--swa-checkpoints"),
 }
 SWITCHES: dict[str, tuple[str, str]] = {
     "kv_unified": ("--kv-unified", "--no-kv-unified"),

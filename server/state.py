@@ -54,6 +54,7 @@ class ServerState:
                 context_shift=s.context_shift,
                 kv_unified=s.kv_unified,
                 swa_full=s.swa_full,
+                swa_checkpoints=s.ctx_checkpoints,
             )
             engine = EngineService(config, self.slot_files)
             if self._closing.is_set():  # shut down while loading: start no engine thread
