@@ -42,6 +42,7 @@ class SlotInfo:
     n_cached: int
     n_decoded: int
     params: dict
+    cache: list[dict]  # per layer group: kind, blocks it holds, of those shared with other slots
 
 
 @dataclass(frozen=True)
@@ -175,7 +176,10 @@ class Scheduler:
     def snapshot(self) -> list[SlotInfo]:
         """Per-slot state for /slots (a racy read, good enough for monitoring)."""
         out = []
+        memory = self.engine.memory
         for slot in self.table.slots:
+            groups = memory.usage(held_by=[slot.id]).groups
+            cache = [{"kind": g.kind, "n_blocks": g.n_blocks_held, "n_shared": g.n_blocks_shared} for g in groups]
             task, seq = self.board.seq_of(slot)
             params = dataclasses.asdict(task.req.params) if task else {}
             out.append(
@@ -188,6 +192,7 @@ class Scheduler:
                     n_cached=seq.n_computed if seq else len(slot.cached),
                     n_decoded=len(seq.output_ids) if seq else 0,
                     params=params,
+                    cache=cache,
                 )
             )
         return out

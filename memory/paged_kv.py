@@ -190,7 +190,9 @@ class PagedKVCache(PagedStore, Memory):
         return self.rope_shift is not None
 
     def usage(self, held_by: list[int] | tuple[int, ...] = ()) -> MemoryUsage:
-        held = len(set().union(*(self.tables[s] for s in held_by)))  # set.union holds the GIL
+        held_set = set().union(*(self.tables[s] for s in held_by))  # set.union holds the GIL
+        refcount = self.pool.refcount
+        held, shared = len(held_set), sum(1 for b in held_set if refcount[b] > 1)
         group = GroupUsage(
             kind="attention_full",
             n_layers=len(self.specs),
@@ -199,6 +201,7 @@ class PagedKVCache(PagedStore, Memory):
             n_blocks_used=self.pool.n_used,
             n_blocks_held=held,
             bytes_per_block=self.bytes_per_block,
+            n_blocks_shared=shared,
         )
         return MemoryUsage(kind=self.kind, groups=(group,), n_cells_used=sum(self.n))
 

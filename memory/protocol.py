@@ -65,6 +65,7 @@ class GroupUsage:
     n_blocks_used: int  # blocks referenced by any sequence, idle caches included
     n_blocks_held: int  # distinct blocks referenced by the sequences asked about (``usage(held_by)``)
     bytes_per_block: int
+    n_blocks_shared: int = 0  # of those, blocks that more than one sequence references
 
     @property
     def bytes_total(self) -> int:

@@ -113,7 +113,14 @@ def test_prefix_copied_from_busy_slot(server, tokenizer):
     cold = complete(server, prefix + tail, id_slot=2, cache_prompt=False)
     assert warm["choices"][0]["text"] == cold["choices"][0]["text"]
     wait_idle(server, 30)
-    assert httpx.get(server.url + "/props").json()["memory"]["integrity"] == "ok"
+    memory = httpx.get(server.url + "/props").json()["memory"]
+    assert memory["integrity"] == "ok"
+    (group,) = slots(server)[1]["cache"]  # what slot 1 holds, and how much of it slot 0 shares
+    assert group["kind"] == "attention_full" and group["n_blocks"] >= (150 + 3) // 16
+    if memory["layout"] == "unified":  # the copied prefix's full blocks are shared, not copied
+        assert group["n_shared"] >= 140 // 16
+    else:  # streams share nothing: the copy was a copy
+        assert group["n_shared"] == 0
 
 
 def test_pinned_request_waits_for_its_slot(server):
