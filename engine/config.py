@@ -31,6 +31,12 @@ class EngineConfig:
     kv_unified: bool = True  # one block pool for all sequences; False: a contiguous stream per sequence
     swa_full: bool = False  # sliding-window layers keep full-size caches (as llama.cpp's --swa-full)
     swa_checkpoints: int = 2  # windows kept per slot for cuts behind a sliding-window ring
+    kv_cache_tokens: int | None = None  # cap on the cache's cells whatever n_ctx says
+
+    @property
+    def cache_cells(self) -> int:
+        """Cells of the whole cache: ``n_ctx`` capped by ``kv_cache_tokens``."""
+        return min(self.n_ctx, self.kv_cache_tokens or self.n_ctx)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "model", Path(self.model))
@@ -39,6 +45,8 @@ class EngineConfig:
         for name in ("block_size", "n_ctx", "n_seq_max", "max_batch_tokens"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive")
+        if self.kv_cache_tokens is not None and self.kv_cache_tokens <= 0:
+            raise ValueError("kv_cache_tokens must be positive")
         if self.linear not in ("auto", "torch", "onednn"):
             raise ValueError("linear must be auto, torch or onednn")
         if self.n_threads is not None and self.n_threads <= 0:

@@ -52,7 +52,7 @@ class Engine:
             pack_linears(self.model)
         layout = "unified" if config.kv_unified else "stream"
         self.memory_config = MemoryConfig(
-            config.n_ctx,
+            config.cache_cells,
             config.n_seq_max,
             config.block_size,
             self.device,

@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 
 from memory.block_pool import BlockPool
+from memory.lazy_zeros import lazy_zeros
 from memory.protocol import CacheFull
 from memory.spec import LayerSpec, window_of
 
@@ -41,11 +42,10 @@ class PagedStore:
         self.windows = {layer: w for layer, s in self.specs.items() if (w := window_of(s)) is not None}
         self.pool = BlockPool(n_blocks)
         n_cells = n_blocks * block_size
-        self.k = {
-            layer: torch.zeros(n_cells, s.n_kv_heads, s.head_dim, dtype=s.dtype, device=self.device)
-            for layer, s in self.specs.items()
-        }  # layer -> [cells, kv_heads, head_dim]
-        self.v = {layer: torch.zeros_like(t) for layer, t in self.k.items()}
+        shape = lambda s: (n_cells, s.n_kv_heads, s.head_dim)  # noqa: E731
+        self.k = {layer: lazy_zeros(shape(s), s.dtype, self.device) for layer, s in self.specs.items()}
+        self.v = {layer: lazy_zeros(shape(s), s.dtype, self.device) for layer, s in self.specs.items()}
+        # layer -> [cells, kv_heads, head_dim]; memory is committed as cells are first written
         self.cell_pos = torch.full((n_cells,), NO_POS, dtype=torch.long)  # bookkeeping, on CPU
         self.tables: list[list[int]] = [[] for _ in range(n_seq_max)]
         self.n: list[int] = [0] * n_seq_max

@@ -16,6 +16,7 @@ import torch
 
 from memory.kv_state import KVRopeShift, kv_state, validate_kv_state
 from memory.kv_view import FAR, GroupedKVView
+from memory.lazy_zeros import lazy_zeros
 from memory.protocol import (
     CacheFull,
     GroupUsage,
@@ -52,8 +53,9 @@ class StreamKVCache(Memory):
         self.windows = {layer: w for layer, s in self.specs.items() if (w := window_of(s)) is not None}
         self.rope_shift = rope_shift
         shape = lambda s: (n_seq_max, stream_cells, s.n_kv_heads, s.head_dim)  # noqa: E731
-        self.k = {layer: torch.zeros(shape(s), dtype=s.dtype, device=self.device) for layer, s in self.specs.items()}
-        self.v = {layer: torch.zeros_like(t) for layer, t in self.k.items()}  # [S, C, KVH, D]
+        self.k = {layer: lazy_zeros(shape(s), s.dtype, self.device) for layer, s in self.specs.items()}
+        self.v = {layer: lazy_zeros(shape(s), s.dtype, self.device) for layer, s in self.specs.items()}
+        # [S, C, KVH, D]; memory is committed as cells are first written
         self.cell_pos = torch.full((n_seq_max, stream_cells), UNUSED, dtype=torch.long)  # [S, C]
         self.n: list[int] = [0] * n_seq_max
 

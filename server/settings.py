@@ -35,6 +35,12 @@ class ServerSettings(BaseSettings):
     ctx_checkpoints: int = Field(
         2, ge=0, description="sliding-window checkpoints kept per slot, for prefix reuse behind the window"
     )
+    kv_cache_tokens: int | None = Field(
+        None, gt=0, description="cap on the KV cache's cells whatever --ctx-size says (memory is committed as used)"
+    )
+    kv_cache_demand_paged: bool = Field(
+        True, description="accepted for llama.cpp compatibility: cache memory is always committed on first use"
+    )
     block_size: int = Field(16, gt=0, description="KV cells per block")
     dtype: str = Field("float32", pattern="^(float32|bfloat16|float16)$", description="weights and activations")
     slot_save_path: Path | None = Field(None, description="folder for slot files (slot save/restore off without it)")
@@ -102,10 +108,12 @@ FLAGS: dict[str, tuple[str, ...]] = {
     "stall_timeout": ("--stall-timeout",),
     "max_body_size": ("--max-body-size",),
     "ctx_checkpoints": ("--ctx-checkpoints", "--swa-checkpoints"),
+    "kv_cache_tokens": ("--kv-cache-tokens",),
 }
 SWITCHES: dict[str, tuple[str, str]] = {
     "kv_unified": ("--kv-unified", "--no-kv-unified"),
     "swa_full": ("--swa-full", "--no-swa-full"),
+    "kv_cache_demand_paged": ("--kv-cache-demand-paged", "--no-kv-cache-demand-paged"),
     "context_shift": ("--context-shift", "--no-context-shift"),
     "metrics": ("--metrics", "--no-metrics"),
     "metrics_public": ("--metrics-public", "--no-metrics-public"),

@@ -55,6 +55,7 @@ class ServerState:
                 kv_unified=s.kv_unified,
                 swa_full=s.swa_full,
                 swa_checkpoints=s.ctx_checkpoints,
+                kv_cache_tokens=s.kv_cache_tokens,
             )
             engine = EngineService(config, self.slot_files)
             if self._closing.is_set():  # shut down while loading: start no engine thread
