@@ -11,7 +11,7 @@ Parts:
   greedy output tokens, 2 requests per worker): tok/s, TTFT p50, ITL p50.
 - ``step``: the same checkpoint offline, 32 sequences decoding at a context of ~200:
   median time of a decode step and of its attention (the view: gather + SDPA) per layout;
-  and the cost of a 1,024-token prefix copy (``seq_cp``) between slots per layout.
+  and the cost of a 200-token prefix copy (``seq_cp``) between slots per layout.
 - ``bytes``: KV bytes per slot of a Gemma-3-4B-shaped model (34 layers, 5 local per
   global, 4 KV heads x 256, window 1,024, bfloat16) at an 8k context: iSWA rings,
   ``--swa-full`` and every layer full, from the memory's own accounting (no allocation:
@@ -89,19 +89,21 @@ def step(folder: Path) -> dict:
         kv_view.GroupedKVView.attend = real
         n_layers = len(engine.layer_specs)
         per_step = [sum(attend_s[i : i + n_layers]) for i in range(0, len(attend_s), n_layers)]
+        for seq in list(engine.running):
+            engine.abort(seq)
         engine.memory.seq_rm(-1)
-        engine.add_sequence(list(range(1, 1025)), SamplingParams(max_tokens=1), seq_id=0)
+        engine.add_sequence(list(range(1, 201)), SamplingParams(max_tokens=1), seq_id=0)
         while engine.has_work:
             engine.step()
         copies = []
         for _ in range(10):
             t = time.perf_counter()
-            engine.memory.seq_cp(0, 1, 0, 1024)
+            engine.memory.seq_cp(0, 1, 0, 200)
             copies.append(time.perf_counter() - t)
         out[name] = {
             "decode_step_ms": statistics.median(steps) * 1e3,
             "attention_ms_per_step": statistics.median(per_step) * 1e3,
-            "prefix_copy_1024_ms": statistics.median(copies) * 1e3,
+            "prefix_copy_200_ms": statistics.median(copies) * 1e3,
         }
         print(name, json.dumps(out[name]), flush=True)
     return out

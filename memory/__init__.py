@@ -15,7 +15,7 @@ from memory.protocol import (
     StateMismatch,
 )
 from memory.registry import MemoryConfig, build_memory, cache_bytes
-from memory.spec import FullAttentionSpec, LayerSpec, SlidingWindowSpec
+from memory.spec import FullAttentionSpec, LayerSpec, NoCacheSpec, ReuseSpec, SlidingWindowSpec
 
 __all__ = [
     "BlockPool",
@@ -30,6 +30,8 @@ __all__ = [
     "MemoryConfig",
     "MemoryError_",
     "MemoryUsage",
+    "NoCacheSpec",
+    "ReuseSpec",
     "PagedKVCache",
     "SeqState",
     "SlidingWindowSpec",

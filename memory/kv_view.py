@@ -115,14 +115,15 @@ class GroupedKVView(ForwardView):
         self,
         layer: int,
         q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
+        k: torch.Tensor | None,
+        v: torch.Tensor | None,
         scale: float | None = None,
         softcap: float | None = None,
     ) -> torch.Tensor:
-        k_cache, v_cache = self._storage(layer)  # [cells, KVH, D]
-        k_cache.index_copy_(0, self.write_rows, k.to(k_cache.dtype))
-        v_cache.index_copy_(0, self.write_rows, v.to(v_cache.dtype))
+        if k is not None:  # None: a layer reading this layer's cache (stored earlier in the step)
+            k_cache, v_cache = self._storage(layer)  # [cells, KVH, D]
+            k_cache.index_copy_(0, self.write_rows, k.to(k_cache.dtype))
+            v_cache.index_copy_(0, self.write_rows, v.to(v_cache.dtype))
         layouts = self.layouts
         if len(layouts) == 1 and layouts[0].tokens is None:
             return self._attend_group(layer, layouts[0], q, scale, softcap)

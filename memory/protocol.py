@@ -128,7 +128,8 @@ class ForwardView(ABC):
     ) -> torch.Tensor:
         """Store this batch's ``k``/``v`` of ``layer``, then attend.
 
-        q: [T, heads, head_dim]; k, v: [T, kv_heads, head_dim] (keys already rotated).
+        q: [T, heads, head_dim]; k, v: [T, kv_heads, head_dim] (keys already rotated), or
+        None to attend to what ``layer`` stored earlier in this step without storing.
         Returns [T, heads, head_dim]. Each row attends to its own sequence's cells whose
         position is <= the row's position (causal by position), and for a layer with a
         sliding window only to those within it. ``scale``: score scale (default

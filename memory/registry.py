@@ -14,10 +14,11 @@ from dataclasses import dataclass
 import torch
 
 from memory.iswa import ISWAMemory
+from memory.layer_reuse import LayerReuse
 from memory.paged_kv import PagedKVCache, RopeShift
 from memory.protocol import Memory
 from memory.sliding_kv import SlidingKVCache
-from memory.spec import LayerSpec
+from memory.spec import NO_STORAGE, LayerSpec, ReuseSpec
 from memory.stream_kv import StreamKVCache
 
 LAYOUTS = ("unified", "stream")
@@ -102,23 +103,40 @@ KINDS: dict[frozenset[str], Builder] = {
 
 
 def group_layers(specs: Sequence[LayerSpec]) -> dict[str, dict[int, LayerSpec]]:
-    """spec kind -> {layer: spec}, in layer order."""
+    """spec kind -> {layer: spec}, in layer order, for the layers that store something."""
     groups: dict[str, dict[int, LayerSpec]] = {}
     for layer, spec in enumerate(specs):
-        groups.setdefault(spec.kind, {})[layer] = spec
+        if spec.kind not in NO_STORAGE:
+            groups.setdefault(spec.kind, {})[layer] = spec
     return groups
+
+
+def reuse_targets(specs: Sequence[LayerSpec]) -> dict[int, int]:
+    """Reusing layer -> the layer whose cache it reads; ValueError unless the target is
+    an earlier layer that stores its own cache."""
+    targets = {}
+    for layer, spec in enumerate(specs):
+        if isinstance(spec, ReuseSpec):
+            t = spec.target
+            if not 0 <= t < layer or specs[t].kind in NO_STORAGE:
+                raise ValueError(f"layer {layer} reuses layer {t}, which is not an earlier layer with its own cache")
+            targets[layer] = t
+    return targets
 
 
 def build_memory(specs: Sequence[LayerSpec], cfg: MemoryConfig, rope_shift: RopeShift | None = None) -> Memory:
     """The memory for a model whose layer ``i`` needs ``specs[i]``. Raises ValueError
-    naming the layer kinds when no memory kind serves that mix."""
+    naming the layer kinds when no memory kind serves that mix. Layers that reuse
+    another's cache or have none get no storage."""
+    targets = reuse_targets(specs)
     groups = group_layers(specs)
     builder = KINDS.get(frozenset(groups))
     if builder is None:
         raise ValueError(f"no memory kind serves layers of kinds {sorted(groups)}")
-    return builder(groups, cfg, rope_shift)
+    memory = builder(groups, cfg, rope_shift)
+    return LayerReuse(memory, targets) if targets else memory
 
 
-def cache_bytes(specs: Sequence[LayerSpec], n_cells: int) -> int:
+def cache_bytes(specs: Sequence[LayerSpec], n_cells: int) -> int:  # reusing and cache-less layers count 0
     """Bytes that ``n_cells`` cells take in every layer that stores them."""
     return n_cells * sum(s.bytes_per_token for s in specs)

@@ -45,7 +45,27 @@ class SlidingWindowSpec:
         return 2 * self.n_kv_heads * self.head_dim * itemsize
 
 
-LayerSpec = FullAttentionSpec | SlidingWindowSpec  # later: RecurrentSpec, ReuseSpec
+@dataclass(frozen=True)
+class ReuseSpec:
+    """A layer that stores nothing and attends to layer ``target``'s keys and values
+    (Gemma 3n's KV sharing); ``target`` is an earlier layer that owns a cache."""
+
+    target: int
+
+    kind = "reuse"
+    bytes_per_token = 0
+
+
+@dataclass(frozen=True)
+class NoCacheSpec:
+    """A layer with no attention cache (llama.cpp's layer filter: e.g. an MLP-only layer)."""
+
+    kind = "none"
+    bytes_per_token = 0
+
+
+LayerSpec = FullAttentionSpec | SlidingWindowSpec | ReuseSpec | NoCacheSpec  # later: RecurrentSpec
+NO_STORAGE = ("reuse", "none")
 
 
 def window_of(spec: LayerSpec) -> int | None:
