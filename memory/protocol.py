@@ -50,6 +50,13 @@ class MemoryBatch:
     def n_total(self) -> int:
         return int(sum(self.n_tokens))
 
+    def check(self) -> None:
+        """ValueError on a malformed batch (a sequence twice, positions of the wrong count)."""
+        if len(set(self.seq_ids)) != len(self.seq_ids):
+            raise ValueError("a sequence appears twice in the batch")
+        if self.positions.numel() != self.n_total:
+            raise ValueError("positions do not match n_tokens")
+
 
 @dataclass(frozen=True)
 class GroupUsage:

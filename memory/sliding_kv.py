@@ -122,10 +122,7 @@ class SlidingKVCache(Memory):
     # ---- protocol ------------------------------------------------------------------
 
     def prepare(self, batch: MemoryBatch) -> StreamKVView:
-        if len(set(batch.seq_ids)) != len(batch.seq_ids):
-            raise ValueError("a sequence appears twice in the batch")
-        if batch.positions.numel() != batch.n_total:
-            raise ValueError("positions do not match n_tokens")
+        batch.check()
         positions = batch.positions.cpu()
         starts = [0]
         for seq, n_new in zip(batch.seq_ids, batch.n_tokens):

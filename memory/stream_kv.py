@@ -88,10 +88,7 @@ class StreamKVCache(Memory):
     # ---- protocol ------------------------------------------------------------------
 
     def prepare(self, batch: MemoryBatch) -> StreamKVView:
-        if len(set(batch.seq_ids)) != len(batch.seq_ids):
-            raise ValueError("a sequence appears twice in the batch")
-        if batch.positions.numel() != batch.n_total:
-            raise ValueError("positions do not match n_tokens")
+        batch.check()
         for seq, n_new in zip(batch.seq_ids, batch.n_tokens):
             self._check_seq(seq)
             if self.n[seq] + n_new > self.stream_cells:

@@ -22,12 +22,13 @@ class ServerSettings(BaseSettings):
     alias: str | None = Field(None, description="model name reported by the API (default: the folder name)")
     host: str = Field("127.0.0.1", description="address to listen on")
     port: int = Field(8080, ge=0, le=65535, description="port to listen on")
-    ctx_size: int = Field(4096, gt=0, description="KV cache cells shared by all slots (one slot may use all)")
+    ctx_size: int = Field(4096, gt=0, description="KV cache cells of all slots together (see --kv-unified)")
     parallel: int = Field(4, gt=0, description="number of slots")
     batch_size: int = Field(2048, gt=0, description="logical token budget of one step")
     ubatch_size: int = Field(512, gt=0, description="physical token budget of one forward (step = min(-b, -ub))")
     kv_unified: bool = Field(
-        True, description="one block pool shared by all slots; --no-kv-unified: each slot owns ctx-size/parallel cells"
+        False,
+        description="one block pool shared by all slots (one slot may use all); off: each slot owns ctx-size/parallel",
     )
     swa_full: bool = Field(
         False, description="sliding-window layers keep full-size caches (more memory; allows --context-shift)"

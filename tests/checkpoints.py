@@ -68,3 +68,17 @@ def load_reference(folder: Path):
     import transformers
 
     return transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+
+
+def greedy_reference(model, prompt: list[int], n: int) -> tuple[list[int], torch.Tensor]:
+    """transformers' greedy continuation of ``prompt``: (n tokens, logits [n, vocab])."""
+    out = model.generate(
+        torch.tensor([prompt]),
+        max_new_tokens=n,
+        do_sample=False,
+        output_logits=True,
+        return_dict_in_generate=True,
+        eos_token_id=None,
+        pad_token_id=0,
+    )
+    return out.sequences[0, len(prompt) :].tolist(), torch.stack(out.logits)[:, 0]

@@ -69,9 +69,15 @@ def test_bfloat16_runs(base):
 def test_errors_name_file_and_field(base, tmp_path):
     folder = copy(base, tmp_path)
     edit_config(folder, lambda c: c.update(architectures=["GPT2LMHeadModel"]))
-    with pytest.raises(UnsupportedArchitecture, match="GPT2LMHeadModel.*supported: LlamaForCausalLM"):
+    with pytest.raises(UnsupportedArchitecture, match="GPT2LMHeadModel.*supported: .*LlamaForCausalLM"):
         Engine.from_pretrained(str(folder))
-    edit_config(folder, lambda c: c.update(architectures=["LlamaForCausalLM"], hidden_size=None))
+    edit_config(folder, lambda c: c.update(architectures=["LlamaForCausalLM"], layer_types=["full_attention", "conv"]))
+    with pytest.raises(CheckpointError, match="config.json: field 'layer_types' names conv"):
+        Engine.from_pretrained(str(folder))
+    edit_config(folder, lambda c: c.update(layer_types=None, sliding_window=-4))
+    with pytest.raises(CheckpointError, match="config.json: field 'sliding_window' is -4"):
+        Engine.from_pretrained(str(folder))
+    edit_config(folder, lambda c: c.update(sliding_window=None, hidden_size=None))
     with pytest.raises(CheckpointError, match="config.json.*'hidden_size'"):
         Engine.from_pretrained(str(folder))
     (folder / "config.json").write_text("{not json")

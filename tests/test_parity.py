@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from checkpoints import load_reference, make_checkpoint
+from checkpoints import greedy_reference, load_reference, make_checkpoint
 
 from engine import Engine, SamplingParams
 
@@ -69,20 +69,6 @@ MODES = {"unified": dict(kv_unified=True), "stream": dict(kv_unified=False), "sw
 RUNS = [(case, mode) for case in CASES for mode in MODES if mode != "swa-full" or case in WINDOWED]
 
 
-def reference(model, prompt: list[int]) -> tuple[list[int], list[torch.Tensor]]:
-    ids = torch.tensor([prompt])
-    out = model.generate(
-        ids,
-        max_new_tokens=N_STEPS,
-        do_sample=False,
-        output_logits=True,
-        return_dict_in_generate=True,
-        eos_token_id=None,
-        pad_token_id=0,
-    )
-    return out.sequences[0, len(prompt) :].tolist(), [x[0] for x in out.logits]
-
-
 @pytest.mark.parametrize("case,mode", RUNS)
 def test_batched_greedy_matches_transformers(tmp_path, case, mode):
     arch, overrides = CASES[case]
@@ -105,7 +91,7 @@ def test_batched_greedy_matches_transformers(tmp_path, case, mode):
     assert n_forwards < 4 * (N_STEPS + 3)  # sequences really ran together
     ref_model = load_reference(folder)
     for i, prompt in enumerate(prompts):
-        ref_tokens, ref_logits = reference(ref_model, prompt)
+        ref_tokens, ref_logits = greedy_reference(ref_model, prompt, N_STEPS)
         assert seqs[i].output_ids == ref_tokens, f"prompt {i}"
         assert len(logits[i]) == N_STEPS
         for step, (ours, theirs) in enumerate(zip(logits[i], ref_logits)):

@@ -116,19 +116,22 @@ def rss_mb(pid: int) -> float:
 
 def test_cache_memory_is_committed_as_used_and_can_be_capped(tmp_path):
     """-c 131072 reserves 512 MiB of cache for the demo model; an idle server holds
-    about what a -c 4096 one holds. --kv-cache-tokens caps the cache whatever -c says."""
+    about what a -c 4096 one holds (both layouts). --kv-cache-tokens caps the cache
+    whatever -c says."""
     with ServerProcess("-np", "4", "-c", "4096", log=tmp_path / "small.log") as small:
         small.wait_ready()
         baseline = rss_mb(small.proc.pid)
-    with ServerProcess("-np", "4", "-c", "131072", log=tmp_path / "big.log") as big:
-        big.wait_ready()
-        (group,) = httpx.get(big.url + "/props").json()["memory"]["groups"]
-        assert group["bytes_total"] >= 512 << 20
-        assert rss_mb(big.proc.pid) < baseline + 64  # not the 512 MiB
-    with ServerProcess("-np", "4", "-c", "131072", "--kv-cache-tokens", "512", log=tmp_path / "cap.log") as capped:
+    for layout in ("--kv-unified", "--no-kv-unified"):
+        with ServerProcess("-np", "4", "-c", "131072", layout, log=tmp_path / "big.log") as big:
+            big.wait_ready()
+            (group,) = httpx.get(big.url + "/props").json()["memory"]["groups"]
+            assert group["bytes_total"] >= 512 << 20
+            assert rss_mb(big.proc.pid) < baseline + 64  # not the 512 MiB
+    capped_args = ("-np", "4", "-c", "131072", "--kv-cache-tokens", "512", "--kv-unified")
+    with ServerProcess(*capped_args, log=tmp_path / "cap.log") as capped:
         capped.wait_ready()
         (group,) = httpx.get(capped.url + "/props").json()["memory"]["groups"]
-        assert group["n_blocks_total"] == 512 // 16 + 4
+        assert group["n_blocks_total"] == 512 // 16 + 4  # one pool of 512 cells (+ a partial block per slot)
         assert {s["n_ctx"] for s in httpx.get(capped.url + "/slots").json()} == {512}
         too_long = httpx.post(capped.url + "/completion", json={"prompt": [5] * 600, "n_predict": 1}, timeout=60)
         assert too_long.status_code == 400

@@ -143,7 +143,8 @@ def test_api_keys_flags_and_env(tmp_path):
         assert httpx.get(url, headers={"X-Api-Key": "env-key"}).status_code == 401  # the flag wins over env
         props = httpx.get(srv.url + "/props", headers={"Authorization": "Bearer k1"}).json()
         assert props["total_slots"] == 3  # from the environment
-        assert props["default_generation_settings"]["n_ctx"] == 512  # the flag over the env's 999
+        # the flag's 512 over the env's 999, split between the 3 slots and rounded up to blocks of 16
+        assert props["default_generation_settings"]["n_ctx"] == 176
         assert httpx.get(srv.url + "/health").status_code == 200  # probes stay public
         assert httpx.get(srv.url + "/ready").status_code == 200
 
@@ -186,7 +187,8 @@ def test_context_shift_flag(tmp_path):
 def test_failure_after_the_first_byte_is_an_sse_error_event():
     """Two streams that together need more KV blocks than the pool holds: the newer one
     fails mid-stream with a final error event; the older one finishes; the server serves on."""
-    with ServerProcess("-np", "2", "-c", "128") as srv:  # 8 + 2 blocks of 16 cells; each stream needs 7
+    # one shared pool of 8 + 2 blocks of 16 cells; each stream needs 7
+    with ServerProcess("-np", "2", "-c", "128", "--kv-unified") as srv:
         srv.wait_ready()
         body = {"prompt": "def f():", "max_tokens": 100, "ignore_eos": True, "stream": True}
         results = {}

@@ -124,7 +124,7 @@ def test_counters_histograms_and_gauges_after_a_known_workload(server):
     assert value(after, "slotserve_kv_cache_usage_ratio", memory_kind=kind) == 0  # ...but no request holds any
     assert value(after, "slotserve_ready") == 1
     info = families["slotserve_cache_config_info"].samples[0].labels
-    assert info["slots"] == str(N_SLOTS) and info["block_size"] == "16" and info["layout"] == "unified"
+    assert info["slots"] == str(N_SLOTS) and info["block_size"] == "16" and info["layout"] == "stream"
     assert int(info["num_blocks"]) == total
 
 

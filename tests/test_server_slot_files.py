@@ -222,7 +222,7 @@ def test_list_and_delete(server, save_dir):
     listed, foreign = entries["listed.slot"], entries["foreign.slot"]
     assert listed["n_tokens"] == len(file.tokens) and listed["size"] == (save_dir / "listed.slot").stat().st_size
     assert listed["model_match"] is True and foreign["model_match"] is False
-    assert listed["memory_kind"] == "kv_unified" and abs(listed["created"] - time.time()) < 120
+    assert listed["memory_kind"] == "kv_stream" and abs(listed["created"] - time.time()) < 120
     assert ok(httpx.delete(server.url + "/slots/files/listed.slot")) == {"filename": "listed.slot", "deleted": True}
     assert not (save_dir / "listed.slot").exists()
     r = httpx.delete(server.url + "/slots/files/README.txt")

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from checkpoints import load_reference, make_checkpoint
+from checkpoints import greedy_reference, load_reference, make_checkpoint
 
 from engine import Engine, SamplingParams
 
@@ -28,19 +28,6 @@ def model(request, tmp_path_factory):
     return engine, load_reference(folder)
 
 
-def reference(ref, prompt: list[int], n: int) -> tuple[list[int], torch.Tensor]:
-    out = ref.generate(
-        torch.tensor([prompt]),
-        max_new_tokens=n,
-        do_sample=False,
-        output_logits=True,
-        return_dict_in_generate=True,
-        eos_token_id=None,
-        pad_token_id=0,
-    )
-    return out.sequences[0, len(prompt) :].tolist(), torch.stack(out.logits)[:, 0]
-
-
 def run(engine: Engine, prompt: list[int], slot: int, n_cached: int, n_new: int = 8) -> tuple:
     """Generate in ``slot`` reusing up to ``n_cached`` cached tokens -> (tokens, logits, tokens reused)."""
     params = SamplingParams(temperature=0.0, max_tokens=n_new, ignore_eos=True)
@@ -55,7 +42,7 @@ def run(engine: Engine, prompt: list[int], slot: int, n_cached: int, n_new: int 
 
 def check(engine_out: tuple, ref, prompt: list[int]) -> None:
     tokens, logits, _ = engine_out
-    ref_tokens, ref_logits = reference(ref, prompt, len(tokens))
+    ref_tokens, ref_logits = greedy_reference(ref, prompt, len(tokens))
     assert tokens == ref_tokens
     torch.testing.assert_close(logits, ref_logits.float(), atol=1e-4, rtol=0)
 
