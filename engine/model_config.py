@@ -144,6 +144,11 @@ def _layer_types(raw: dict, n_layers: int, window: int | None, path: Path) -> tu
     return types
 
 
+def _ffn(value: Any) -> int:
+    """``intermediate_size``: one size, or one per layer (Gemma 3n): the largest."""
+    return max(int(v) for v in value) if isinstance(value, list) else int(value)
+
+
 def parse_model_config(raw: dict, path: Path) -> ModelConfig:
     if not isinstance(raw, dict):
         raise CheckpointError(f"{path}: expected a JSON object")
@@ -161,7 +166,7 @@ def parse_model_config(raw: dict, path: Path) -> ModelConfig:
         model_type=str(raw.get("model_type", "")),
         vocab_size=int(_require(raw, "vocab_size", path)),
         hidden_size=hidden,
-        intermediate_size=int(_require(raw, "intermediate_size", path)),
+        intermediate_size=_ffn(_require(raw, "intermediate_size", path)),
         n_layers=n_layers,
         n_heads=n_heads,
         n_kv_heads=int(raw.get("num_key_value_heads") or n_heads),

@@ -50,6 +50,7 @@ def make_checkpoint(folder: Path, arch: str = "llama", seed: int = 0, noise: flo
         "mistral": (transformers.MistralConfig, transformers.MistralForCausalLM),
         "gemma2": (transformers.Gemma2Config, transformers.Gemma2ForCausalLM),
         "gemma3": (transformers.Gemma3TextConfig, transformers.Gemma3ForCausalLM),
+        "gemma3n": (transformers.Gemma3nTextConfig, transformers.Gemma3nForCausalLM),
     }
     config_cls, model_cls = classes[arch]
     torch.manual_seed(seed)

@@ -63,8 +63,22 @@ CASES = {
             },
         },
     ),
+    "gemma3n": (  # AltUp, Laurel, per-layer inputs, sparse activations; the last 2 layers reuse earlier caches
+        "gemma3n",
+        {
+            "num_hidden_layers": 4,
+            "layer_types": ["sliding_attention", "full_attention"] * 2,
+            "num_kv_shared_layers": 2,
+            "sliding_window": 8,
+            "vocab_size_per_layer_input": 320,
+            "hidden_size_per_layer_input": 16,
+            "laurel_rank": 8,
+            "activation_sparsity_pattern": [0.95, 0.0, 0.0, 0.0],
+            "intermediate_size": [128, 96, 128, 96],
+        },
+    ),
 }
-WINDOWED = {"mistral-swa", "gemma2", "gemma3"}
+WINDOWED = {"mistral-swa", "gemma2", "gemma3", "gemma3n"}
 MODES = {"unified": dict(kv_unified=True), "stream": dict(kv_unified=False), "swa-full": dict(swa_full=True)}
 RUNS = [(case, mode) for case in CASES for mode in MODES if mode != "swa-full" or case in WINDOWED]
 

@@ -1,4 +1,4 @@
-"""Sliding-window models after the slot operations, against transformers: a prefix copy
+"""Sliding-window models (Mistral, Gemma 2, 3, 3n) after the slot operations, against transformers: a prefix copy
 to another slot, cuts back into the window (exact while the ring holds it), a cut back
 to the prompt's end after the window has moved past it (a checkpoint), a cut too far
 back (recomputed, never served from wrong cells), and save -> restore."""
@@ -15,6 +15,18 @@ WINDOWED = {
     "mistral": ("mistral", {"sliding_window": 8}),
     "gemma2": ("gemma2", {"num_hidden_layers": 4, "sliding_window": 8, "query_pre_attn_scalar": 24}),
     "gemma3": ("gemma3", {"num_hidden_layers": 6, "sliding_window": 8, "query_pre_attn_scalar": 16}),
+    "gemma3n": (
+        "gemma3n",
+        {
+            "num_hidden_layers": 4,
+            "layer_types": ["sliding_attention", "full_attention"] * 2,
+            "num_kv_shared_layers": 2,
+            "sliding_window": 8,
+            "vocab_size_per_layer_input": 320,
+            "hidden_size_per_layer_input": 16,
+            "laurel_rank": 8,
+        },
+    ),
 }
 STEP = 16  # tokens per step and sequence: the ring holds window - 1 + STEP cells
 GREEDY = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)

@@ -17,6 +17,7 @@ MODEL_TYPES = {
     "mistral": "MistralForCausalLM",
     "gemma2": "Gemma2ForCausalLM",
     "gemma3_text": "Gemma3ForCausalLM",
+    "gemma3n_text": "Gemma3nForCausalLM",
 }
 
 
