@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import httpx
-from server_proc import ServerProcess
+from server_proc import ServerProcess, wait_for
 
 from engine import Engine
 
@@ -97,16 +97,28 @@ def test_a_windowed_model_reuses_its_slot_across_turns(tmp_path):
         fresh = complete(srv, rerendered, 8, id_slot=1, cache_prompt=False)
         assert again["tokens_cached"] == len(prompt)  # back to the first prompt's checkpoint
         assert again["tokens"] == fresh["tokens"]
+        # a slot file of a windowed cache holds the window and continues exactly
+        held = rerendered + again["tokens"][:-1]
+        assert slot_action(srv, 0, "save", "window.slot")["n_saved"] == len(held)
+        assert slot_action(srv, 1, "restore", "window.slot")["n_restored"] == len(held)
+        more = held + ids(" tail")
+        restored = complete(srv, more, 8, id_slot=1)
+        cold_more = complete(srv, more, 8, id_slot=0, cache_prompt=False)
+        assert restored["tokens_cached"] == len(held) and restored["tokens"] == cold_more["tokens"]
         assert httpx.get(srv.url + "/props").json()["memory"]["integrity"] == "ok"
+    full_args = ("-m", str(folder), "-np", "2", "--swa-full", "--slot-save-path", str(tmp_path / "s"))
+    with ServerProcess(*full_args, log=tmp_path / "full.log") as full:  # the same model, full-size caches
+        full.wait_ready()
+        before = httpx.get(full.url + "/slots").json()[0]["n_cached"]
+        r = httpx.post(f"{full.url}/slots/0", params={"action": "restore"}, json={"filename": "window.slot"})
+        assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_slot_file"  # the window is not enough
+        assert httpx.get(full.url + "/slots").json()[0]["n_cached"] == before
     shift = ServerProcess("-m", str(folder), "--context-shift", log=tmp_path / "shift.log")
     with shift:
-        r = shift.wait_listening()
-        from server_proc import wait_for
-
+        shift.wait_listening()
         wait_for(lambda: httpx.get(shift.url + "/health").status_code == 503, 60, "the load to fail")
         body = httpx.get(shift.url + "/health").json()
         assert "context shift" in body["error"] and "--swa-full" in body["error"]
-        assert r.status_code in (200, 503)
 
 
 def rss_mb(pid: int) -> float:

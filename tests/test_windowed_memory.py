@@ -1,7 +1,8 @@
-"""Sliding-window models (Mistral, Gemma 2, 3, 3n) after the slot operations, against transformers: a prefix copy
-to another slot, cuts back into the window (exact while the ring holds it), a cut back
-to the prompt's end after the window has moved past it (a checkpoint), a cut too far
-back (recomputed, never served from wrong cells), and save -> restore."""
+"""Sliding-window models (Mistral, Gemma 2, Gemma 3, Gemma 3n) after the slot
+operations, against transformers: a prefix copy to another slot, cuts back into the
+window (exact while the ring holds it), a cut back to the prompt's end after the window
+has moved past it (a checkpoint), a cut too far back (recomputed, never served from
+wrong cells), and save -> restore."""
 
 from __future__ import annotations
 
