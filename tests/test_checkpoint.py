@@ -101,3 +101,33 @@ def test_missing_tensor_and_missing_tokenizer(base, tmp_path):
     shutil.copy(base / "tokenizer.json", folder / "tokenizer.json")
     with pytest.raises(CheckpointError, match="model.safetensors: cannot read"):
         Engine.from_pretrained(str(folder))
+
+
+def test_gemma3_transformers4_spelling_loads_the_same(tmp_path):
+    """Hub configs of Gemma 3 say rope_theta + rope_local_base_freq + rope_scaling and
+    sliding_window_pattern where transformers 5 writes per-type rope_parameters and
+    layer_types; both give the same tokens (with a window the prompt outgrows)."""
+    rope = {
+        "full_attention": {"rope_type": "linear", "rope_theta": 100000.0, "factor": 4.0},
+        "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+    }
+    overrides = dict(num_hidden_layers=6, sliding_window=8, query_pre_attn_scalar=16, rope_parameters=rope)
+    v5 = make_checkpoint(tmp_path / "v5", "gemma3", **overrides)
+    v4 = tmp_path / "v4"
+    shutil.copytree(v5, v4)
+
+    def to_v4(cfg):
+        cfg["torch_dtype"] = cfg.pop("dtype", "float32")
+        params = cfg.pop("rope_parameters")
+        cfg["rope_theta"] = params["full_attention"]["rope_theta"]
+        cfg["rope_scaling"] = {"rope_type": "linear", "factor": params["full_attention"]["factor"]}
+        cfg["rope_local_base_freq"] = params["sliding_attention"]["rope_theta"]
+        assert cfg.pop("layer_types") == ["sliding_attention"] * 5 + ["full_attention"]
+        cfg["sliding_window_pattern"] = 6
+
+    edit_config(v4, to_v4)
+    prompt = list(range(3, 40))
+    want = Engine.from_pretrained(str(v5)).generate([prompt], GREEDY)[0].token_ids
+    got = Engine.from_pretrained(str(v4))
+    assert got.model_config.layer_types == ("sliding_attention",) * 5 + ("full_attention",)
+    assert got.generate([prompt], GREEDY)[0].token_ids == want
