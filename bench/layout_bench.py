@@ -12,6 +12,8 @@ Parts:
 - ``step``: the same checkpoint offline, 32 sequences decoding at a context of ~200:
   median time of a decode step and of its attention (the view: gather + SDPA) per layout;
   and the cost of a 200-token prefix copy (``seq_cp``) between slots per layout.
+- ``rss``: the server's RSS with ``-c 131072`` (3 GiB of cache for this checkpoint),
+  idle after start-up and then holding 8 slots of 1,500 prompt tokens each.
 - ``bytes``: KV bytes per slot of a Gemma-3-4B-shaped model (34 layers, 5 local per
   global, 4 KV heads x 256, window 1,024, bfloat16) at an 8k context: iSWA rings,
   ``--swa-full`` and every layer full, from the memory's own accounting (no allocation:
@@ -109,6 +111,33 @@ def step(folder: Path) -> dict:
     return out
 
 
+def rss(folder: Path) -> dict:
+    sys.path.insert(0, str(ROOT / "tests"))
+    import httpx
+    from server_proc import ServerProcess
+
+    def mb(pid: int) -> float:
+        status = Path(f"/proc/{pid}/status").read_text()
+        return int(next(x.split()[1] for x in status.splitlines() if x.startswith("VmRSS:"))) / 1024
+
+    out = {}
+    for name, flag in LAYOUTS.items():
+        with ServerProcess("-m", str(folder), "-np", "8", "-c", "131072", "-t", "2", flag) as srv:
+            srv.wait_ready(300)
+            memory = httpx.get(srv.url + "/props").json()["memory"]
+            idle = mb(srv.proc.pid)
+            for slot in range(8):
+                body = {"prompt": [1 + (slot * 7 + i) % 200 for i in range(1500)], "n_predict": 1, "id_slot": slot}
+                httpx.post(srv.url + "/completion", json=body, timeout=600).raise_for_status()
+            out[name] = {
+                "cache_mib": memory["bytes_total"] / 2**20,
+                "idle_rss_mb": idle,
+                "busy_rss_mb": mb(srv.proc.pid),
+            }
+        print(name, json.dumps(out[name]), flush=True)
+    return out
+
+
 def kv_bytes() -> dict:
     from memory import FullAttentionSpec, MemoryConfig, SlidingWindowSpec, build_memory
 
@@ -129,13 +158,13 @@ def kv_bytes() -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--part", choices=["all", "serve", "step", "bytes"], default="all")
+    ap.add_argument("--part", choices=["all", "serve", "step", "bytes", "rss"], default="all")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
     results: dict = {}
     if args.part in ("all", "bytes"):
         results["bytes"] = kv_bytes()
-    if args.part in ("all", "serve", "step"):
+    if args.part in ("all", "serve", "step", "rss"):
         with tempfile.TemporaryDirectory() as tmp:
             folder = Path(tmp) / "bench88m"
             build_checkpoint(folder, SHAPE)
@@ -143,6 +172,8 @@ def main() -> None:
                 results["step"] = step(folder)
             if args.part in ("all", "serve"):
                 results["serve"] = serve(folder)
+            if args.part in ("all", "rss"):
+                results["rss"] = rss(folder)
     text = json.dumps(results, indent=1)
     print(text)
     if args.out:

@@ -84,6 +84,9 @@ def test_a_windowed_model_reuses_its_slot_across_turns(tmp_path):
         memory = httpx.get(srv.url + "/props").json()["memory"]
         assert memory["kind"] == "kv_iswa"
         assert [g["kind"] for g in memory["groups"]] == ["attention_full", "attention_sliding"]
+        metrics = httpx.get(srv.url + "/metrics").text
+        for kind in ("attention_full", "attention_sliding"):  # one series per kind of layer group
+            assert f'slotserve_kv_cache_blocks_capacity{{memory_kind="{kind}"}}' in metrics
         ids = lambda text: httpx.post(srv.url + "/tokenize", json={"content": text}).json()["tokens"]  # noqa: E731
         prompt = ids("User: say something long about windows\nAssistant:")
         first = complete(srv, prompt, 60, id_slot=0)

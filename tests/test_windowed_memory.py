@@ -70,6 +70,8 @@ def test_slot_operations_on_a_windowed_model(model):
     first = run(engine, prompt, 0, 0, n_new=30)  # 40 + 30 tokens: the ring no longer holds the prompt's end
     check(first, ref, prompt)
     held = prompt + first[0][:-1]  # the last sampled token is not computed yet
+    assert engine.memory.seq_pos_min(0) == len(held) - (8 - 1 + STEP)  # what the window's ring still holds
+    assert engine.memory.seq_pos_max(0) == len(held) - 1
 
     engine.memory.seq_cp(0, 1)  # a prefix copy of everything slot 0 holds
     extended = held + extra
