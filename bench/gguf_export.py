@@ -1,6 +1,7 @@
-"""Write a Hugging Face Llama checkpoint (the bench's random one) as a float32 GGUF.
+"""Write a Hugging Face Llama checkpoint (the bench's random one) as a GGUF.
 
-    python bench/gguf_export.py CHECKPOINT_DIR OUT.gguf
+    python bench/gguf_export.py CHECKPOINT_DIR OUT.gguf          # float32
+    python bench/gguf_export.py CHECKPOINT_DIR OUT.gguf f16      # matrices in float16, norms float32
 
 Run with the ``gguf`` package of the llama.cpp tree being compared (bench/peer_llamacpp.sh
 installs it into its own venv). Needed because convert_hf_to_gguf.py refuses BPE
@@ -49,6 +50,7 @@ def tokens_for(folder: Path, n_vocab: int) -> tuple[list[str], list[int], list[s
 
 def main() -> None:
     folder, out = Path(sys.argv[1]), Path(sys.argv[2])
+    f16 = len(sys.argv) > 3 and sys.argv[3] == "f16"
     cfg = json.loads((folder / "config.json").read_text())
     n_layer, n_head, n_kv = cfg["num_hidden_layers"], cfg["num_attention_heads"], cfg["num_key_value_heads"]
     hidden = cfg["hidden_size"]
@@ -66,7 +68,7 @@ def main() -> None:
     w.add_rope_freq_base(float(rope_theta))
     w.add_layer_norm_rms_eps(cfg.get("rms_norm_eps", 1e-6))
     w.add_vocab_size(cfg["vocab_size"])
-    w.add_file_type(gguf.LlamaFileType.ALL_F32)
+    w.add_file_type(gguf.LlamaFileType.MOSTLY_F16 if f16 else gguf.LlamaFileType.ALL_F32)
     tokens, types, merges, eos = tokens_for(folder, cfg["vocab_size"])
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre("default")
@@ -78,6 +80,7 @@ def main() -> None:
     w.add_add_bos_token(False)
 
     tensors = load_file(str(folder / "model.safetensors"))
+    matrix = (lambda a: a.astype(np.float16) if a.ndim == 2 else a) if f16 else (lambda a: a)  # noqa: E731
     names = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight"}
     per_layer = {
         "input_layernorm": "attn_norm",
@@ -104,9 +107,9 @@ def main() -> None:
                 data = permute(data, n_head)
             elif module == "self_attn.k_proj":
                 data = permute(data, n_kv)
-        w.add_tensor(target, np.ascontiguousarray(data))
+        w.add_tensor(target, np.ascontiguousarray(matrix(data)))
     if "lm_head.weight" not in tensors:
-        w.add_tensor("output.weight", tensors["model.embed_tokens.weight"].astype(np.float32))
+        w.add_tensor("output.weight", matrix(tensors["model.embed_tokens.weight"].astype(np.float32)))
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

@@ -1,15 +1,23 @@
 #!/usr/bin/env bash
-# slotserve beside llama.cpp's llama-server on the same checkpoint, same machine.
+# slotserve beside llama.cpp's llama-server on the same checkpoint, same machine, in
+# every configuration worth comparing; ratios are against the best llama-server row.
 #
 #   bash bench/peer_llamacpp.sh                  # concurrency 1,8,32, 2 rounds each
 #   CONCURRENCY=1,8 ROUNDS=1 bash bench/peer_llamacpp.sh
+#   BUILD_ONLY=1 bash bench/peer_llamacpp.sh     # build llama-server and the GGUFs, run nothing
 #
 # Builds llama-server from the llama-cpp-python source distribution into a cache
 # folder outside the repository (SLOTSERVE_PEER_CACHE, default ~/.cache/slotserve-peer),
-# writes the bench checkpoint of bench/engine_bench.py (88M Llama, float32) as a
-# float32 GGUF with the gguf package of that tree (bench/gguf_export.py), then runs
-# bench/serve_bench.py against each server in turn (never both at once: 2 cores),
-# both with 32 slots, the same context and 2 threads, and prints the ratios.
+# writes the bench checkpoint of bench/engine_bench.py (88M Llama, float32) as an F32
+# and an F16 GGUF with the gguf package of that tree (bench/gguf_export.py), then runs
+# bench/serve_bench.py against each server in turn (never two at once: 2 cores), all
+# with 32 slots, a context in which every stream holds prompt + output (-c 16384: 512
+# cells per slot) and 2 threads. Rows:
+#   llama-f32          llama-server, F32, per-stream KV (its default)
+#   llama-f32-unified  llama-server, F32, --kv-unified (attends over the whole cache)
+#   llama-f16          llama-server, F16 weights, per-stream KV
+#   slotserve          slotserve's default (per-stream KV, float32)
+#   slotserve-unified  slotserve --kv-unified (the row closest to llama-f32-unified)
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -19,7 +27,7 @@ CONCURRENCY=${CONCURRENCY:-1,8,32}
 ROUNDS=${ROUNDS:-2}
 THREADS=${THREADS:-2}
 SLOTS=32
-CTX=8192
+CTX=${CTX:-16384}
 mkdir -p "$CACHE"
 
 build_llama_server() {
@@ -36,15 +44,18 @@ build_llama_server() {
 }
 
 export_gguf() {
-  [ -f "$CACHE/bench.gguf" ] && return
   if [ ! -x "$CACHE/venv/bin/python" ]; then
     python3 -m venv "$CACHE/venv"
     "$CACHE/venv/bin/pip" install -q "$CACHE/tree/gguf-py" safetensors numpy
   fi
-  rm -rf "$CACHE/ckpt"
-  "$PY" -c "import sys; sys.path.insert(0, '$ROOT/bench'); import engine_bench as b; \
+  if [ ! -f "$CACHE/ckpt/config.json" ]; then
+    rm -rf "$CACHE/ckpt"
+    "$PY" -c "import sys; sys.path.insert(0, '$ROOT/bench'); import engine_bench as b; \
 from pathlib import Path; p = Path('$CACHE/ckpt'); p.mkdir(); b.build_checkpoint(p, b.SHAPE)"
-  "$CACHE/venv/bin/python" "$ROOT/bench/gguf_export.py" "$CACHE/ckpt" "$CACHE/bench.gguf"
+  fi
+  [ -f "$CACHE/bench.gguf" ] || "$CACHE/venv/bin/python" "$ROOT/bench/gguf_export.py" "$CACHE/ckpt" "$CACHE/bench.gguf"
+  [ -f "$CACHE/bench-f16.gguf" ] ||
+    "$CACHE/venv/bin/python" "$ROOT/bench/gguf_export.py" "$CACHE/ckpt" "$CACHE/bench-f16.gguf" f16
 }
 
 wait_ready() {  # url: ready when a one-token completion succeeds
@@ -73,23 +84,18 @@ bench_one() {  # name url out -- command...
 
 build_llama_server
 export_gguf
-KV_UNIFIED=""
-"$CACHE/llama-server" --help 2>&1 | grep -q -- "--kv-unified" && KV_UNIFIED="--kv-unified"
+[ -n "${BUILD_ONLY:-}" ] && exit 0
+rm -f "$CACHE"/llama-*.json "$CACHE"/slotserve*.json
+LLAMA=("$CACHE/llama-server" --port 8191 -np $SLOTS -c "$CTX" -t "$THREADS" -tb "$THREADS" --no-webui)
+OURS=("$PY" -m server.cli serve -m "$CACHE/ckpt" --port 8192 -np $SLOTS -c "$CTX" -t "$THREADS")
 
-bench_one llama-server http://127.0.0.1:8191 "$CACHE/llama.json" -- \
-  "$CACHE/llama-server" -m "$CACHE/bench.gguf" --port 8191 -np $SLOTS -c $CTX -t "$THREADS" -tb "$THREADS" \
-  $KV_UNIFIED --no-webui
-bench_one slotserve http://127.0.0.1:8192 "$CACHE/slotserve.json" -- \
-  "$PY" -m server.cli serve -m "$CACHE/ckpt" --port 8192 -np $SLOTS -c $CTX -t "$THREADS"
+bench_one llama-f32 http://127.0.0.1:8191 "$CACHE/llama-f32.json" -- "${LLAMA[@]}" -m "$CACHE/bench.gguf"
+if "$CACHE/llama-server" --help 2>&1 | grep -q -- "--kv-unified"; then
+  bench_one llama-f32-unified http://127.0.0.1:8191 "$CACHE/llama-f32-unified.json" -- \
+    "${LLAMA[@]}" -m "$CACHE/bench.gguf" --kv-unified
+fi
+bench_one llama-f16 http://127.0.0.1:8191 "$CACHE/llama-f16.json" -- "${LLAMA[@]}" -m "$CACHE/bench-f16.gguf"
+bench_one slotserve http://127.0.0.1:8192 "$CACHE/slotserve.json" -- "${OURS[@]}"
+bench_one slotserve-unified http://127.0.0.1:8192 "$CACHE/slotserve-unified.json" -- "${OURS[@]}" --kv-unified
 
-"$PY" - "$CACHE/slotserve.json" "$CACHE/llama.json" << 'EOF'
-import json, sys
-ours, theirs = (json.load(open(p))["levels"] for p in sys.argv[1:3])
-print(f"{'conc':>4} {'slotserve tok/s':>15} {'llama tok/s':>11} {'ratio':>6}  {'TTFT p50 ms (ours/llama)':>26} {'ratio':>6}"
-      f"  {'ITL p50 ms (ours/llama)':>24}")
-for a, b in zip(ours, theirs):
-    print(f"{a['concurrency']:>4} {a['output_tok_s']:>15.1f} {b['output_tok_s']:>11.1f} "
-          f"{a['output_tok_s'] / b['output_tok_s']:>5.2f}x  {a['ttft_ms_p50']:>12.1f} / {b['ttft_ms_p50']:<11.1f} "
-          f"{a['ttft_ms_p50'] / b['ttft_ms_p50']:>5.2f}x  {a['itl_ms_p50']:>10.2f} / {b['itl_ms_p50']:<11.2f}")
-print(json.dumps({"slotserve": ours, "llama-server": theirs}))
-EOF
+"$PY" "$ROOT/bench/peer_table.py" "$CACHE"

@@ -1,0 +1,47 @@
+"""The table of bench/peer_llamacpp.sh: every row it ran, and slotserve's ratios against
+the best llama-server F32 row (and against the F16 row) at each concurrency.
+
+    python bench/peer_table.py ~/.cache/slotserve-peer
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+ROWS = ["llama-f32", "llama-f32-unified", "llama-f16", "slotserve", "slotserve-unified"]
+PEERS_F32 = ["llama-f32", "llama-f32-unified"]
+
+
+def main() -> None:
+    cache = Path(sys.argv[1])
+    rows = {n: json.loads((cache / f"{n}.json").read_text())["levels"] for n in ROWS if (cache / f"{n}.json").exists()}
+    levels = [lv["concurrency"] for lv in rows["slotserve"]]
+    cols = [f"c={c} {what}" for what in ("tok/s", "TTFT p50 ms", "ITL p50 ms") for c in levels]
+    print("| row | " + " | ".join(cols) + " |")
+    print("|---" + "|---:" * len(cols) + "|")
+    for name, lv in rows.items():
+        cells = [f"{x['output_tok_s']:.1f}" for x in lv]
+        cells += [f"{x['ttft_ms_p50']:,.0f}" for x in lv]
+        cells += [f"{x['itl_ms_p50']:.1f}" for x in lv]
+        print(f"| {name} | " + " | ".join(cells) + " |")
+    print()
+    peers = [n for n in PEERS_F32 if n in rows]
+    for i, c in enumerate(levels):
+        best = max(peers, key=lambda n: rows[n][i]["output_tok_s"])
+        for ours_name in ("slotserve", "slotserve-unified"):
+            if ours_name not in rows:
+                continue
+            ours, peer = rows[ours_name][i], rows[best][i]
+            speed = ours["output_tok_s"] / peer["output_tok_s"]
+            line = f"c={c}: {ours_name} / best F32 peer ({best}): {speed:.2f}x tok/s,"
+            line += f" TTFT p50 {ours['ttft_ms_p50'] / peer['ttft_ms_p50']:.2f}x"
+            if "llama-f16" in rows:
+                line += f"; / llama-f16: {ours['output_tok_s'] / rows['llama-f16'][i]['output_tok_s']:.2f}x tok/s"
+            print(line)
+    print(json.dumps(rows))
+
+
+if __name__ == "__main__":
+    main()
