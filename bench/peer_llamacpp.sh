@@ -5,6 +5,7 @@
 #   bash bench/peer_llamacpp.sh                  # concurrency 1,8,32, 2 rounds each
 #   CONCURRENCY=1,8 ROUNDS=1 bash bench/peer_llamacpp.sh
 #   BUILD_ONLY=1 bash bench/peer_llamacpp.sh     # build llama-server and the GGUFs, run nothing
+#   ROWS="llama-f16 slotserve" bash bench/peer_llamacpp.sh   # (re)run some rows, keep the others
 #
 # Builds llama-server from the llama-cpp-python source distribution into a cache
 # folder outside the repository (SLOTSERVE_PEER_CACHE, default ~/.cache/slotserve-peer),
@@ -76,7 +77,12 @@ bench_one() {  # name url out -- command...
   trap 'kill $SERVER_PID 2>/dev/null || true' EXIT
   wait_ready "$url"
   echo "== $name" >&2
-  "$PY" "$ROOT/bench/serve_bench.py" "$url" --concurrency "$CONCURRENCY" --rounds "$ROUNDS" | tail -1 > "$out"
+  if ! "$PY" "$ROOT/bench/serve_bench.py" "$url" --concurrency "$CONCURRENCY" --rounds "$ROUNDS" > "$out.tmp"; then
+    echo "$name failed: see $CACHE/$name.log" >&2  # one failing row must not lose the others
+  else
+    tail -1 "$out.tmp" > "$out"
+  fi
+  rm -f "$out.tmp"
   kill "$SERVER_PID" 2> /dev/null || true
   wait "$SERVER_PID" 2> /dev/null || true
   trap - EXIT
@@ -85,17 +91,20 @@ bench_one() {  # name url out -- command...
 build_llama_server
 export_gguf
 [ -n "${BUILD_ONLY:-}" ] && exit 0
-rm -f "$CACHE"/llama-*.json "$CACHE"/slotserve*.json
+ROWS=${ROWS:-llama-f32 llama-f32-unified llama-f16 slotserve slotserve-unified}
+want() { [[ " $ROWS " == *" $1 "* ]]; }
+for row in $ROWS; do rm -f "$CACHE/$row.json"; done
 LLAMA=("$CACHE/llama-server" --port 8191 -np $SLOTS -c "$CTX" -t "$THREADS" -tb "$THREADS" --no-webui)
 OURS=("$PY" -m server.cli serve -m "$CACHE/ckpt" --port 8192 -np $SLOTS -c "$CTX" -t "$THREADS")
 
-bench_one llama-f32 http://127.0.0.1:8191 "$CACHE/llama-f32.json" -- "${LLAMA[@]}" -m "$CACHE/bench.gguf"
-if "$CACHE/llama-server" --help 2>&1 | grep -q -- "--kv-unified"; then
-  bench_one llama-f32-unified http://127.0.0.1:8191 "$CACHE/llama-f32-unified.json" -- \
-    "${LLAMA[@]}" -m "$CACHE/bench.gguf" --kv-unified
-fi
-bench_one llama-f16 http://127.0.0.1:8191 "$CACHE/llama-f16.json" -- "${LLAMA[@]}" -m "$CACHE/bench-f16.gguf"
-bench_one slotserve http://127.0.0.1:8192 "$CACHE/slotserve.json" -- "${OURS[@]}"
-bench_one slotserve-unified http://127.0.0.1:8192 "$CACHE/slotserve-unified.json" -- "${OURS[@]}" --kv-unified
+want llama-f32 && bench_one llama-f32 http://127.0.0.1:8191 "$CACHE/llama-f32.json" -- \
+  "${LLAMA[@]}" -m "$CACHE/bench.gguf"
+want llama-f32-unified && bench_one llama-f32-unified http://127.0.0.1:8191 "$CACHE/llama-f32-unified.json" -- \
+  "${LLAMA[@]}" -m "$CACHE/bench.gguf" --kv-unified
+want llama-f16 && bench_one llama-f16 http://127.0.0.1:8191 "$CACHE/llama-f16.json" -- \
+  "${LLAMA[@]}" -m "$CACHE/bench-f16.gguf"
+want slotserve && bench_one slotserve http://127.0.0.1:8192 "$CACHE/slotserve.json" -- "${OURS[@]}"
+want slotserve-unified && bench_one slotserve-unified http://127.0.0.1:8192 "$CACHE/slotserve-unified.json" -- \
+  "${OURS[@]}" --kv-unified
 
 "$PY" "$ROOT/bench/peer_table.py" "$CACHE"
