@@ -56,10 +56,6 @@ class PagedStore:
 
     # ---- helpers -------------------------------------------------------------------
 
-    def _check_seq(self, seq: int) -> None:
-        if not 0 <= seq < self.n_seq_max:
-            raise ValueError(f"sequence id {seq} out of range [0, {self.n_seq_max})")
-
     def cells(self, seq: int, start: int = 0, end: int | None = None) -> torch.Tensor:
         """Physical cell ids of ``seq``'s logical cells [start, end) -> [n] int64."""
         end = self.n[seq] if end is None else end

@@ -148,6 +148,11 @@ class Memory(ABC):
     """Contract shared by all cache kinds. See the module docstring for call order."""
 
     kind: str = "abstract"
+    n_seq_max: int  # sequences are 0 .. n_seq_max - 1
+
+    def _check_seq(self, seq: int) -> None:
+        if not 0 <= seq < self.n_seq_max:
+            raise ValueError(f"sequence id {seq} out of range [0, {self.n_seq_max})")
 
     @abstractmethod
     def prepare(self, batch: MemoryBatch) -> ForwardView:

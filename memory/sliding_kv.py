@@ -77,10 +77,6 @@ class SlidingKVCache(Memory):
         """Leading ring cells in use (all of them once the ring has wrapped)."""
         return min(self.n[seq], self.ring)
 
-    def _check_seq(self, seq: int) -> None:
-        if not 0 <= seq < self.n_seq_max:
-            raise ValueError(f"sequence id {seq} out of range [0, {self.n_seq_max})")
-
     def _cells(self, seq: int, p0: int, p1: int) -> torch.Tensor:
         """Ring cells of positions [p0, p1), in position order -> [m] int64."""
         return torch.arange(p0, p1) % self.ring

@@ -63,10 +63,6 @@ class StreamKVCache(Memory):
         """Leading cells of ``seq``'s stream that attention reads."""
         return self.n[seq]
 
-    def _check_seq(self, seq: int) -> None:
-        if not 0 <= seq < self.n_seq_max:
-            raise ValueError(f"sequence id {seq} out of range [0, {self.n_seq_max})")
-
     def _select(self, seq: int, p0: int, p1: int | None) -> torch.Tensor:
         """[n] bool: ``seq``'s cells whose position is in [p0, p1)."""
         pos = self.cell_pos[seq, : self.n[seq]]

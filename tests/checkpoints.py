@@ -22,6 +22,17 @@ BASE = dict(
 )
 
 
+GEMMA3N_TINY = dict(  # alternating local / global layers; the last 2 reuse the caches of layers 0 and 1
+    num_hidden_layers=4,
+    layer_types=["sliding_attention", "full_attention"] * 2,
+    num_kv_shared_layers=2,
+    sliding_window=8,
+    vocab_size_per_layer_input=320,
+    hidden_size_per_layer_input=16,
+    laurel_rank=8,
+)
+
+
 def write_byte_tokenizer(folder: Path, eos: str | None = None) -> None:
     """A byte-level BPE with no merges: 256 byte tokens plus specials."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers

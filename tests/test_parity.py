@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from checkpoints import greedy_reference, load_reference, make_checkpoint
+from checkpoints import GEMMA3N_TINY, greedy_reference, load_reference, make_checkpoint
 
 from engine import Engine, SamplingParams
 
@@ -63,19 +63,9 @@ CASES = {
             },
         },
     ),
-    "gemma3n": (  # AltUp, Laurel, per-layer inputs, sparse activations; the last 2 layers reuse earlier caches
+    "gemma3n": (  # AltUp, Laurel, per-layer inputs, sparse activations, per-layer FFN sizes, KV sharing
         "gemma3n",
-        {
-            "num_hidden_layers": 4,
-            "layer_types": ["sliding_attention", "full_attention"] * 2,
-            "num_kv_shared_layers": 2,
-            "sliding_window": 8,
-            "vocab_size_per_layer_input": 320,
-            "hidden_size_per_layer_input": 16,
-            "laurel_rank": 8,
-            "activation_sparsity_pattern": [0.95, 0.0, 0.0, 0.0],
-            "intermediate_size": [128, 96, 128, 96],
-        },
+        {**GEMMA3N_TINY, "activation_sparsity_pattern": [0.95, 0.0, 0.0, 0.0], "intermediate_size": [128, 96, 128, 96]},
     ),
 }
 WINDOWED = {"mistral-swa", "gemma2", "gemma3", "gemma3n"}

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from checkpoints import greedy_reference, load_reference, make_checkpoint
+from checkpoints import GEMMA3N_TINY, greedy_reference, load_reference, make_checkpoint
 
 from engine import Engine, SamplingParams
 
@@ -16,18 +16,7 @@ WINDOWED = {
     "mistral": ("mistral", {"sliding_window": 8}),
     "gemma2": ("gemma2", {"num_hidden_layers": 4, "sliding_window": 8, "query_pre_attn_scalar": 24}),
     "gemma3": ("gemma3", {"num_hidden_layers": 6, "sliding_window": 8, "query_pre_attn_scalar": 16}),
-    "gemma3n": (
-        "gemma3n",
-        {
-            "num_hidden_layers": 4,
-            "layer_types": ["sliding_attention", "full_attention"] * 2,
-            "num_kv_shared_layers": 2,
-            "sliding_window": 8,
-            "vocab_size_per_layer_input": 320,
-            "hidden_size_per_layer_input": 16,
-            "laurel_rank": 8,
-        },
-    ),
+    "gemma3n": ("gemma3n", GEMMA3N_TINY),
 }
 STEP = 16  # tokens per step and sequence: the ring holds window - 1 + STEP cells
 GREEDY = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
