@@ -8,7 +8,9 @@ Each of ``c`` workers sends streaming /v1/completions requests one after the oth
 ``c * rounds`` requests are done. Reported per concurrency: output tokens/s over the
 wall time, time to first token (TTFT) and inter-token latency (ITL) p50/p90 in ms.
 Token counts come from the stream's usage (``stream_options.include_usage``), else
-from the number of content chunks.
+from the number of content chunks. Against slotserve, each level also reports the mean
+engine step time and the share of it the engine thread spent off the CPU (waiting for
+the GIL or preempted), from /metrics.
 """
 
 from __future__ import annotations
@@ -89,6 +91,31 @@ async def run_level(url, model, concurrency, rounds, n_prompt, n_new, vocab, hea
     }
 
 
+CLOCK = ("slotserve_engine_steps", "slotserve_engine_step_seconds", "slotserve_engine_step_cpu_seconds")
+
+
+def engine_clock(url: str, headers: dict) -> tuple[float, ...] | None:
+    """slotserve's step clock from /metrics (steps, wall s, engine-thread CPU s), or
+    None for a server that has none."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    try:
+        text = httpx.get(url + "/metrics", headers=headers, timeout=10).text
+        values = {s.name: s.value for f in text_string_to_metric_families(text) for s in f.samples}
+    except (httpx.HTTPError, ValueError):
+        return None
+    names = [n + "_total" for n in CLOCK]
+    return tuple(values[n] for n in names) if all(n in values for n in names) else None
+
+
+def clock_fields(before: tuple[float, ...] | None, after: tuple[float, ...] | None) -> dict:
+    """Mean step time and the share of step time the engine thread was off the CPU."""
+    if before is None or after is None or after[0] == before[0]:
+        return {}
+    n, wall, cpu = (a - b for a, b in zip(after, before))
+    return {"engine_step_ms_mean": round(wall / n * 1000, 2), "engine_offcpu_share": round(1 - cpu / wall, 3)}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("url")
@@ -106,7 +133,9 @@ def main() -> None:
     levels = []
     for c in [int(x) for x in args.concurrency.split(",")]:
         level = run_level(args.url, model, c, args.rounds, args.prompt, args.new, args.vocab, headers)
+        before = engine_clock(args.url, headers)
         levels.append(asyncio.run(level))
+        levels[-1].update(clock_fields(before, engine_clock(args.url, headers)))
         print(json.dumps(levels[-1]), flush=True)
     print(json.dumps({"url": args.url, "model": model, "levels": levels}))
 

@@ -61,6 +61,18 @@ class Health:
     n_running: int
     n_faults: int  # engine steps that raised, since start
     n_faults_in_row: int  # ... since the last step that succeeded
+    steps: StepClock | None = None
+
+
+@dataclass
+class StepClock:
+    """Engine steps since start: their count, wall time, and the engine thread's CPU
+    time inside them. ``1 - cpu_s / wall_s`` is the share of step time the engine
+    thread was off the CPU: waiting for the GIL, or preempted by other threads."""
+
+    n: int = 0
+    wall_s: float = 0.0
+    cpu_s: float = 0.0
 
 
 class Scheduler:
@@ -90,6 +102,7 @@ class Scheduler:
         self._busy_since: float | None = None
         self.n_faults = 0
         self.n_faults_in_row = 0
+        self.clock = StepClock()  # written by the engine thread only
         self._thread = threading.Thread(target=self._run, name="slotserve-engine", daemon=True)
 
     # ---- any thread ------------------------------------------------------------
@@ -171,7 +184,9 @@ class Scheduler:
         busy = self._busy_since
         stalled = busy is not None and time.monotonic() - busy > self.stall_timeout
         alive = self._thread.is_alive()
-        return Health(alive, stalled, self._n_waiting, len(self.board.active), self.n_faults, self.n_faults_in_row)
+        clock = dataclasses.replace(self.clock)
+        n_running = len(self.board.active)
+        return Health(alive, stalled, self._n_waiting, n_running, self.n_faults, self.n_faults_in_row, clock)
 
     def snapshot(self) -> list[SlotInfo]:
         """Per-slot state for /slots (a racy read, good enough for monitoring)."""
@@ -297,6 +312,7 @@ class Scheduler:
         return bool(queued) or ready or self.engine.has_work or self.board.admittable()
 
     def _step(self) -> None:
+        wall, cpu = time.perf_counter(), time.thread_time()
         try:
             events = self.engine.step()
         except CacheFull:
@@ -308,6 +324,12 @@ class Scheduler:
             self.board.fail_seqs(exc.seqs, Failed("internal error in the engine step", "server_error", 500))
             return
         self.n_faults_in_row = 0
+        clock = self.clock
+        clock.n, clock.wall_s, clock.cpu_s = (
+            clock.n + 1,
+            clock.wall_s + time.perf_counter() - wall,
+            clock.cpu_s + time.thread_time() - cpu,
+        )
         self.board.dispatch(events)
 
     def _count_fault(self) -> None:

@@ -24,8 +24,8 @@ def kv_state(kind: str, positions: torch.Tensor, k: dict[int, torch.Tensor], v: 
     """Copies of ``k``/``v`` (layer -> [n, KVH, D]) on the CPU, with their positions ([n])."""
     tensors: dict[str, torch.Tensor] = {}
     for layer in k:
-        tensors[f"k.{layer}"] = k[layer].to("cpu", copy=True)
-        tensors[f"v.{layer}"] = v[layer].to("cpu", copy=True)
+        tensors[f"k.{layer}"] = k[layer].to("cpu", memory_format=torch.contiguous_format, copy=True)
+        tensors[f"v.{layer}"] = v[layer].to("cpu", memory_format=torch.contiguous_format, copy=True)
     meta = {"memory_kind": kind, "layers": ",".join(str(x) for x in k)}
     return SeqState(positions=positions.to(torch.long, copy=True), tensors=tensors, meta=meta)
 

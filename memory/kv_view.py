@@ -38,26 +38,34 @@ class AttentionLayout:
     q_pos: torch.Tensor  # [B_g, Q] position of each query (CPU; FAR for padding)
     q_rows: torch.Tensor | None  # [T_g] row of each token in the flattened [B_g * Q]; None when Q == 1
     device: torch.device
-    masks: dict = field(default_factory=dict)  # window (None: full) -> [B_g, 1, Q, L] bool on the device
+    masks: dict = field(default_factory=dict)  # (window, dtype) -> [B_g, 1, Q, L] additive mask on the device
 
     @property
     def shape(self) -> tuple[int, int, int]:
         """(B_g, Q, L)."""
         return self.q_pos.shape[0], self.q_pos.shape[1], self.kv_pos.shape[1]
 
-    def mask(self, window: int | None) -> torch.Tensor:
-        """True = may attend: causal by position, and with a window only keys in
-        (q - window, q]. Built once per step and window, shared by the layers."""
-        if window not in self.masks:
+    def mask(self, window: int | None, dtype: torch.dtype) -> torch.Tensor:
+        """Additive mask, 0 where a query may attend (causal by position, and with a
+        window only keys in (q - window, q]) and -inf elsewhere. Built once per step,
+        window and dtype, shared by the layers (a bool mask would be converted to this
+        by SDPA in every layer)."""
+        if (window, dtype) not in self.masks:
             allowed = self.kv_pos[:, None, :] <= self.q_pos[:, :, None]  # [B_g, Q, L]
             if window is not None:
                 allowed &= self.kv_pos[:, None, :] > self.q_pos[:, :, None] - window
-            self.masks[window] = allowed[:, None].to(self.device)  # [B_g, 1, Q, L]
-        return self.masks[window]
+            additive = torch.zeros(allowed.shape, dtype=dtype).masked_fill_(~allowed, float("-inf"))
+            self.masks[(window, dtype)] = additive[:, None].to(self.device)  # [B_g, 1, Q, L]
+        return self.masks[(window, dtype)]
+
+
+BMM_DECODE_SEQS = 16  # decode groups this large attend by two matmuls: SDPA's per-head tasks cost more there
 
 
 class GroupedKVView(ForwardView):
     """The grouping, masks and SDPA; a subclass says where keys are and how to read them."""
+
+    flat_heads = False  # whether ``_read``'s [B, KVH, L, D] flattens to [B * KVH, L, D] without a copy
 
     def __init__(
         self, batch: MemoryBatch, write_rows: torch.Tensor, device: torch.device, windows: dict[int, int] | None = None
@@ -73,14 +81,14 @@ class GroupedKVView(ForwardView):
         """(keys index, kv positions [B, L] on the CPU: FAR + 1 where no key is)."""
 
     @abstractmethod
-    def _storage(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Layer's K and V storage, viewed flat as [cells, KVH, D]."""
+    def _write(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Store this step's keys and values (each [T, KVH, D]) where ``write_rows`` says."""
 
     @abstractmethod
     def _read(
         self, layer: int, keys: torch.Tensor | slice, n_seqs: int, n_kv: int
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Keys and values of a group -> two [B, L, KVH, D] tensors."""
+        """Keys and values of a group -> two [B, KVH, L, D] tensors (views where possible)."""
 
     @cached_property
     def layouts(self) -> list[AttentionLayout]:
@@ -121,9 +129,7 @@ class GroupedKVView(ForwardView):
         softcap: float | None = None,
     ) -> torch.Tensor:
         if k is not None:  # None: a layer reading this layer's cache (stored earlier in the step)
-            k_cache, v_cache = self._storage(layer)  # [cells, KVH, D]
-            k_cache.index_copy_(0, self.write_rows, k.to(k_cache.dtype))
-            v_cache.index_copy_(0, self.write_rows, v.to(v_cache.dtype))
+            self._write(layer, k, v)
         layouts = self.layouts
         if len(layouts) == 1 and layouts[0].tokens is None:
             return self._attend_group(layer, layouts[0], q, scale, softcap)
@@ -145,10 +151,12 @@ class GroupedKVView(ForwardView):
             qp = q.new_zeros(n_seqs * n_q, n_heads, head_dim)
             qp[lay.q_rows] = q
             qp = qp.view(n_seqs, n_q, n_heads, head_dim)  # [B, Q, H, D]
-        keys, values = self._read(layer, lay.keys, n_seqs, n_kv)  # [B, L, KVH, D]
-        q4, k4, v4 = qp.transpose(1, 2), keys.to(q.dtype).transpose(1, 2), values.to(q.dtype).transpose(1, 2)
-        mask = lay.mask(self.windows.get(layer))  # [B, 1, Q, L]
-        if softcap is None:
+        keys, values = self._read(layer, lay.keys, n_seqs, n_kv)  # [B, KVH, L, D]
+        q4, k4, v4 = qp.transpose(1, 2), keys.to(q.dtype), values.to(q.dtype)  # [B, H, Q, D], [B, KVH, L, D]
+        mask = lay.mask(self.windows.get(layer), q.dtype)  # [B, 1, Q, L]
+        if softcap is None and n_q == 1 and n_seqs >= BMM_DECODE_SEQS and self.flat_heads:
+            out = _decode_attention(q4, k4, v4, mask, scale or head_dim**-0.5)
+        elif softcap is None:
             out = F.scaled_dot_product_attention(q4, k4, v4, attn_mask=mask, scale=scale, enable_gqa=True)
         else:
             out = _capped_attention(q4, k4, v4, mask, scale or head_dim**-0.5, softcap)  # [B, H, Q, D]
@@ -156,16 +164,30 @@ class GroupedKVView(ForwardView):
         return out if lay.q_rows is None else out[lay.q_rows]  # [T_g, H, D]
 
 
+def _decode_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float
+) -> torch.Tensor:
+    """One query per sequence as two batched matmuls, query heads grouped by KV head
+    (head h reads KV head h // G, as SDPA's GQA). q: [B, H, 1, D]; k, v: [B, KVH, L, D]
+    whose (B, KVH) dims flatten without a copy; mask: [B, 1, 1, L] additive -> [B, H, 1, D]."""
+    n_seqs, n_heads, _, head_dim = q.shape
+    n_kv = k.shape[1]
+    qg = q.reshape(n_seqs, n_kv, n_heads // n_kv, head_dim)  # [B, KVH, G, D]
+    scores = torch.matmul(qg, k.transpose(-1, -2)).mul_(scale).add_(mask)  # [B, KVH, G, L]
+    probs = torch.softmax(scores, dim=-1)
+    return torch.matmul(probs, v).view(n_seqs, n_heads, 1, head_dim)  # [B, H, 1, D]
+
+
 def _capped_attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float, softcap: float
 ) -> torch.Tensor:
     """Attention with soft-capped scores (Gemma 2), which SDPA cannot do.
-    q: [B, H, Q, D]; k, v: [B, KVH, L, D]; mask: [B, 1, Q, L] -> [B, H, Q, D]."""
+    q: [B, H, Q, D]; k, v: [B, KVH, L, D]; mask: [B, 1, Q, L] additive -> [B, H, Q, D]."""
     groups = q.shape[1] // k.shape[1]
     k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)  # [B, H, L, D]
     scores = torch.matmul(q, k.transpose(-1, -2)) * scale  # [B, H, Q, L]
     scores = torch.tanh(scores / softcap) * softcap
-    scores = scores.masked_fill(~mask, float("-inf"))
+    scores = scores + mask
     probs = torch.softmax(scores.float(), dim=-1).to(q.dtype)
     return torch.matmul(probs, v)
 
@@ -187,13 +209,15 @@ class PagedKVView(GroupedKVView):
             kv_pos[j, : lengths[j]] = cache.cell_pos[cache.cells(seq)]
         return blocks.flatten().to(self.device), kv_pos
 
-    def _storage(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.cache.k[layer], self.cache.v[layer]
+    def _write(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
+        k_cache, v_cache = self.cache.k[layer], self.cache.v[layer]  # [cells, KVH, D]
+        k_cache.index_copy_(0, self.write_rows, k.to(k_cache.dtype))
+        v_cache.index_copy_(0, self.write_rows, v.to(v_cache.dtype))
 
     def _read(self, layer: int, keys: torch.Tensor, n_seqs: int, n_kv: int) -> tuple[torch.Tensor, torch.Tensor]:
-        k_cache, v_cache = self._storage(layer)  # [cells, KVH, D]
+        k_cache, v_cache = self.cache.k[layer], self.cache.v[layer]  # [cells, KVH, D]
         kv_shape = (n_seqs, n_kv, *k_cache.shape[1:])
         by_block = (-1, self.cache.block_size, *k_cache.shape[1:])  # [blocks, bs, KVH, D]
-        k = k_cache.view(by_block).index_select(0, keys).view(kv_shape)
+        k = k_cache.view(by_block).index_select(0, keys).view(kv_shape)  # [B, L, KVH, D]
         v = v_cache.view(by_block).index_select(0, keys).view(kv_shape)
-        return k, v
+        return k.transpose(1, 2), v.transpose(1, 2)  # [B, KVH, L, D]

@@ -63,9 +63,9 @@ class SlidingKVCache(Memory):
         self.n_checkpoints = n_checkpoints
         self.ring = self.window - 1 + max_step
         self.device = torch.device(device)
-        shape = lambda s: (n_seq_max, self.ring, s.n_kv_heads, s.head_dim)  # noqa: E731
+        shape = lambda s: (n_seq_max, s.n_kv_heads, self.ring, s.head_dim)  # noqa: E731
         self.k = {layer: torch.zeros(shape(s), dtype=s.dtype, device=self.device) for layer, s in self.specs.items()}
-        self.v = {layer: torch.zeros_like(t) for layer, t in self.k.items()}  # [S, R, KVH, D]
+        self.v = {layer: torch.zeros_like(t) for layer, t in self.k.items()}  # [S, KVH, R, D] (as streams)
         self.cell_pos = torch.full((n_seq_max, self.ring), UNUSED, dtype=torch.long)  # [S, R]
         self.n = [0] * n_seq_max  # next position
         self.lo = [0] * n_seq_max  # lowest position held
@@ -101,15 +101,16 @@ class SlidingKVCache(Memory):
         """Put cells (positions [m], per layer [m, KVH, D]) into ``seq``'s ring."""
         cells = (positions % self.ring).to(self.device)
         for layer in self.specs:
-            self.k[layer][seq].index_copy_(0, cells, k[layer].to(self.device, self.k[layer].dtype))
-            self.v[layer][seq].index_copy_(0, cells, v[layer].to(self.device, self.v[layer].dtype))
+            self.k[layer][seq].index_copy_(1, cells, k[layer].to(self.device, self.k[layer].dtype).transpose(0, 1))
+            self.v[layer][seq].index_copy_(1, cells, v[layer].to(self.device, self.v[layer].dtype).transpose(0, 1))
         self.cell_pos[seq, positions % self.ring] = positions
 
     def _snapshot(self, seq: int, p0: int, p1: int) -> _Checkpoint:
         cells = self._cells(seq, p0, p1)
         dev = cells.to(self.device)
-        k = {layer: t[seq].index_select(0, dev) for layer, t in self.k.items()}  # copies
-        v = {layer: t[seq].index_select(0, dev) for layer, t in self.v.items()}
+        k = {layer: t[seq].index_select(1, dev).transpose(0, 1).contiguous() for layer, t in self.k.items()}
+        v = {layer: t[seq].index_select(1, dev).transpose(0, 1).contiguous() for layer, t in self.v.items()}
+        # [m, KVH, D] copies
         return _Checkpoint(p1, torch.arange(p0, p1), k, v)
 
     def _checkpoint_at(self, seq: int, p: int) -> _Checkpoint | None:

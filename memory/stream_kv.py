@@ -1,11 +1,12 @@
 """Per-stream KV cache: each sequence owns one contiguous stream of cells.
 
-Storage per attention layer: K and V of shape [n_streams, stream_cells, kv_heads,
-head_dim]; sequence ``s`` lives in stream ``s``, its cells packed in order at
-``[s, :n]``. ``cell_pos`` [n_streams, stream_cells] (on CPU) holds each cell's
-position; cells past ``n`` hold ``UNUSED``. Streams share nothing: ``seq_cp`` copies
-cells, and a sequence can never hold more than ``stream_cells``. In exchange attention
-reads streams where they lie (see ``StreamKVView``) instead of gathering blocks.
+Storage per attention layer: K and V of shape [n_streams, kv_heads, stream_cells,
+head_dim] (head-major, so a run of streams is an SDPA-ready [B, KVH, L, D] view);
+sequence ``s`` lives in stream ``s``, its cells packed in order at ``[s, :, :n]``.
+``cell_pos`` [n_streams, stream_cells] (on CPU) holds each cell's position; cells past
+``n`` hold ``UNUSED``. Streams share nothing: ``seq_cp`` copies cells, and a sequence
+can never hold more than ``stream_cells``. In exchange attention reads streams where
+they lie (see ``StreamKVView``) instead of gathering blocks.
 
 Keys are stored rotated; ``seq_add`` re-rotates them through the ``rope_shift`` hook.
 """
@@ -52,10 +53,10 @@ class StreamKVCache(Memory):
         self.specs = dict(layer_specs)
         self.windows = {layer: w for layer, s in self.specs.items() if (w := window_of(s)) is not None}
         self.rope_shift = rope_shift
-        shape = lambda s: (n_seq_max, stream_cells, s.n_kv_heads, s.head_dim)  # noqa: E731
+        shape = lambda s: (n_seq_max, s.n_kv_heads, stream_cells, s.head_dim)  # noqa: E731
         self.k = {layer: lazy_zeros(shape(s), s.dtype, self.device) for layer, s in self.specs.items()}
         self.v = {layer: lazy_zeros(shape(s), s.dtype, self.device) for layer, s in self.specs.items()}
-        # [S, C, KVH, D]; memory is committed as cells are first written
+        # [S, KVH, C, D]; memory is committed as cells are first written
         self.cell_pos = torch.full((n_seq_max, stream_cells), UNUSED, dtype=torch.long)  # [S, C]
         self.n: list[int] = [0] * n_seq_max
 
@@ -73,9 +74,9 @@ class StreamKVCache(Memory):
         m = len(idx)
         dev_idx = idx.to(self.device)
         for layer in self.specs:
-            k, v = self.k[layer][src].index_select(0, dev_idx), self.v[layer][src].index_select(0, dev_idx)  # copies
-            self.k[layer][dst, :m] = k
-            self.v[layer][dst, :m] = v
+            k, v = self.k[layer][src].index_select(1, dev_idx), self.v[layer][src].index_select(1, dev_idx)  # copies
+            self.k[layer][dst, :, :m] = k  # [KVH, m, D]
+            self.v[layer][dst, :, :m] = v
         pos = self.cell_pos[src, idx]
         self.cell_pos[dst, m:] = UNUSED
         self.cell_pos[dst, :m] = pos
@@ -144,8 +145,8 @@ class StreamKVCache(Memory):
         dev_idx = idx.to(self.device)
         deltas = torch.full((len(idx),), delta, dtype=torch.long, device=self.device)
         for layer in self.specs:
-            k = self.k[layer][seq].index_select(0, dev_idx)  # [m, KVH, D]
-            self.k[layer][seq].index_copy_(0, dev_idx, self.rope_shift(layer, k, deltas))
+            k = self.k[layer][seq].index_select(1, dev_idx).transpose(0, 1)  # [m, KVH, D]
+            self.k[layer][seq].index_copy_(1, dev_idx, self.rope_shift(layer, k, deltas).transpose(0, 1))
         self.cell_pos[seq, idx] += delta
         if delta < 0:
             self.seq_rm(seq, -(2**62), 0)
@@ -165,8 +166,8 @@ class StreamKVCache(Memory):
     def save_seq(self, seq: int) -> SeqState:
         self._check_seq(seq)
         n = self.n[seq]
-        k = {layer: t[seq, :n] for layer, t in self.k.items()}
-        v = {layer: t[seq, :n] for layer, t in self.v.items()}
+        k = {layer: t[seq, :, :n].transpose(0, 1) for layer, t in self.k.items()}  # [n, KVH, D]
+        v = {layer: t[seq, :, :n].transpose(0, 1) for layer, t in self.v.items()}
         return kv_state(self.kind, self.cell_pos[seq, :n], k, v)
 
     def load_seq(self, seq: int, state: SeqState) -> None:
@@ -175,8 +176,8 @@ class StreamKVCache(Memory):
         if n > self.stream_cells:
             raise StateMismatch(f"the state holds {n} cells; a stream holds {self.stream_cells}")
         for layer, spec in self.specs.items():
-            self.k[layer][seq, :n] = state.tensors[f"k.{layer}"].to(self.device, spec.dtype)
-            self.v[layer][seq, :n] = state.tensors[f"v.{layer}"].to(self.device, spec.dtype)
+            self.k[layer][seq, :, :n] = state.tensors[f"k.{layer}"].to(self.device, spec.dtype).transpose(0, 1)
+            self.v[layer][seq, :, :n] = state.tensors[f"v.{layer}"].to(self.device, spec.dtype).transpose(0, 1)
         self.cell_pos[seq] = UNUSED
         self.cell_pos[seq, :n] = state.positions.to(torch.long)
         self.n[seq] = n
@@ -208,12 +209,17 @@ class StreamKVCache(Memory):
 
 
 class StreamKVView(GroupedKVView):
+    """When the group's sequences are a run of consecutive streams, attention reads them
+    in place (a strided view, no copy); otherwise one ``index_select`` picks them.
+    ``write_rows`` count cells across streams: row r is cell r % C of stream r // C."""
+
+    flat_heads = True  # [S, KVH, C, D] storage: a run of streams, or an index_select copy, flattens
+
     def __init__(self, cache: StreamKVCache, batch: MemoryBatch, write_rows: torch.Tensor):
         super().__init__(batch, write_rows, cache.device, cache.windows)
         self.cache = cache
-
-    """When the group's sequences are a run of consecutive streams, attention reads them
-    in place (a strided view, no copy); otherwise one ``index_select`` picks them."""
+        n_cells = next(iter(cache.k.values())).shape[2] if cache.k else 1
+        self.write_seq, self.write_cell = self.write_rows // n_cells, self.write_rows % n_cells  # [T] each
 
     def _keys(self, seqs: list[int]) -> tuple[torch.Tensor | slice, torch.Tensor]:
         n_kv = max(self.cache.n_read(s) for s in seqs)
@@ -223,14 +229,15 @@ class StreamKVView(GroupedKVView):
         index = torch.tensor(seqs, dtype=torch.long)
         return index.to(self.device), self.cache.cell_pos[index, :n_kv]
 
-    def _storage(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
-        k, v = self.cache.k[layer], self.cache.v[layer]  # [S, C, KVH, D]
-        return k.view(-1, *k.shape[2:]), v.view(-1, *v.shape[2:])
+    def _write(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
+        k_cache, v_cache = self.cache.k[layer], self.cache.v[layer]  # [S, KVH, C, D]
+        k_cache[self.write_seq, :, self.write_cell] = k.to(k_cache.dtype)  # k: [T, KVH, D]
+        v_cache[self.write_seq, :, self.write_cell] = v.to(v_cache.dtype)
 
     def _read(
         self, layer: int, keys: torch.Tensor | slice, n_seqs: int, n_kv: int
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        k, v = self.cache.k[layer][:, :n_kv], self.cache.v[layer][:, :n_kv]  # [S, L, KVH, D] views
+        k, v = self.cache.k[layer][:, :, :n_kv], self.cache.v[layer][:, :, :n_kv]  # [S, KVH, L, D] views
         if isinstance(keys, slice):
             return k[keys], v[keys]
         return k.index_select(0, keys), v.index_select(0, keys)

@@ -116,6 +116,16 @@ class _LiveCollector(Collector):
         yield CounterMetricFamily(
             "slotserve_engine_faults", "Engine steps that raised (their requests failed)", value=health.n_faults
         )
+        if health.steps is not None:
+            yield CounterMetricFamily("slotserve_engine_steps", "Engine steps that completed", value=health.steps.n)
+            yield CounterMetricFamily(
+                "slotserve_engine_step_seconds", "Wall time of the completed engine steps", value=health.steps.wall_s
+            )
+            yield CounterMetricFamily(
+                "slotserve_engine_step_cpu_seconds",
+                "Engine thread CPU time in those steps (wall - cpu: waiting for the GIL or preempted)",
+                value=health.steps.cpu_s,
+            )
         yield GaugeMetricFamily("slotserve_requests_running", "Requests in slots", value=health.n_running)
         yield GaugeMetricFamily("slotserve_requests_waiting", "Requests queued for a slot", value=health.n_waiting)
         yield GaugeMetricFamily("slotserve_slots_busy", "Slots running a request", value=stats.n_slots_busy)

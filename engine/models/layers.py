@@ -25,6 +25,9 @@ class AttentionShape:
     eps: float = 1e-6
 
 
+FUSED_NORM_ROWS = 64  # F.rms_norm wins below (fewer dispatches), loses ~10x at 512 rows on CPU
+
+
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float):
         super().__init__()
@@ -32,7 +35,7 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.dtype == torch.float32:  # one fused op; same math as below
+        if x.dtype == torch.float32 and x.shape[0] <= FUSED_NORM_ROWS:  # one op; same math as below
             return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
         h = x.float()
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)

@@ -40,6 +40,8 @@ class PackedLinear(nn.Module):
         self.register_buffer("bias", bias, persistent=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dim() == 2 and x.shape[0] <= EXACT_ROWS and x.is_contiguous():  # decode: no reshapes
+            return onednn_linear(x, self.packed, self.bias)  # [M, out]
         rows = x.reshape(-1, self.in_features)  # [M, in]
         m = rows.shape[0]
         if m <= EXACT_ROWS:

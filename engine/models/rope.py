@@ -71,16 +71,18 @@ class Rotary(torch.nn.Module):
         self.register_buffer("inv_freq", inv_freq, persistent=False)  # [D/2] float32
 
     def cos_sin(self, positions: torch.Tensor, scaled: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
-        """positions: [T] -> cos, sin: [T, 1, D] float32 (broadcast over heads)."""
+        """positions: [T] -> cos, sin: [T, 1, D] float32 (broadcast over heads), for
+        ``rotate``. ``sin`` carries rotate-half's sign: its first half is negated."""
         freqs = positions.float()[:, None] * self.inv_freq[None, :]  # [T, D/2]
-        emb = torch.cat((freqs, freqs), dim=-1)  # [T, D]
         scale = self.attention_scaling if scaled else 1.0
-        return (emb.cos() * scale)[:, None, :], (emb.sin() * scale)[:, None, :]
+        cos, sin = freqs.cos() * scale, freqs.sin() * scale  # [T, D/2]
+        return torch.cat((cos, cos), dim=-1)[:, None, :], torch.cat((-sin, sin), dim=-1)[:, None, :]
 
 
 def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x: [T, heads, D]; cos, sin: [T, 1, D] -> rotated x (same dtype as x)."""
-    half = x.shape[-1] // 2
-    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    out = torch.addcmul(x * cos, rotated, sin)
+    """x: [T, heads, D]; cos, sin from ``Rotary.cos_sin`` -> rotated x (same dtype as x).
+
+    Rotate-half (transformers' layout): x * cos + cat(-x2, x1) * sin. With the sign in
+    ``sin``, cat(-x2, x1) * sin == roll(x) * signed sin exactly, in three ops."""
+    out = torch.addcmul(x * cos, x.roll(x.shape[-1] // 2, -1), sin)
     return out if out.dtype == x.dtype else out.to(x.dtype)
