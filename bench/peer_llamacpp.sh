@@ -6,6 +6,7 @@
 #   CONCURRENCY=1,8 ROUNDS=1 bash bench/peer_llamacpp.sh
 #   BUILD_ONLY=1 bash bench/peer_llamacpp.sh     # build llama-server and the GGUFs, run nothing
 #   ROWS="llama-f16 slotserve" bash bench/peer_llamacpp.sh   # (re)run some rows, keep the others
+#   PROMPT=512 NEW=16 CTX=32768 CONCURRENCY=1,8 TAG=-pp512 bash bench/peer_llamacpp.sh   # prefill TTFT
 #
 # Builds llama-server from the llama-cpp-python source distribution into a cache
 # folder outside the repository (SLOTSERVE_PEER_CACHE, default ~/.cache/slotserve-peer),
@@ -29,6 +30,9 @@ ROUNDS=${ROUNDS:-2}
 THREADS=${THREADS:-2}
 SLOTS=32
 CTX=${CTX:-16384}
+PROMPT=${PROMPT:-128}
+NEW=${NEW:-128}
+TAG=${TAG:-}  # suffix of the result files: runs with other prompts keep their own
 mkdir -p "$CACHE"
 
 build_llama_server() {
@@ -72,13 +76,14 @@ wait_ready() {  # url: ready when a one-token completion succeeds
 bench_one() {  # name url out -- command...
   local name=$1 url=$2 out=$3
   shift 4
-  "$@" > "$CACHE/$name.log" 2>&1 &
+  "$@" > "$CACHE/$name$TAG.log" 2>&1 &
   SERVER_PID=$!
   trap 'kill $SERVER_PID 2>/dev/null || true' EXIT
   wait_ready "$url"
   echo "== $name" >&2
-  if ! "$PY" "$ROOT/bench/serve_bench.py" "$url" --concurrency "$CONCURRENCY" --rounds "$ROUNDS" > "$out.tmp"; then
-    echo "$name failed: see $CACHE/$name.log" >&2  # one failing row must not lose the others
+  if ! "$PY" "$ROOT/bench/serve_bench.py" "$url" --concurrency "$CONCURRENCY" --rounds "$ROUNDS" \
+    --prompt "$PROMPT" --new "$NEW" > "$out.tmp"; then
+    echo "$name failed: see $CACHE/$name$TAG.log" >&2  # one failing row must not lose the others
   else
     tail -1 "$out.tmp" > "$out"
   fi
@@ -93,18 +98,18 @@ export_gguf
 [ -n "${BUILD_ONLY:-}" ] && exit 0
 ROWS=${ROWS:-llama-f32 llama-f32-unified llama-f16 slotserve slotserve-unified}
 want() { [[ " $ROWS " == *" $1 "* ]]; }
-for row in $ROWS; do rm -f "$CACHE/$row.json"; done
+for row in $ROWS; do rm -f "$CACHE/$row$TAG.json"; done
 LLAMA=("$CACHE/llama-server" --port 8191 -np $SLOTS -c "$CTX" -t "$THREADS" -tb "$THREADS" --no-webui)
 OURS=("$PY" -m server.cli serve -m "$CACHE/ckpt" --port 8192 -np $SLOTS -c "$CTX" -t "$THREADS")
 
-want llama-f32 && bench_one llama-f32 http://127.0.0.1:8191 "$CACHE/llama-f32.json" -- \
+want llama-f32 && bench_one llama-f32 http://127.0.0.1:8191 "$CACHE/llama-f32$TAG.json" -- \
   "${LLAMA[@]}" -m "$CACHE/bench.gguf"
-want llama-f32-unified && bench_one llama-f32-unified http://127.0.0.1:8191 "$CACHE/llama-f32-unified.json" -- \
+want llama-f32-unified && bench_one llama-f32-unified http://127.0.0.1:8191 "$CACHE/llama-f32-unified$TAG.json" -- \
   "${LLAMA[@]}" -m "$CACHE/bench.gguf" --kv-unified
-want llama-f16 && bench_one llama-f16 http://127.0.0.1:8191 "$CACHE/llama-f16.json" -- \
+want llama-f16 && bench_one llama-f16 http://127.0.0.1:8191 "$CACHE/llama-f16$TAG.json" -- \
   "${LLAMA[@]}" -m "$CACHE/bench-f16.gguf"
-want slotserve && bench_one slotserve http://127.0.0.1:8192 "$CACHE/slotserve.json" -- "${OURS[@]}"
-want slotserve-unified && bench_one slotserve-unified http://127.0.0.1:8192 "$CACHE/slotserve-unified.json" -- \
+want slotserve && bench_one slotserve http://127.0.0.1:8192 "$CACHE/slotserve$TAG.json" -- "${OURS[@]}"
+want slotserve-unified && bench_one slotserve-unified http://127.0.0.1:8192 "$CACHE/slotserve-unified$TAG.json" -- \
   "${OURS[@]}" --kv-unified
 
-"$PY" "$ROOT/bench/peer_table.py" "$CACHE"
+"$PY" "$ROOT/bench/peer_table.py" "$CACHE" "$TAG"

@@ -1,7 +1,8 @@
 """The table of bench/peer_llamacpp.sh: every row it ran, and slotserve's ratios against
 the best llama-server F32 row (and against the F16 row) at each concurrency.
 
-    python bench/peer_table.py ~/.cache/slotserve-peer
+    python bench/peer_table.py ~/.cache/slotserve-peer            # the 128-token-prompt run
+    python bench/peer_table.py ~/.cache/slotserve-peer -pp512     # a run with TAG=-pp512
 """
 
 from __future__ import annotations
@@ -15,8 +16,9 @@ PEERS_F32 = ["llama-f32", "llama-f32-unified"]
 
 
 def main() -> None:
-    cache = Path(sys.argv[1])
-    rows = {n: json.loads((cache / f"{n}.json").read_text())["levels"] for n in ROWS if (cache / f"{n}.json").exists()}
+    cache, tag = Path(sys.argv[1]), (sys.argv[2] if len(sys.argv) > 2 else "")
+    files = {n: cache / f"{n}{tag}.json" for n in ROWS}
+    rows = {n: json.loads(f.read_text())["levels"] for n, f in files.items() if f.exists()}
     levels = [lv["concurrency"] for lv in rows["slotserve"]]
     cols = [f"c={c} {what}" for what in ("tok/s", "TTFT p50 ms", "ITL p50 ms") for c in levels]
     print("| row | " + " | ".join(cols) + " |")
@@ -27,6 +29,13 @@ def main() -> None:
         cells += [f"{x['itl_ms_p50']:.1f}" for x in lv]
         print(f"| {name} | " + " | ".join(cells) + " |")
     print()
+    for name in ("slotserve", "slotserve-unified"):
+        for x in rows.get(name, []):
+            if "engine_offcpu_share" in x:
+                print(
+                    f"{name} c={x['concurrency']}: engine step {x['engine_step_ms_mean']:.1f} ms mean,"
+                    f" engine thread off the CPU {x['engine_offcpu_share']:.1%} of it"
+                )
     peers = [n for n in PEERS_F32 if n in rows]
     for i, c in enumerate(levels):
         best = max(peers, key=lambda n: rows[n][i]["output_tok_s"])

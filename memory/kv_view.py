@@ -59,13 +59,8 @@ class AttentionLayout:
         return self.masks[(window, dtype)]
 
 
-BMM_DECODE_SEQS = 16  # decode groups this large attend by two matmuls: SDPA's per-head tasks cost more there
-
-
 class GroupedKVView(ForwardView):
     """The grouping, masks and SDPA; a subclass says where keys are and how to read them."""
-
-    flat_heads = False  # whether ``_read``'s [B, KVH, L, D] flattens to [B * KVH, L, D] without a copy
 
     def __init__(
         self, batch: MemoryBatch, write_rows: torch.Tensor, device: torch.device, windows: dict[int, int] | None = None
@@ -154,28 +149,17 @@ class GroupedKVView(ForwardView):
         keys, values = self._read(layer, lay.keys, n_seqs, n_kv)  # [B, KVH, L, D]
         q4, k4, v4 = qp.transpose(1, 2), keys.to(q.dtype), values.to(q.dtype)  # [B, H, Q, D], [B, KVH, L, D]
         mask = lay.mask(self.windows.get(layer), q.dtype)  # [B, 1, Q, L]
-        if softcap is None and n_q == 1 and n_seqs >= BMM_DECODE_SEQS and self.flat_heads:
-            out = _decode_attention(q4, k4, v4, mask, scale or head_dim**-0.5)
+        if softcap is None and n_q == 1:  # decode: a KV head's query heads are its G query rows
+            n_kv_heads = k4.shape[1]
+            qg = q4.reshape(n_seqs, n_kv_heads, n_heads // n_kv_heads, head_dim)  # [B, KVH, G, D]
+            out = F.scaled_dot_product_attention(qg, k4, v4, attn_mask=mask, scale=scale)  # [B, KVH, G, D]
+            out = out.view(n_seqs, n_heads, 1, head_dim)  # head h reads KV head h // G, as with enable_gqa
         elif softcap is None:
             out = F.scaled_dot_product_attention(q4, k4, v4, attn_mask=mask, scale=scale, enable_gqa=True)
         else:
             out = _capped_attention(q4, k4, v4, mask, scale or head_dim**-0.5, softcap)  # [B, H, Q, D]
         out = out.transpose(1, 2).reshape(n_seqs * n_q, n_heads, head_dim)
         return out if lay.q_rows is None else out[lay.q_rows]  # [T_g, H, D]
-
-
-def _decode_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float
-) -> torch.Tensor:
-    """One query per sequence as two batched matmuls, query heads grouped by KV head
-    (head h reads KV head h // G, as SDPA's GQA). q: [B, H, 1, D]; k, v: [B, KVH, L, D]
-    whose (B, KVH) dims flatten without a copy; mask: [B, 1, 1, L] additive -> [B, H, 1, D]."""
-    n_seqs, n_heads, _, head_dim = q.shape
-    n_kv = k.shape[1]
-    qg = q.reshape(n_seqs, n_kv, n_heads // n_kv, head_dim)  # [B, KVH, G, D]
-    scores = torch.matmul(qg, k.transpose(-1, -2)).mul_(scale).add_(mask)  # [B, KVH, G, L]
-    probs = torch.softmax(scores, dim=-1)
-    return torch.matmul(probs, v).view(n_seqs, n_heads, 1, head_dim)  # [B, H, 1, D]
 
 
 def _capped_attention(

@@ -213,8 +213,6 @@ class StreamKVView(GroupedKVView):
     in place (a strided view, no copy); otherwise one ``index_select`` picks them.
     ``write_rows`` count cells across streams: row r is cell r % C of stream r // C."""
 
-    flat_heads = True  # [S, KVH, C, D] storage: a run of streams, or an index_select copy, flattens
-
     def __init__(self, cache: StreamKVCache, batch: MemoryBatch, write_rows: torch.Tensor):
         super().__init__(batch, write_rows, cache.device, cache.windows)
         self.cache = cache
