@@ -76,7 +76,9 @@ wait_ready() {  # url: ready when a one-token completion succeeds
 bench_one() {  # name url out -- command...
   local name=$1 url=$2 out=$3
   shift 4
-  "$@" > "$CACHE/$name$TAG.log" 2>&1 &
+  # its own session: a SIGINT sent to this script's process group (a terminal's ^C, or a
+  # job runner cleaning up) would otherwise stop llama-server, which handles SIGINT
+  setsid "$@" > "$CACHE/$name$TAG.log" 2>&1 < /dev/null &
   SERVER_PID=$!
   trap 'kill $SERVER_PID 2>/dev/null || true' EXIT
   wait_ready "$url"

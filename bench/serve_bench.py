@@ -44,17 +44,25 @@ async def one_request(client: httpx.AsyncClient, model: str, prompt: list[int], 
     }
     t0 = time.perf_counter()
     stamps, usage = [], None
-    async with client.stream("POST", "/v1/completions", json=body) as r:
-        if r.status_code != 200:
-            raise RuntimeError(f"HTTP {r.status_code}: {(await r.aread())[:200]!r}")
-        async for line in r.aiter_lines():
-            if not line.startswith("data: ") or line.strip() == "data: [DONE]":
-                continue
-            event = json.loads(line[6:])
-            if event.get("choices"):
-                stamps.append(time.perf_counter())
-            if event.get("usage"):
-                usage = event["usage"]
+    for attempt in range(3):
+        try:
+            async with client.stream("POST", "/v1/completions", json=body) as r:
+                if r.status_code != 200:
+                    raise RuntimeError(f"HTTP {r.status_code}: {(await r.aread())[:200]!r}")
+                async for line in r.aiter_lines():
+                    if not line.startswith("data: ") or line.strip() == "data: [DONE]":
+                        continue
+                    event = json.loads(line[6:])
+                    if event.get("choices"):
+                        stamps.append(time.perf_counter())
+                    if event.get("usage"):
+                        usage = event["usage"]
+            break
+        except httpx.RemoteProtocolError:
+            # a kept-alive connection the server had just closed (llama-server closes idle
+            # ones after 5 s): nothing was answered, so send again; time still runs from t0
+            if stamps or attempt == 2:
+                raise
     n_tokens = usage["completion_tokens"] if usage else len(stamps)
     gaps = [b - a for a, b in zip(stamps, stamps[1:])]
     return {"ttft": stamps[0] - t0 if stamps else float("nan"), "itl": gaps, "tokens": n_tokens}

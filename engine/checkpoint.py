@@ -51,8 +51,7 @@ def load_model(folder: Path, cfg: ModelConfig, dtype: torch.dtype, device: torch
     with torch.device("meta"):
         model = cls(cfg)
     model = model.to_empty(device=device).to(dtype)
-    if cfg.tie_word_embeddings:
-        model.lm_head.weight = model.model.embed_tokens.weight
+    model.tie_weights()
     model.init_buffers(device)  # computed, not loaded: the meta-device build left them empty
     with torch.no_grad():
         model.load_weights(iter_tensors(weight_files(folder)))

@@ -32,6 +32,8 @@ class EngineConfig:
     swa_full: bool = False  # sliding-window layers keep full-size caches (as llama.cpp's --swa-full)
     swa_checkpoints: int = 2  # windows kept per slot for cuts behind a sliding-window ring
     kv_cache_tokens: int | None = None  # cap on the cache's cells whatever n_ctx says
+    ssm_checkpoints: int = 4  # recurrent-state snapshots kept per slot (prefix reuse and rollback)
+    ssm_checkpoint_every: int | None = 512  # ... taken every this many tokens, besides each prompt's end
 
     @property
     def cache_cells(self) -> int:
@@ -49,6 +51,8 @@ class EngineConfig:
             raise ValueError("kv_cache_tokens must be positive")
         if self.linear not in ("auto", "torch", "onednn"):
             raise ValueError("linear must be auto, torch or onednn")
+        if self.ssm_checkpoints < 0 or (self.ssm_checkpoint_every is not None and self.ssm_checkpoint_every <= 0):
+            raise ValueError("ssm_checkpoints must be >= 0 and ssm_checkpoint_every positive")
         if self.n_threads is not None and self.n_threads <= 0:
             raise ValueError("n_threads must be positive")
 

@@ -60,6 +60,8 @@ class Engine:
             swa_full=config.swa_full,
             max_step=config.max_batch_tokens,
             n_checkpoints=config.swa_checkpoints,
+            ssm_checkpoints=config.ssm_checkpoints,
+            ssm_checkpoint_every=config.ssm_checkpoint_every,
         )
         self.layer_specs = self._specs(self.model.layer_specs(config.torch_dtype))
         self.memory = build_memory(self.layer_specs, self.memory_config, rope_shift=self.model.rope_shift)
@@ -192,7 +194,7 @@ class Engine:
         one that failed keep their (complete) shift. Any other exception becomes
         ``StepFailed`` naming the planned sequences, which leave the running set."""
         self._shift_full_contexts()
-        plan = plan_step(self.running, self.config.max_batch_tokens)
+        plan = plan_step(self.running, self.config.max_batch_tokens, getattr(self.memory, "checkpoint_every", None))
         if not plan:
             return []
         try:

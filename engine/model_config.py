@@ -55,7 +55,7 @@ class ModelConfig:
     bos_token_id: int | None
     eos_token_ids: tuple[int, ...]
     sliding_window: int | None
-    layer_types: tuple[str, ...]  # per layer: "full_attention" | "sliding_attention"
+    layer_types: tuple[str, ...]  # per layer: "full_attention" | "sliding_attention" | "recurrent"
     rope_local: RopeConfig | None  # sliding layers' own rope (Gemma 3), else None: the same as ``rope``
     raw: dict[str, Any] = field(repr=False, compare=False, default_factory=dict)
 
@@ -116,7 +116,10 @@ LAYER_TYPES = {
     "full_attention": "full_attention",
     "attention": "full_attention",
     "sliding_attention": "sliding_attention",
+    "linear_attention": "recurrent",  # transformers 5's name for Mamba layers in hybrids
+    "mamba": "recurrent",
 }
+RECURRENT_MODEL_TYPES = ("mamba2",)  # every layer recurrent; no layer list in the config
 
 
 def _layer_types(raw: dict, n_layers: int, window: int | None, path: Path) -> tuple[str, ...]:
@@ -124,6 +127,8 @@ def _layer_types(raw: dict, n_layers: int, window: int | None, path: Path) -> tu
     names), else Gemma 3's ``sliding_window_pattern`` (every n-th layer is global), else
     every layer sliding when the config has a window (Mistral), else all full."""
     given = raw.get("layer_types")
+    if raw.get("model_type") in RECURRENT_MODEL_TYPES:
+        return ("recurrent",) * n_layers
     if given is not None:
         if not isinstance(given, list) or len(given) != n_layers:
             raise CheckpointError(f"{path}: field 'layer_types' must list one type per layer ({n_layers})")
@@ -140,7 +145,7 @@ def _layer_types(raw: dict, n_layers: int, window: int | None, path: Path) -> tu
     else:
         types = ("sliding_attention",) * n_layers
     if window is None:  # no window (or switched off): every layer attends to everything
-        return ("full_attention",) * n_layers
+        return tuple("full_attention" if t == "sliding_attention" else t for t in types)
     return types
 
 
@@ -154,11 +159,12 @@ def parse_model_config(raw: dict, path: Path) -> ModelConfig:
         raise CheckpointError(f"{path}: expected a JSON object")
     archs = raw.get("architectures") or []
     arch = archs[0] if archs else str(raw.get("model_type", ""))
-    n_heads = int(_require(raw, "num_attention_heads", path))
+    recurrent = raw.get("model_type") in RECURRENT_MODEL_TYPES
     hidden = int(_require(raw, "hidden_size", path))
+    n_heads = int(raw.get("num_heads") or 1) if recurrent else int(_require(raw, "num_attention_heads", path))
     window = raw.get("sliding_window") if raw.get("use_sliding_window", True) else None
     n_layers = int(_require(raw, "num_hidden_layers", path))
-    max_pos = int(raw.get("max_position_embeddings", 4096))
+    max_pos = int(raw.get("max_position_embeddings") or (2**20 if recurrent else 4096))  # a state has no limit
     if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window <= 0):
         raise CheckpointError(f"{path}: field 'sliding_window' is {window!r}; it must be a positive integer")
     return ModelConfig(
@@ -166,12 +172,14 @@ def parse_model_config(raw: dict, path: Path) -> ModelConfig:
         model_type=str(raw.get("model_type", "")),
         vocab_size=int(_require(raw, "vocab_size", path)),
         hidden_size=hidden,
-        intermediate_size=_ffn(_require(raw, "intermediate_size", path)),
+        intermediate_size=_ffn(raw.get("intermediate_size") or int(raw.get("expand", 2) * hidden))
+        if recurrent
+        else _ffn(_require(raw, "intermediate_size", path)),
         n_layers=n_layers,
         n_heads=n_heads,
         n_kv_heads=int(raw.get("num_key_value_heads") or n_heads),
         head_dim=int(raw.get("head_dim") or hidden // n_heads),
-        rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
+        rms_norm_eps=float(raw.get("rms_norm_eps", raw.get("layer_norm_epsilon", 1e-6))),
         max_position_embeddings=max_pos,
         tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
         attention_bias=bool(raw.get("attention_bias", False)),

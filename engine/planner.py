@@ -17,9 +17,11 @@ def _chunk(seq: Sequence, n: int) -> Chunk:
     return Chunk(seq, n, seq.n_computed + n == len(seq.tokens))
 
 
-def plan_step(running: list[Sequence], budget: int) -> list[Chunk]:
+def plan_step(running: list[Sequence], budget: int, align: int | None = None) -> list[Chunk]:
     """Every decoding sequence gets its token first (in order, up to ``budget``), then
-    prefilling sequences get chunks first-come first-served until the budget is spent."""
+    prefilling sequences get chunks first-come first-served until the budget is spent.
+    ``align``: a prefill chunk never runs past a multiple of it (memories that snapshot
+    their state there, see memory/recurrent.py)."""
     plan: list[Chunk] = []
     for seq in running:
         if seq.n_pending == 1 and budget > 0:
@@ -28,6 +30,8 @@ def plan_step(running: list[Sequence], budget: int) -> list[Chunk]:
     for seq in running:
         if seq.n_pending > 1 and budget > 0:
             n = min(seq.n_pending, budget)
+            if align:
+                n = min(n, align - seq.n_computed % align)
             plan.append(_chunk(seq, n))
             budget -= n
     return plan

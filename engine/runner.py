@@ -40,11 +40,16 @@ class ModelRunner:
                 torch.tensor(logit_rows, dtype=torch.long, device=self.device),
             )  # [S, V]
         except BaseException:
-            for c in plan:
-                self.memory.seq_rm(c.seq.seq_id, c.seq.n_computed)
+            for c in plan:  # a recurrent state cannot drop the step: back to its last checkpoint
+                seq_id, n = c.seq.seq_id, c.seq.n_computed
+                if not self.memory.seq_rm(seq_id, n):
+                    self.memory.seq_rm(seq_id, self.memory.seq_cut_point(seq_id, n))
             raise
+        every = getattr(self.memory, "checkpoint_every", None)
         for c in plan:
             c.seq.n_computed += c.n_tokens
             if c.samples and not c.seq.output_ids:  # the prompt is computed: a point to come back to
+                self.memory.checkpoint(c.seq.seq_id)
+            elif every and c.seq.n_computed % every == 0:  # a spaced checkpoint
                 self.memory.checkpoint(c.seq.seq_id)
         return logits

@@ -14,8 +14,9 @@ from memory.protocol import (
     SeqState,
     StateMismatch,
 )
+from memory.recurrent import RecurrentMemory
 from memory.registry import MemoryConfig, build_memory, cache_bytes
-from memory.spec import FullAttentionSpec, LayerSpec, NoCacheSpec, ReuseSpec, SlidingWindowSpec
+from memory.spec import FullAttentionSpec, LayerSpec, NoCacheSpec, RecurrentSpec, ReuseSpec, SlidingWindowSpec
 
 __all__ = [
     "BlockPool",
@@ -33,6 +34,8 @@ __all__ = [
     "NoCacheSpec",
     "ReuseSpec",
     "PagedKVCache",
+    "RecurrentMemory",
+    "RecurrentSpec",
     "SeqState",
     "SlidingWindowSpec",
     "StateMismatch",

@@ -48,6 +48,7 @@ class ISWAMemory(Memory):
 
     def __init__(self, full: Memory, swa: SlidingKVCache):
         self.full, self.swa = full, swa
+        self.n_seq_max = swa.n_seq_max
         self.swa_layers = set(swa.specs)
 
     def prepare(self, batch: MemoryBatch) -> ISWAView:

@@ -143,6 +143,15 @@ class ForwardView(ABC):
         1/sqrt(head_dim)); ``softcap``: scores become ``tanh(s / cap) * cap`` (Gemma 2).
         """
 
+    def states(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """A recurrent ``layer``'s states of the batch's sequences, in batch order (copies):
+        conv [B, *conv_shape], ssm [B, *ssm_shape]; zeros for a sequence at position 0."""
+        raise NotImplementedError("this memory has no recurrent layers")
+
+    def store(self, layer: int, conv: torch.Tensor, ssm: torch.Tensor) -> None:
+        """Write back a recurrent ``layer``'s states after the batch's tokens (as ``states``)."""
+        raise NotImplementedError("this memory has no recurrent layers")
+
 
 class Memory(ABC):
     """Contract shared by all cache kinds. See the module docstring for call order."""

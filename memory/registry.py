@@ -13,10 +13,12 @@ from dataclasses import dataclass
 
 import torch
 
+from memory.hybrid import HybridMemory
 from memory.iswa import ISWAMemory
 from memory.layer_reuse import LayerReuse
 from memory.paged_kv import PagedKVCache, RopeShift
 from memory.protocol import Memory
+from memory.recurrent import RecurrentMemory
 from memory.sliding_kv import SlidingKVCache
 from memory.spec import NO_STORAGE, LayerSpec, ReuseSpec
 from memory.stream_kv import StreamKVCache
@@ -41,6 +43,8 @@ class MemoryConfig:
     swa_full: bool = False  # sliding-window layers get a full-size cache (and can shift)
     max_step: int = 512  # most tokens one sequence adds in one step (sizes sliding-window rings)
     n_checkpoints: int = 2  # sliding-window checkpoints kept per sequence
+    ssm_checkpoints: int = 4  # recurrent-state checkpoints kept per sequence
+    ssm_checkpoint_every: int | None = 512  # ... taken every this many positions (and at each prompt's end)
 
     def __post_init__(self) -> None:
         if self.layout not in LAYOUTS:
@@ -95,11 +99,27 @@ def _iswa(groups: dict[str, dict[int, LayerSpec]], cfg: MemoryConfig, rope_shift
     return ISWAMemory(full, _ring(groups["attention_sliding"], cfg))
 
 
+def _recurrent(groups: dict[str, dict[int, LayerSpec]], cfg: MemoryConfig, rope_shift: RopeShift | None) -> Memory:
+    every = cfg.ssm_checkpoint_every
+    return RecurrentMemory(groups["recurrent"], cfg.n_seq_max, cfg.device, cfg.ssm_checkpoints, every)
+
+
+def _hybrid(groups: dict[str, dict[int, LayerSpec]], cfg: MemoryConfig, rope_shift: RopeShift | None) -> Memory:
+    """Attention layers in the memory their kinds alone would get; recurrent ones beside."""
+    attn_groups = {kind: specs for kind, specs in groups.items() if kind != "recurrent"}
+    attn = KINDS[frozenset(attn_groups)](attn_groups, cfg, rope_shift)
+    return HybridMemory(attn, _recurrent(groups, cfg, rope_shift))
+
+
 KINDS: dict[frozenset[str], Builder] = {
     frozenset({"attention_full"}): _kv,
     frozenset({"attention_sliding"}): _sliding,
     frozenset({"attention_full", "attention_sliding"}): _iswa,
+    frozenset({"recurrent"}): _recurrent,
 }
+for _attn in list(KINDS):
+    if "recurrent" not in _attn:
+        KINDS[_attn | {"recurrent"}] = _hybrid
 
 
 def group_layers(specs: Sequence[LayerSpec]) -> dict[str, dict[int, LayerSpec]]:
@@ -137,6 +157,9 @@ def build_memory(specs: Sequence[LayerSpec], cfg: MemoryConfig, rope_shift: Rope
     return LayerReuse(memory, targets) if targets else memory
 
 
-def cache_bytes(specs: Sequence[LayerSpec], n_cells: int) -> int:  # reusing and cache-less layers count 0
-    """Bytes that ``n_cells`` cells take in every layer that stores them."""
-    return n_cells * sum(s.bytes_per_token for s in specs)
+def cache_bytes(specs: Sequence[LayerSpec], n_cells: int, n_seqs: int = 1) -> int:
+    """Bytes that ``n_cells`` cells take in every layer that stores them, plus the
+    fixed states of ``n_seqs`` sequences in recurrent layers (reusing and cache-less
+    layers count 0)."""
+    per_seq = sum(getattr(s, "bytes_per_seq", 0) for s in specs)
+    return n_cells * sum(s.bytes_per_token for s in specs) + n_seqs * per_seq

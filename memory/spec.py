@@ -7,6 +7,7 @@ its own byte size per token, so sizing sums specs.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -64,7 +65,27 @@ class NoCacheSpec:
     bytes_per_token = 0
 
 
-LayerSpec = FullAttentionSpec | SlidingWindowSpec | ReuseSpec | NoCacheSpec  # later: RecurrentSpec
+@dataclass(frozen=True)
+class RecurrentSpec:
+    """A layer whose memory is a fixed-size state per sequence, whatever its length
+    (Mamba: the last ``kernel - 1`` inputs of its causal convolution, and the SSM state).
+    Nothing is stored per token: a recurrent state cannot forget a suffix, only be put
+    back to a snapshot (see memory/recurrent.py)."""
+
+    conv_shape: tuple[int, ...]  # e.g. (conv_channels, kernel - 1)
+    ssm_shape: tuple[int, ...]  # e.g. (n_heads, head_dim, state_size)
+    dtype: torch.dtype
+
+    kind = "recurrent"
+    bytes_per_token = 0
+
+    @property
+    def bytes_per_seq(self) -> int:
+        itemsize = torch.empty((), dtype=self.dtype).element_size()
+        return (math.prod(self.conv_shape) + math.prod(self.ssm_shape)) * itemsize
+
+
+LayerSpec = FullAttentionSpec | SlidingWindowSpec | ReuseSpec | NoCacheSpec | RecurrentSpec
 NO_STORAGE = ("reuse", "none")
 
 

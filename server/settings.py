@@ -36,6 +36,12 @@ class ServerSettings(BaseSettings):
     ctx_checkpoints: int = Field(
         2, ge=0, description="sliding-window checkpoints kept per slot, for prefix reuse behind the window"
     )
+    ssm_checkpoints: int = Field(
+        4, ge=0, description="recurrent-state checkpoints kept per slot (Mamba layers), for prefix reuse and rollback"
+    )
+    ssm_checkpoint_every: int = Field(
+        512, gt=0, description="tokens between recurrent-state checkpoints (one is also taken at each prompt's end)"
+    )
     kv_cache_tokens: int | None = Field(
         None, gt=0, description="cap on the KV cache's cells whatever --ctx-size says (memory is committed as used)"
     )
@@ -110,6 +116,8 @@ FLAGS: dict[str, tuple[str, ...]] = {
     "max_body_size": ("--max-body-size",),
     "ctx_checkpoints": ("--ctx-checkpoints", "--swa-checkpoints"),
     "kv_cache_tokens": ("--kv-cache-tokens",),
+    "ssm_checkpoints": ("--ssm-checkpoints",),
+    "ssm_checkpoint_every": ("--ssm-checkpoint-every",),
 }
 SWITCHES: dict[str, tuple[str, str]] = {
     "kv_unified": ("--kv-unified", "--no-kv-unified"),

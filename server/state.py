@@ -55,6 +55,8 @@ class ServerState:
                 kv_unified=s.kv_unified,
                 swa_full=s.swa_full,
                 swa_checkpoints=s.ctx_checkpoints,
+                ssm_checkpoints=s.ssm_checkpoints,
+                ssm_checkpoint_every=s.ssm_checkpoint_every,
                 kv_cache_tokens=s.kv_cache_tokens,
             )
             engine = EngineService(config, self.slot_files)

@@ -33,6 +33,17 @@ GEMMA3N_TINY = dict(  # alternating local / global layers; the last 2 reuse the 
 )
 
 
+MAMBA2_TINY = dict(  # expand 2 x hidden 64 = 8 heads x 16; two groups share B/C; chunks of 8 (several per prompt)
+    num_heads=8,
+    head_dim=16,
+    state_size=16,
+    n_groups=2,
+    conv_kernel=4,
+    chunk_size=8,
+    expand=2,
+)
+
+
 def write_byte_tokenizer(folder: Path, eos: str | None = None) -> None:
     """A byte-level BPE with no merges: 256 byte tokens plus specials."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
@@ -62,10 +73,14 @@ def make_checkpoint(folder: Path, arch: str = "llama", seed: int = 0, noise: flo
         "gemma2": (transformers.Gemma2Config, transformers.Gemma2ForCausalLM),
         "gemma3": (transformers.Gemma3TextConfig, transformers.Gemma3ForCausalLM),
         "gemma3n": (transformers.Gemma3nTextConfig, transformers.Gemma3nForCausalLM),
+        "mamba2": (transformers.Mamba2Config, transformers.Mamba2ForCausalLM),
     }
+    if arch == "mamba2":  # no attention fields: only what Mamba2Config knows
+        base = {k: BASE[k] for k in ("vocab_size", "hidden_size", "num_hidden_layers", "bos_token_id", "eos_token_id")}
+        overrides = {**base, **MAMBA2_TINY, "pad_token_id": 0, **overrides}
     config_cls, model_cls = classes[arch]
     torch.manual_seed(seed)
-    config = config_cls(**{**BASE, **overrides})
+    config = config_cls(**overrides) if arch == "mamba2" else config_cls(**{**BASE, **overrides})
     model = model_cls(config)
     with torch.no_grad():  # random biases and norms too, so every parameter matters
         for p in model.parameters():

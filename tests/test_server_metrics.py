@@ -112,6 +112,11 @@ def test_counters_histograms_and_gauges_after_a_known_workload(server):
     assert delta(after, before, "slotserve_request_prompt_tokens_sum") == n_prompt
     assert delta(after, before, "slotserve_request_generation_tokens_sum") == n_gen
     assert delta(after, before, "slotserve_inter_token_latency_seconds_count") == n_gen - n_req
+    n_steps = delta(after, before, "slotserve_engine_steps_total")
+    assert 16 <= n_steps <= n_prompt + n_gen  # the 16-token request alone takes 16 forwards
+    wall = delta(after, before, "slotserve_engine_step_seconds_total")
+    cpu = delta(after, before, "slotserve_engine_step_cpu_seconds_total")
+    assert 0 < cpu <= wall + 0.01  # the engine thread's CPU time inside the steps' wall time
 
     assert value(after, "slotserve_requests_running") == 0
     assert value(after, "slotserve_requests_waiting") == 0

@@ -69,6 +69,12 @@ class DecoderLM(nn.Module):
             "gate_up_proj": [cfg.intermediate_size] * 2,
         }
 
+    def tie_weights(self) -> None:
+        """Point the LM head at the input embeddings when the config ties them (after
+        ``to_empty``, which unties parameters)."""
+        if self.cfg.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+
     def init_buffers(self, device: torch.device) -> None:
         """(Re)compute the buffers that are not in the checkpoint (rotary frequencies)."""
         self.rotary = Rotary(self.cfg.rope, self.cfg.head_dim, self.cfg.max_position_embeddings).to(device)

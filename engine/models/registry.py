@@ -18,6 +18,7 @@ MODEL_TYPES = {
     "gemma2": "Gemma2ForCausalLM",
     "gemma3_text": "Gemma3ForCausalLM",
     "gemma3n_text": "Gemma3nForCausalLM",
+    "mamba2": "Mamba2ForCausalLM",
 }
 
 

@@ -1,0 +1,110 @@
+"""Mamba2's state-space mixer math in plain torch: the causal depthwise convolution
+with its carried window, the chunked SSD scan (prefill), the one-token update (decode),
+and the gated group RMSNorm. No model weights here; models/mamba2.py wires them.
+
+Per head h the recurrence is
+    state_t = exp(dt_t * A_h) * state_{t-1} + dt_t * x_t (outer) B_t
+    y_t     = state_t . C_t + D_h * x_t
+with x_t [head_dim], B_t and C_t [state_size], state [head_dim, state_size].
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def conv_window(x: torch.Tensor, window: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None):
+    """Causal depthwise convolution of one sequence's new inputs after its window.
+
+    x: [n, C] new inputs; window: [C, K - 1] the inputs before them (zeros at the
+    start); weight: [C, K]. Returns (outputs [n, C] before the activation, the new
+    window [C, K - 1])."""
+    full = torch.cat([window, x.t()], dim=1)  # [C, K - 1 + n]
+    out = F.conv1d(full[None], weight[:, None, :], bias, groups=weight.shape[0])[0]  # [C, n]
+    return out.t(), full[:, full.shape[1] - window.shape[1] :]
+
+
+def conv_step(x: torch.Tensor, window: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None):
+    """One new input per sequence: x [B, C], window [B, C, K - 1] -> ([B, C], [B, C, K - 1])."""
+    full = torch.cat([window, x[:, :, None]], dim=2)  # [B, C, K]
+    out = (full * weight).sum(-1)  # [B, C]
+    if bias is not None:
+        out = out + bias
+    return out, full[:, :, 1:]
+
+
+def _segment_sums(a: torch.Tensor) -> torch.Tensor:
+    """a: [..., Q] -> [..., Q, Q] with [t, s] = a[s+1] + ... + a[t] for s <= t, -inf above.
+    Summed directly (masked cumsum), not as a difference of running sums, so long
+    chunks keep their precision."""
+    q = a.shape[-1]
+    rep = a[..., None, :].expand(*a.shape, q).transpose(-1, -2)  # [..., Q(t), Q(s)] = a[t]
+    strict = torch.ones(q, q, dtype=torch.bool, device=a.device).tril(-1)
+    sums = rep.masked_fill(~strict, 0).cumsum(-2)  # [t, s] = sum of a[i] for s < i <= t
+    return sums.masked_fill(~strict.logical_or(torch.eye(q, dtype=torch.bool, device=a.device)), float("-inf"))
+
+
+def ssd_scan(
+    x: torch.Tensor,
+    dt: torch.Tensor,
+    A: torch.Tensor,
+    B: torch.Tensor,
+    C: torch.Tensor,
+    D: torch.Tensor,
+    state: torch.Tensor,
+    chunk: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Chunked scan of one sequence from ``state``.
+
+    x: [L, H, P]; dt: [L, H] (after softplus); A, D: [H]; B, C: [L, H, N] (groups
+    already repeated per head); state: [H, P, N]. Returns (y [L, H, P], final state),
+    in float32. Within a chunk the outputs are a masked "attention" of C against B;
+    across chunks only the state is carried (one small recurrence per chunk)."""
+    length, n_heads, head_dim = x.shape
+    x, dt, B, C = x.float(), dt.float(), B.float(), C.float()
+    state = state.float()
+    ys = []
+    for s in range(0, length, chunk):
+        xc, dtc, Bc, Cc = x[s : s + chunk], dt[s : s + chunk], B[s : s + chunk], C[s : s + chunk]
+        a = (dtc * A).t()  # [H, Q] log-decay per step
+        decay_in = torch.exp(_segment_sums(a))  # [H, Q(t), Q(s)]
+        scores = torch.einsum("thn,shn->hts", Cc, Bc) * decay_in  # [H, Q, Q]
+        xdt = xc * dtc[..., None]  # [Q, H, P]
+        y = torch.einsum("hts,shp->thp", scores, xdt)  # within the chunk
+        run = a.cumsum(-1)  # [H, Q] decay from the chunk start to t (inclusive)
+        y = y + torch.einsum("thn,hpn->thp", Cc, state) * torch.exp(run).t()[..., None]  # from the carried state
+        to_end = torch.exp(run[:, -1:] - run)  # [H, Q] decay from s (exclusive) to the chunk end
+        state = state * torch.exp(run[:, -1])[:, None, None] + torch.einsum("shn,hs,shp->hpn", Bc, to_end, xdt)
+        ys.append(y)
+    y = torch.cat(ys) + x * D[None, :, None]  # [L, H, P]
+    return y, state
+
+
+def ssd_step(
+    x: torch.Tensor,
+    dt: torch.Tensor,
+    A: torch.Tensor,
+    B: torch.Tensor,
+    C: torch.Tensor,
+    D: torch.Tensor,
+    state: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One token per sequence. x: [B, H, P]; dt: [B, H] (after softplus); B, C:
+    [B, H, N]; state: [B, H, P, N] -> (y [B, H, P], new state)."""
+    dt = dt[..., None]  # [B, H, 1]
+    decay = torch.exp(dt * A[:, None])[..., None]  # [B, H, 1, 1]
+    new = state * decay + (dt * B)[:, :, None, :] * x[..., None]  # [B, H, P, N]
+    y = torch.einsum("bhpn,bhn->bhp", new, C) + x * D[:, None]
+    return y, new
+
+
+def gated_group_rms_norm(
+    y: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, n_groups: int, eps: float
+) -> torch.Tensor:
+    """Mamba2's output norm: (y * silu(gate)) RMS-normalized within each of ``n_groups``
+    groups of channels, times ``weight``. y, gate: [T, d] -> [T, d] in y's dtype."""
+    h = y.float() * F.silu(gate.float())
+    g = h.view(*h.shape[:-1], n_groups, -1)
+    g = g * torch.rsqrt(g.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * g.view(h.shape).to(y.dtype)

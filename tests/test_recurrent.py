@@ -1,0 +1,190 @@
+"""Recurrent memory (memory/recurrent.py) and Mamba2 against transformers: greedy tokens
+and logits, chunked prefill mixed with decode, prefixes reused through checkpoints,
+seq_cp and save -> restore."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from checkpoints import greedy_reference, load_reference, make_checkpoint
+
+from engine import Engine, SamplingParams
+from memory import MemoryBatch, RecurrentMemory, RecurrentSpec, StateMismatch
+
+N_STEPS = 32
+EVERY = 16  # checkpoint spacing of these tests: prompts span several
+
+
+@pytest.fixture(scope="module")
+def mamba2(tmp_path_factory):
+    folder = make_checkpoint(tmp_path_factory.mktemp("m") / "mamba2", "mamba2")
+    return folder, load_reference(folder)
+
+
+def engine_of(folder, **kw) -> Engine:
+    args = dict(n_ctx=1024, n_seq_max=4, max_batch_tokens=40, ssm_checkpoint_every=EVERY, ssm_checkpoints=4)
+    return Engine.from_pretrained(str(folder), **{**args, **kw})
+
+
+def prompts_of(seed: int, lengths) -> list[list[int]]:
+    gen = torch.Generator().manual_seed(seed)
+    return [torch.randint(1, 300, (n,), generator=gen).tolist() for n in lengths]  # 0 is the reference's pad
+
+
+def run(engine: Engine, prompts: list[list[int]], slots, n_steps=N_STEPS, n_cached=None):
+    params = SamplingParams(temperature=0.0, max_tokens=n_steps, ignore_eos=True)
+    n_cached = n_cached or [0] * len(prompts)
+    seqs = [engine.add_sequence(p, params, seq_id=s, n_cached=c) for p, s, c in zip(prompts, slots, n_cached)]
+    run.starts = [s.n_computed for s in seqs]  # where each resumed
+    logits = {i: [] for i in range(len(seqs))}
+    while engine.has_work:
+        for ev in engine.step(keep_logits=True):
+            if ev.logits is not None:
+                logits[seqs.index(ev.seq)].append(ev.logits)
+    return seqs, logits
+
+
+def assert_matches(ref, prompt, tokens, logits, n_steps=N_STEPS):
+    ref_tokens, ref_logits = greedy_reference(ref, prompt, n_steps)
+    assert tokens == ref_tokens
+    for step, (ours, theirs) in enumerate(zip(logits, ref_logits)):
+        torch.testing.assert_close(ours, theirs.float(), atol=1e-4, rtol=0, msg=f"step {step}")
+
+
+def test_mamba2_batched_greedy_matches_transformers(mamba2):
+    folder, ref = mamba2
+    engine = engine_of(folder)
+    assert engine.memory.kind == "recurrent" and not engine.memory.can_shift
+    prompts = prompts_of(1, (1, 7, 30, 75))  # 75: several checkpoint intervals, chunks of 8 in the scan
+    seqs, logits = run(engine, prompts, (2, 0, 3, 1))
+    for i, p in enumerate(prompts):
+        assert_matches(ref, p, seqs[i].output_ids, logits[i])
+    assert engine.memory.checkpoints(1) == [64, 75, 80, 96]  # spaced, the prompt's end; the newest 4
+    engine.memory.integrity_check()
+
+
+def test_prefix_reuse_restarts_from_the_latest_checkpoint(mamba2):
+    folder, ref = mamba2
+    engine = engine_of(folder)
+    (first,) = prompts_of(2, (40,))
+    run(engine, [first], [0], n_steps=4)
+    assert engine.memory.checkpoints(0) == [16, 32, 40]  # spaced, and the prompt's end
+    follow = first[:37] + prompts_of(3, (9,))[0]  # shares 37 tokens: the state resumes from 32
+    assert engine.memory.seq_cut_point(0, 37) == 32
+    seqs, logits = run(engine, [follow], [0], n_cached=[37])
+    assert run.starts == [32]
+    assert_matches(ref, follow, seqs[0].output_ids, logits[0])
+    same = first + prompts_of(4, (5,))[0]  # extends the whole first prompt: resumes at 40
+    engine.memory.seq_rm(0)
+    run(engine, [first], [0], n_steps=1)
+    assert engine.memory.seq_cut_point(0, 40) == 40
+    seqs, logits = run(engine, [same], [0], n_cached=[40])
+    assert run.starts == [40]
+    assert_matches(ref, same, seqs[0].output_ids, logits[0])
+
+
+def test_a_short_follow_up_turn_hits_its_prompt_checkpoint(mamba2):
+    """Shorter than one spacing: the prompt-end checkpoint is what makes it a hit."""
+    folder, ref = mamba2
+    engine = engine_of(folder, ssm_checkpoint_every=512)
+    (first,) = prompts_of(5, (11,))
+    seqs, _ = run(engine, [first], [1], n_steps=6)
+    answer = seqs[0].output_ids
+    follow = first + answer[:3] + [7, 8, 9]  # re-rendered answer diverges after 3 tokens
+    assert engine.memory.seq_cut_point(1, len(first) + 3) == len(first)
+    seqs, logits = run(engine, [follow], [1], n_cached=[len(first) + 3])
+    assert run.starts == [len(first)]
+    assert_matches(ref, follow, seqs[0].output_ids, logits[0])
+
+
+def test_seq_cp_and_save_restore_continue_exactly(mamba2, tmp_path):
+    folder, ref = mamba2
+    engine = engine_of(folder)
+    (prompt,) = prompts_of(6, (35,))
+    seqs, _ = run(engine, [prompt], [0], n_steps=5)
+    held = prompt + seqs[0].output_ids[:4]  # what slot 0's state has consumed
+    assert engine.memory.seq_len(0) == len(held)
+    engine.memory.seq_cp(0, 2)
+    state = engine.memory.save_seq(0)
+    assert state.meta["checkpoints"] == "16,32,35"
+    fresh = engine_of(folder)
+    fresh.memory.load_seq(3, state)
+    assert fresh.memory.checkpoints(3) == [16, 32, 35]
+    extra = prompts_of(7, (6,))[0]
+    for eng, slot in ((engine, 2), (fresh, 3)):
+        seqs, logits = run(eng, [held + extra], [slot], n_cached=[len(held)])
+        assert_matches(ref, held + extra, seqs[0].output_ids, logits[0])
+    fresh.memory.seq_rm(3)
+    fresh.memory.load_seq(3, state)  # back to a checkpoint of the restored state
+    seqs, logits = run(fresh, [prompt[:32] + extra], [3], n_cached=[33])
+    assert_matches(ref, prompt[:32] + extra, seqs[0].output_ids, logits[0])
+
+
+# ---- the memory's own contract ---------------------------------------------------
+
+
+def small_memory(**kw) -> RecurrentMemory:
+    spec = RecurrentSpec((6, 3), (2, 4, 5), torch.float32)
+    return RecurrentMemory({0: spec, 2: spec}, n_seq_max=3, **kw)
+
+
+def feed(mem: RecurrentMemory, seq: int, n: int, value: float) -> None:
+    """Consume n positions, writing a recognizable state."""
+    start = mem.seq_pos_max(seq) + 1
+    view = mem.prepare(MemoryBatch([seq], [n], torch.arange(start, start + n)))
+    conv, ssm = view.states(0)
+    view.store(0, conv + value, ssm + value)
+    view.store(2, *(t - value for t in view.states(2)))
+
+
+def test_seq_rm_is_exact_or_refused_unchanged():
+    mem = small_memory(n_checkpoints=2)
+    feed(mem, 0, 10, 1.0)
+    mem.checkpoint(0)
+    feed(mem, 0, 5, 2.0)
+    before = mem.save_seq(0)
+    assert mem.seq_rm(0, 12) is False  # no checkpoint there
+    assert mem.seq_rm(0, 3, 7) is False  # the middle
+    assert mem.seq_rm(-1, 12) is False  # all or nothing over every sequence
+    after = mem.save_seq(0)
+    assert all(torch.equal(before.tensors[k], after.tensors[k]) for k in before.tensors)
+    assert mem.seq_len(0) == 15 and mem.seq_cut_point(0, 12) == 10 and mem.seq_cut_point(0, 9) == 0
+    assert mem.seq_rm(0, 20) is True and mem.seq_len(0) == 15  # past the end: nothing to drop
+    assert mem.seq_rm(0, 10) is True and mem.seq_len(0) == 10
+    assert torch.equal(mem.conv[0][0], torch.full((6, 3), 1.0))  # the state at 10, not at 15
+    assert torch.equal(mem.ssm[2][0], torch.full((2, 4, 5), -1.0))
+    with pytest.raises(NotImplementedError):
+        mem.seq_add(0, 0, None, 3)
+    mem.seq_rm(0)
+    assert mem.seq_len(0) == 0 and mem.checkpoints(0) == [] and not mem.conv[0][0].any()
+    mem.integrity_check()
+
+
+def test_checkpoints_are_bounded_and_copied_with_the_state():
+    mem = small_memory(n_checkpoints=2)
+    for i in range(4):
+        feed(mem, 1, 4, float(i + 1))
+        mem.checkpoint(1)
+    assert mem.checkpoints(1) == [12, 16]
+    use = mem.usage(held_by=[1]).groups[0]
+    assert use.kind == "recurrent" and use.n_blocks_held == 3 and use.bytes_per_block == mem.bytes_per_seq
+    mem.seq_cp(1, 2, 0, 12)
+    assert mem.seq_len(2) == 12 and mem.checkpoints(2) == [12]
+    assert torch.equal(mem.conv[0][2], torch.full((6, 3), 6.0))  # 1 + 2 + 3: the state at 12
+    with pytest.raises(ValueError):
+        mem.seq_cp(1, 0, 0, 14)  # not a cut point
+    mem.integrity_check()
+
+
+def test_a_state_from_another_memory_is_refused_unchanged():
+    mem = small_memory()
+    feed(mem, 0, 6, 1.0)
+    good = mem.save_seq(0)
+    other = RecurrentMemory({0: RecurrentSpec((6, 3), (2, 4, 4), torch.float32)}, 1)
+    with pytest.raises(StateMismatch):
+        other.load_seq(0, good)
+    bad = type(good)(good.positions, dict(good.tensors), {**good.meta, "memory_kind": "kv_stream"})
+    feed(mem, 1, 2, 5.0)
+    with pytest.raises(StateMismatch):
+        mem.load_seq(1, bad)
+    assert mem.seq_len(1) == 2 and torch.equal(mem.conv[0][1], torch.full((6, 3), 5.0))
