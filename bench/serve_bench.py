@@ -99,7 +99,13 @@ async def run_level(url, model, concurrency, rounds, n_prompt, n_new, vocab, hea
     }
 
 
-CLOCK = ("slotserve_engine_steps", "slotserve_engine_step_seconds", "slotserve_engine_step_cpu_seconds")
+CLOCK = (
+    "slotserve_engine_steps",
+    "slotserve_engine_step_seconds",
+    "slotserve_engine_step_cpu_seconds",
+    "slotserve_engine_decode_steps",
+    "slotserve_engine_decode_step_seconds",
+)
 
 
 def engine_clock(url: str, headers: dict) -> tuple[float, ...] | None:
@@ -120,8 +126,11 @@ def clock_fields(before: tuple[float, ...] | None, after: tuple[float, ...] | No
     """Mean step time and the share of step time the engine thread was off the CPU."""
     if before is None or after is None or after[0] == before[0]:
         return {}
-    n, wall, cpu = (a - b for a, b in zip(after, before))
-    return {"engine_step_ms_mean": round(wall / n * 1000, 2), "engine_offcpu_share": round(1 - cpu / wall, 3)}
+    n, wall, cpu, n_dec, dec_wall = (a - b for a, b in zip(after, before))
+    out = {"engine_step_ms_mean": round(wall / n * 1000, 2), "engine_offcpu_share": round(1 - cpu / wall, 3)}
+    if n_dec:
+        out["engine_decode_step_ms_mean"] = round(dec_wall / n_dec * 1000, 2)
+    return out
 
 
 def main() -> None:

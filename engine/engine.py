@@ -72,6 +72,7 @@ class Engine:
             )
         self.runner = ModelRunner(self.model, self.memory, self.device)
         self.running: list[Sequence] = []
+        self.last_step_decode_only = False  # whether the last step's plan was one token per sequence
         self._rng = random.Random()
 
     def _specs(self, specs: list[LayerSpec]) -> list[LayerSpec]:
@@ -197,6 +198,7 @@ class Engine:
         plan = plan_step(self.running, self.config.max_batch_tokens, getattr(self.memory, "checkpoint_every", None))
         if not plan:
             return []
+        self.last_step_decode_only = all(c.n_tokens == 1 for c in plan)
         try:
             logits = self.runner.run(plan)  # [S, V]
         except CacheFull:

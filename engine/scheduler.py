@@ -73,6 +73,8 @@ class StepClock:
     n: int = 0
     wall_s: float = 0.0
     cpu_s: float = 0.0
+    n_decode: int = 0  # of those, steps of one token per sequence (no prefill)
+    decode_wall_s: float = 0.0
 
 
 class Scheduler:
@@ -324,12 +326,10 @@ class Scheduler:
             self.board.fail_seqs(exc.seqs, Failed("internal error in the engine step", "server_error", 500))
             return
         self.n_faults_in_row = 0
-        clock = self.clock
-        clock.n, clock.wall_s, clock.cpu_s = (
-            clock.n + 1,
-            clock.wall_s + time.perf_counter() - wall,
-            clock.cpu_s + time.thread_time() - cpu,
-        )
+        clock, wall = self.clock, time.perf_counter() - wall
+        clock.n, clock.wall_s, clock.cpu_s = clock.n + 1, clock.wall_s + wall, clock.cpu_s + time.thread_time() - cpu
+        if self.engine.last_step_decode_only:
+            clock.n_decode, clock.decode_wall_s = clock.n_decode + 1, clock.decode_wall_s + wall
         self.board.dispatch(events)
 
     def _count_fault(self) -> None:

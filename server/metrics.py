@@ -122,6 +122,16 @@ class _LiveCollector(Collector):
                 "slotserve_engine_step_seconds", "Wall time of the completed engine steps", value=health.steps.wall_s
             )
             yield CounterMetricFamily(
+                "slotserve_engine_decode_steps",
+                "Engine steps of one token per sequence (no prefill chunk)",
+                value=health.steps.n_decode,
+            )
+            yield CounterMetricFamily(
+                "slotserve_engine_decode_step_seconds",
+                "Wall time of those steps (per step: the inter-token latency floor)",
+                value=health.steps.decode_wall_s,
+            )
+            yield CounterMetricFamily(
                 "slotserve_engine_step_cpu_seconds",
                 "Engine thread CPU time in those steps (wall - cpu: waiting for the GIL or preempted)",
                 value=health.steps.cpu_s,

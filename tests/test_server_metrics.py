@@ -117,6 +117,9 @@ def test_counters_histograms_and_gauges_after_a_known_workload(server):
     wall = delta(after, before, "slotserve_engine_step_seconds_total")
     cpu = delta(after, before, "slotserve_engine_step_cpu_seconds_total")
     assert 0 < cpu <= wall + 0.01  # the engine thread's CPU time inside the steps' wall time
+    n_decode = delta(after, before, "slotserve_engine_decode_steps_total")
+    assert 11 <= n_decode < n_steps  # the 16-token request decoded alone at least 11 steps
+    assert 0 < delta(after, before, "slotserve_engine_decode_step_seconds_total") < wall
 
     assert value(after, "slotserve_requests_running") == 0
     assert value(after, "slotserve_requests_waiting") == 0
