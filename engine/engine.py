@@ -73,6 +73,7 @@ class Engine:
         self.runner = ModelRunner(self.model, self.memory, self.device)
         self.running: list[Sequence] = []
         self.last_step_decode_only = False  # whether the last step's plan was one token per sequence
+        self.n_checkpoint_restores = 0  # prefix reuses that restarted from a kept checkpoint
         self._rng = random.Random()
 
     def _specs(self, specs: list[LayerSpec]) -> list[LayerSpec]:
@@ -123,9 +124,11 @@ class Engine:
             raise ValueError(f"token ids must be in [0, {vocab})")
         n_cached = max(0, min(n_cached, len(prompt_ids) - 1, self.memory.seq_pos_max(seq_id) + 1))
         n_cached = self.memory.seq_cut_point(seq_id, n_cached)
+        restores = 0 < n_cached <= self.memory.seq_pos_max(seq_id) and n_cached in self.memory.checkpoints(seq_id)
         if not self.memory.seq_rm(seq_id, n_cached):
             self.memory.seq_rm(seq_id)
-            n_cached = 0
+            n_cached = restores = 0
+        self.n_checkpoint_restores += int(restores)  # back to a kept snapshot, not to the live end
         seed = (
             params.seed & (2**63 - 1) if params.seed is not None else self._rng.getrandbits(63)
         )  # int64 for the sampler
@@ -195,7 +198,7 @@ class Engine:
         one that failed keep their (complete) shift. Any other exception becomes
         ``StepFailed`` naming the planned sequences, which leave the running set."""
         self._shift_full_contexts()
-        plan = plan_step(self.running, self.config.max_batch_tokens, getattr(self.memory, "checkpoint_every", None))
+        plan = plan_step(self.running, self.config.max_batch_tokens, self.memory.checkpoint_every)
         if not plan:
             return []
         self.last_step_decode_only = all(c.n_tokens == 1 for c in plan)

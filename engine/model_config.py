@@ -126,7 +126,7 @@ def _layer_types(raw: dict, n_layers: int, window: int | None, path: Path) -> tu
     """Per-layer attention kind from ``layer_types`` (transformers 5, with the legacy
     names), else Gemma 3's ``sliding_window_pattern`` (every n-th layer is global), else
     every layer sliding when the config has a window (Mistral), else all full."""
-    given = raw.get("layer_types")
+    given = raw.get("layer_types") or raw.get("layers_block_type")  # the latter: older Granite 4 configs
     if raw.get("model_type") in RECURRENT_MODEL_TYPES:
         return ("recurrent",) * n_layers
     if given is not None:

@@ -45,7 +45,7 @@ class ModelRunner:
                 if not self.memory.seq_rm(seq_id, n):
                     self.memory.seq_rm(seq_id, self.memory.seq_cut_point(seq_id, n))
             raise
-        every = getattr(self.memory, "checkpoint_every", None)
+        every = self.memory.checkpoint_every
         for c in plan:
             c.seq.n_computed += c.n_tokens
             if c.samples and not c.seq.output_ids:  # the prompt is computed: a point to come back to

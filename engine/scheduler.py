@@ -43,6 +43,7 @@ class SlotInfo:
     n_decoded: int
     params: dict
     cache: list[dict]  # per layer group: kind, blocks it holds, of those shared with other slots
+    checkpoints: list[int]  # positions the slot's cache can be put back to (recurrent / sliding-window kinds)
 
 
 @dataclass(frozen=True)
@@ -210,6 +211,7 @@ class Scheduler:
                     n_decoded=len(seq.output_ids) if seq else 0,
                     params=params,
                     cache=cache,
+                    checkpoints=memory.checkpoints(slot.id),
                 )
             )
         return out

@@ -34,6 +34,7 @@ class CacheStats:
     usage: MemoryUsage
     n_slots: int
     n_slots_busy: int
+    n_checkpoint_restores: int = 0  # prefix reuses that restarted from a kept checkpoint
 
 
 @dataclass(frozen=True)
@@ -140,7 +141,8 @@ class EngineService:
     def cache_stats(self) -> CacheStats:
         """Memory statistics (a racy read, for monitoring)."""
         busy = [s.id for s in self._sched.table.slots if s.busy]
-        return CacheStats(self._engine.memory.usage(held_by=busy), self.n_slots, len(busy))
+        usage = self._engine.memory.usage(held_by=busy)
+        return CacheStats(usage, self.n_slots, len(busy), self._engine.n_checkpoint_restores)
 
     async def memory_report(self) -> dict:
         """Usage and integrity check of the memory, taken between two steps."""

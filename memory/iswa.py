@@ -74,6 +74,9 @@ class ISWAMemory(Memory):
     def seq_cut_point(self, seq: int, p: int) -> int:
         return min(self.full.seq_cut_point(seq, p), self.swa.seq_cut_point(seq, p))
 
+    def checkpoints(self, seq: int) -> list[int]:
+        return self.swa.checkpoints(seq)
+
     def checkpoint(self, seq: int) -> None:
         self.full.checkpoint(seq)
         self.swa.checkpoint(seq)

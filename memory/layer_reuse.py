@@ -33,6 +33,12 @@ class ReuseView(ForwardView):
             return self.inner.attend(layer, q, k, v, scale, softcap)
         return self.inner.attend(target, q, None, None, scale, softcap)  # read only: nothing stored
 
+    def states(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.inner.states(layer)
+
+    def store(self, layer: int, conv: torch.Tensor, ssm: torch.Tensor) -> None:
+        self.inner.store(layer, conv, ssm)
+
 
 class LayerReuse(Memory):
     """``targets``: reusing layer -> the layer whose cache it reads."""
@@ -40,6 +46,7 @@ class LayerReuse(Memory):
     def __init__(self, inner: Memory, targets: dict[int, int]):
         self.inner, self.targets = inner, dict(targets)
         self.kind = inner.kind
+        self.n_seq_max, self.checkpoint_every = inner.n_seq_max, inner.checkpoint_every
 
     def prepare(self, batch: MemoryBatch) -> ReuseView:
         return ReuseView(self.inner.prepare(batch), self.targets)
@@ -52,6 +59,9 @@ class LayerReuse(Memory):
 
     def seq_cut_point(self, seq: int, p: int) -> int:
         return self.inner.seq_cut_point(seq, p)
+
+    def checkpoints(self, seq: int) -> list[int]:
+        return self.inner.checkpoints(seq)
 
     def checkpoint(self, seq: int) -> None:
         self.inner.checkpoint(seq)

@@ -158,6 +158,7 @@ class Memory(ABC):
 
     kind: str = "abstract"
     n_seq_max: int  # sequences are 0 .. n_seq_max - 1
+    checkpoint_every: int | None = None  # kinds that snapshot every this many positions (the planner aligns)
 
     def _check_seq(self, seq: int) -> None:
         if not 0 <= seq < self.n_seq_max:
@@ -197,6 +198,11 @@ class Memory(ABC):
         """``seq``'s prompt has just been computed: keep what a later cut back to this
         point needs (kinds that forget, e.g. sliding windows). Default: nothing."""
         return None
+
+    def checkpoints(self, seq: int) -> list[int]:
+        """Positions ``seq`` keeps a checkpoint for (oldest first); [] for kinds that
+        need none to cut anywhere."""
+        return []
 
     @abstractmethod
     def seq_keep(self, seq: int) -> None:

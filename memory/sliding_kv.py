@@ -69,7 +69,7 @@ class SlidingKVCache(Memory):
         self.cell_pos = torch.full((n_seq_max, self.ring), UNUSED, dtype=torch.long)  # [S, R]
         self.n = [0] * n_seq_max  # next position
         self.lo = [0] * n_seq_max  # lowest position held
-        self.checkpoints: list[list[_Checkpoint]] = [[] for _ in range(n_seq_max)]
+        self.snaps: list[list[_Checkpoint]] = [[] for _ in range(n_seq_max)]
 
     # ---- helpers -------------------------------------------------------------------
 
@@ -88,14 +88,14 @@ class SlidingKVCache(Memory):
     def _clear(self, seq: int) -> None:
         self.cell_pos[seq] = UNUSED
         self.n[seq] = self.lo[seq] = 0
-        self.checkpoints[seq] = []
+        self.snaps[seq] = []
 
     def _truncate(self, seq: int, p: int) -> None:
         """Drop positions >= p (the ring holds the window before p)."""
         self.cell_pos[seq][self.cell_pos[seq] >= p] = UNUSED
         self.n[seq] = p
         self.lo[seq] = min(self.lo[seq], p)
-        self.checkpoints[seq] = [c for c in self.checkpoints[seq] if c.end <= p]
+        self.snaps[seq] = [c for c in self.snaps[seq] if c.end <= p]
 
     def _write(self, seq: int, positions: torch.Tensor, k: dict, v: dict) -> None:
         """Put cells (positions [m], per layer [m, KVH, D]) into ``seq``'s ring."""
@@ -113,8 +113,12 @@ class SlidingKVCache(Memory):
         # [m, KVH, D] copies
         return _Checkpoint(p1, torch.arange(p0, p1), k, v)
 
+    def checkpoints(self, seq: int) -> list[int]:
+        self._check_seq(seq)
+        return [c.end for c in self.snaps[seq]]
+
     def _checkpoint_at(self, seq: int, p: int) -> _Checkpoint | None:
-        return next((c for c in self.checkpoints[seq] if c.end == p), None)
+        return next((c for c in self.snaps[seq] if c.end == p), None)
 
     # ---- protocol ------------------------------------------------------------------
 
@@ -145,7 +149,7 @@ class SlidingKVCache(Memory):
         p = min(p, self.n[seq])
         if p <= 0 or self._holds_window(seq, p):
             return max(p, 0)
-        return max((c.end for c in self.checkpoints[seq] if c.end <= p), default=0)
+        return max((c.end for c in self.snaps[seq] if c.end <= p), default=0)
 
     def seq_rm(self, seq: int, p0: int = 0, p1: int | None = None) -> bool:
         """Whole sequences and suffixes only, and a suffix only back to a cut point
@@ -192,7 +196,7 @@ class SlidingKVCache(Memory):
         ckpt = None if self._holds_window(src, q) else self._checkpoint_at(src, q)
         if q > 0 and ckpt is None and not self._holds_window(src, q):
             raise ValueError(f"sequence {src} cannot be cut at {q} (see seq_cut_point)")
-        kept = [c for c in self.checkpoints[src] if c.end <= q]
+        kept = [c for c in self.snaps[src] if c.end <= q]
         self._clear(dst)
         if q > 0:
             if ckpt is None:
@@ -201,7 +205,7 @@ class SlidingKVCache(Memory):
             self._write(dst, ckpt.positions, ckpt.k, ckpt.v)
             self.n[dst] = q
             self.lo[dst] = int(ckpt.positions[0]) if len(ckpt.positions) else q
-        self.checkpoints[dst] = list(kept)  # snapshots are never written in place: sharing is safe
+        self.snaps[dst] = list(kept)  # snapshots are never written in place: sharing is safe
 
     def seq_keep(self, seq: int) -> None:
         self._check_seq(seq)
@@ -219,7 +223,7 @@ class SlidingKVCache(Memory):
         if end <= 0 or self.n_checkpoints <= 0 or self._checkpoint_at(seq, end) is not None:
             return
         ckpt = self._snapshot(seq, max(self.lo[seq], end - self.window + 1), end)
-        self.checkpoints[seq] = [*self.checkpoints[seq], ckpt][-self.n_checkpoints :]
+        self.snaps[seq] = [*self.snaps[seq], ckpt][-self.n_checkpoints :]
 
     def seq_pos_min(self, seq: int) -> int:
         self._check_seq(seq)

@@ -154,12 +154,27 @@ class _LiveCollector(Collector):
             "capacity": GaugeMetricFamily(
                 "slotserve_kv_cache_blocks_capacity", "Cache blocks in the pool", labels=["memory_kind"]
             ),
+            "bytes_used": GaugeMetricFamily(
+                "slotserve_cache_bytes_used",
+                "Bytes of cache in use (KV cells, or recurrent states and their checkpoints)",
+                labels=["memory_kind"],
+            ),
+            "bytes_capacity": GaugeMetricFamily(
+                "slotserve_cache_bytes_capacity", "Bytes the cache can hold", labels=["memory_kind"]
+            ),
         }
         for group in stats.usage.groups:  # one series per kind of layer group
             families["ratio"].add_metric([group.kind], group.n_blocks_held / max(group.n_blocks_total, 1))
             families["used"].add_metric([group.kind], group.n_blocks_used)
             families["capacity"].add_metric([group.kind], group.n_blocks_total)
+            families["bytes_used"].add_metric([group.kind], group.bytes_used)
+            families["bytes_capacity"].add_metric([group.kind], group.bytes_total)
         yield from families.values()
+        yield CounterMetricFamily(
+            "slotserve_checkpoint_restores",
+            "Prefix reuses that restarted from a kept checkpoint (recurrent or sliding-window caches)",
+            value=stats.n_checkpoint_restores,
+        )
 
 
 class StatusCounter:

@@ -44,6 +44,25 @@ MAMBA2_TINY = dict(  # expand 2 x hidden 64 = 8 heads x 16; two groups share B/C
 )
 
 
+GRANITE_HYBRID_TINY = dict(  # Mamba2, Mamba2, attention (no rope), Mamba2; MoE of 4 experts, top 2, shared MLP
+    num_hidden_layers=4,
+    layer_types=["mamba", "mamba", "attention", "mamba"],
+    mamba_n_heads=8,
+    mamba_d_head=16,
+    mamba_d_state=16,
+    mamba_n_groups=2,
+    mamba_chunk_size=8,
+    num_local_experts=4,
+    num_experts_per_tok=2,
+    shared_intermediate_size=64,
+    position_embedding_type=None,
+    embedding_multiplier=2.0,
+    residual_multiplier=0.5,
+    attention_multiplier=0.2,
+    logits_scaling=3.0,
+)
+
+
 def write_byte_tokenizer(folder: Path, eos: str | None = None) -> None:
     """A byte-level BPE with no merges: 256 byte tokens plus specials."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
@@ -74,6 +93,7 @@ def make_checkpoint(folder: Path, arch: str = "llama", seed: int = 0, noise: flo
         "gemma3": (transformers.Gemma3TextConfig, transformers.Gemma3ForCausalLM),
         "gemma3n": (transformers.Gemma3nTextConfig, transformers.Gemma3nForCausalLM),
         "mamba2": (transformers.Mamba2Config, transformers.Mamba2ForCausalLM),
+        "granitemoehybrid": (transformers.GraniteMoeHybridConfig, transformers.GraniteMoeHybridForCausalLM),
     }
     if arch == "mamba2":  # no attention fields: only what Mamba2Config knows
         base = {k: BASE[k] for k in ("vocab_size", "hidden_size", "num_hidden_layers", "bos_token_id", "eos_token_id")}

@@ -1,12 +1,13 @@
-"""Recurrent memory (memory/recurrent.py) and Mamba2 against transformers: greedy tokens
-and logits, chunked prefill mixed with decode, prefixes reused through checkpoints,
-seq_cp and save -> restore."""
+"""Recurrent memory (memory/recurrent.py), and Mamba2 and the Granite 4 hybrid (Mamba2 +
+attention + MoE, hybrid memory) against transformers: greedy tokens and logits, chunked
+prefill mixed with decode, prefixes reused through checkpoints, seq_cp and save ->
+restore."""
 
 from __future__ import annotations
 
 import pytest
 import torch
-from checkpoints import greedy_reference, load_reference, make_checkpoint
+from checkpoints import GRANITE_HYBRID_TINY, greedy_reference, load_reference, make_checkpoint
 
 from engine import Engine, SamplingParams
 from memory import MemoryBatch, RecurrentMemory, RecurrentSpec, StateMismatch
@@ -15,10 +16,18 @@ N_STEPS = 32
 EVERY = 16  # checkpoint spacing of these tests: prompts span several
 
 
-@pytest.fixture(scope="module")
-def mamba2(tmp_path_factory):
-    folder = make_checkpoint(tmp_path_factory.mktemp("m") / "mamba2", "mamba2")
+ARCHS = {"mamba2": {}, "granitemoehybrid": GRANITE_HYBRID_TINY}
+
+
+@pytest.fixture(scope="module", params=list(ARCHS))
+def mamba2(tmp_path_factory, request):
+    """A tiny recurrent (Mamba2) or hybrid (Granite 4) checkpoint and its reference."""
+    folder = make_checkpoint(tmp_path_factory.mktemp("m") / request.param, request.param, **ARCHS[request.param])
     return folder, load_reference(folder)
+
+
+def checkpoints_meta(state) -> str:
+    return state.meta.get("checkpoints", state.meta.get("rec.checkpoints"))
 
 
 def engine_of(folder, **kw) -> Engine:
@@ -51,10 +60,11 @@ def assert_matches(ref, prompt, tokens, logits, n_steps=N_STEPS):
         torch.testing.assert_close(ours, theirs.float(), atol=1e-4, rtol=0, msg=f"step {step}")
 
 
-def test_mamba2_batched_greedy_matches_transformers(mamba2):
+@pytest.mark.parametrize("unified", [False, True])
+def test_batched_greedy_matches_transformers(mamba2, unified):
     folder, ref = mamba2
-    engine = engine_of(folder)
-    assert engine.memory.kind == "recurrent" and not engine.memory.can_shift
+    engine = engine_of(folder, kv_unified=unified)
+    assert engine.memory.kind in ("recurrent", "hybrid") and not engine.memory.can_shift
     prompts = prompts_of(1, (1, 7, 30, 75))  # 75: several checkpoint intervals, chunks of 8 in the scan
     seqs, logits = run(engine, prompts, (2, 0, 3, 1))
     for i, p in enumerate(prompts):
@@ -106,7 +116,7 @@ def test_seq_cp_and_save_restore_continue_exactly(mamba2, tmp_path):
     assert engine.memory.seq_len(0) == len(held)
     engine.memory.seq_cp(0, 2)
     state = engine.memory.save_seq(0)
-    assert state.meta["checkpoints"] == "16,32,35"
+    assert checkpoints_meta(state) == "16,32,35"
     fresh = engine_of(folder)
     fresh.memory.load_seq(3, state)
     assert fresh.memory.checkpoints(3) == [16, 32, 35]
@@ -188,3 +198,17 @@ def test_a_state_from_another_memory_is_refused_unchanged():
     with pytest.raises(StateMismatch):
         mem.load_seq(1, bad)
     assert mem.seq_len(1) == 2 and torch.equal(mem.conv[0][1], torch.full((6, 3), 5.0))
+
+
+@pytest.mark.parametrize("field", ["mamba_n_heads", "mamba_d_state"])
+def test_a_hybrid_config_missing_a_layout_field_is_a_load_error_naming_it(tmp_path, field):
+    import json
+
+    from engine.errors import CheckpointError
+
+    folder = make_checkpoint(tmp_path / "g", "granitemoehybrid", **GRANITE_HYBRID_TINY)
+    config = json.loads((folder / "config.json").read_text())
+    del config[field]
+    (folder / "config.json").write_text(json.dumps(config))
+    with pytest.raises(CheckpointError, match=field):
+        Engine.from_pretrained(str(folder))

@@ -63,7 +63,10 @@ class SSMShape:
 
         if prefix:
             n_heads = int(get("mamba_n_heads"))
-            head_dim = int(get("mamba_d_head"))
+            head_dim = get("mamba_d_head", default="auto")
+            if head_dim == "auto":  # the inner width split evenly over the heads
+                head_dim = int(get("mamba_expand", default=2)) * hidden // n_heads
+            head_dim = int(head_dim)
             state, groups = int(get("mamba_d_state")), int(get("mamba_n_groups", default=1))
             kernel, chunk = int(get("mamba_d_conv", default=4)), int(get("mamba_chunk_size", default=256))
             bias, conv_bias = bool(get("mamba_proj_bias", default=False)), bool(get("mamba_conv_bias", default=True))

@@ -19,6 +19,7 @@ MODEL_TYPES = {
     "gemma3_text": "Gemma3ForCausalLM",
     "gemma3n_text": "Gemma3nForCausalLM",
     "mamba2": "Mamba2ForCausalLM",
+    "granitemoehybrid": "GraniteMoeHybridForCausalLM",
 }
 
 
