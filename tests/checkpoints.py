@@ -63,6 +63,40 @@ GRANITE_HYBRID_TINY = dict(  # Mamba2, Mamba2, attention (no rope), Mamba2; MoE 
 )
 
 
+FALCON_H1_TINY = dict(  # attention and Mamba2 in every layer; every muP multiplier away from 1
+    mamba_d_ssm=128,
+    mamba_n_heads=8,
+    mamba_d_head=16,
+    mamba_d_state=16,
+    mamba_n_groups=2,
+    mamba_chunk_size=8,
+    mamba_rms_norm=True,
+    embedding_multiplier=2.0,
+    lm_head_multiplier=0.5,
+    key_multiplier=0.7,
+    attention_in_multiplier=1.2,
+    attention_out_multiplier=0.8,
+    ssm_in_multiplier=1.1,
+    ssm_out_multiplier=0.9,
+    ssm_multipliers=[1.0, 0.5, 1.5, 0.8, 1.2],
+    mlp_multipliers=[1.3, 0.7],
+)
+
+
+JAMBA_TINY = dict(  # Mamba1 at layers 0 and 2 (with MoE), attention at 1 and 3 (dense MLP)
+    num_hidden_layers=4,
+    attn_layer_period=2,
+    attn_layer_offset=1,
+    expert_layer_period=2,
+    expert_layer_offset=0,
+    num_experts=4,
+    num_experts_per_tok=2,
+    mamba_d_state=8,
+    mamba_d_conv=4,
+    mamba_expand=2,
+)
+
+
 def write_byte_tokenizer(folder: Path, eos: str | None = None) -> None:
     """A byte-level BPE with no merges: 256 byte tokens plus specials."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
@@ -94,6 +128,8 @@ def make_checkpoint(folder: Path, arch: str = "llama", seed: int = 0, noise: flo
         "gemma3n": (transformers.Gemma3nTextConfig, transformers.Gemma3nForCausalLM),
         "mamba2": (transformers.Mamba2Config, transformers.Mamba2ForCausalLM),
         "granitemoehybrid": (transformers.GraniteMoeHybridConfig, transformers.GraniteMoeHybridForCausalLM),
+        "falconh1": (transformers.FalconH1Config, transformers.FalconH1ForCausalLM),
+        "jamba": (transformers.JambaConfig, transformers.JambaForCausalLM),
     }
     if arch == "mamba2":  # no attention fields: only what Mamba2Config knows
         base = {k: BASE[k] for k in ("vocab_size", "hidden_size", "num_hidden_layers", "bos_token_id", "eos_token_id")}

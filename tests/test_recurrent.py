@@ -7,7 +7,14 @@ from __future__ import annotations
 
 import pytest
 import torch
-from checkpoints import GRANITE_HYBRID_TINY, greedy_reference, load_reference, make_checkpoint
+from checkpoints import (
+    FALCON_H1_TINY,
+    GRANITE_HYBRID_TINY,
+    JAMBA_TINY,
+    greedy_reference,
+    load_reference,
+    make_checkpoint,
+)
 
 from engine import Engine, SamplingParams
 from memory import MemoryBatch, RecurrentMemory, RecurrentSpec, StateMismatch
@@ -16,7 +23,7 @@ N_STEPS = 32
 EVERY = 16  # checkpoint spacing of these tests: prompts span several
 
 
-ARCHS = {"mamba2": {}, "granitemoehybrid": GRANITE_HYBRID_TINY}
+ARCHS = {"mamba2": {}, "granitemoehybrid": GRANITE_HYBRID_TINY, "falconh1": FALCON_H1_TINY, "jamba": JAMBA_TINY}
 
 
 @pytest.fixture(scope="module", params=list(ARCHS))

@@ -39,6 +39,8 @@ class SSMShape:
     use_bias: bool
     use_conv_bias: bool
     dt_limit: tuple[float, float]
+    norm: str = "gate_then_norm"  # output: gate then group RMSNorm | "norm_then_gate" | "gate" (no norm)
+    out_bias: bool | None = None  # out_proj's bias (None: as use_bias)
 
     @property
     def inner(self) -> int:
@@ -65,7 +67,8 @@ class SSMShape:
             n_heads = int(get("mamba_n_heads"))
             head_dim = get("mamba_d_head", default="auto")
             if head_dim == "auto":  # the inner width split evenly over the heads
-                head_dim = int(get("mamba_expand", default=2)) * hidden // n_heads
+                inner = raw.get("mamba_d_ssm") or int(get("mamba_expand", default=2)) * hidden
+                head_dim = int(inner) // n_heads
             head_dim = int(head_dim)
             state, groups = int(get("mamba_d_state")), int(get("mamba_n_groups", default=1))
             kernel, chunk = int(get("mamba_d_conv", default=4)), int(get("mamba_chunk_size", default=256))
@@ -92,21 +95,28 @@ def _limit(value) -> tuple[float, float]:
 
 
 class Mamba2Mixer(nn.Module):
-    def __init__(self, s: SSMShape, layer: int):
+    def __init__(self, s: SSMShape, layer: int, in_scale: float = 1.0):
+        """``layer``: the memory layer id of its states; ``in_scale`` multiplies the input
+        (Falcon-H1); ``mup``, when set, multiplies the input projection per channel."""
         super().__init__()
-        self.s, self.layer = s, layer
+        self.s, self.layer, self.in_scale = s, layer, in_scale
+        self.mup: torch.Tensor | None = None  # [inner + conv_dim + heads]
         self.in_proj = nn.Linear(s.hidden, s.inner + s.conv_dim + s.n_heads, bias=s.use_bias)
         self.conv1d = nn.Conv1d(s.conv_dim, s.conv_dim, s.conv_kernel, groups=s.conv_dim, bias=s.use_conv_bias)
         self.dt_bias = nn.Parameter(torch.zeros(s.n_heads))
         self.A_log = nn.Parameter(torch.zeros(s.n_heads))
         self.D = nn.Parameter(torch.zeros(s.n_heads))
-        self.norm = RMSNorm(s.inner, s.eps)  # weight only: the gated group norm is in ssm.py
-        self.out_proj = nn.Linear(s.inner, s.hidden, bias=s.use_bias)
+        if s.norm != "gate":
+            self.norm = RMSNorm(s.inner, s.eps)  # weight only: the gated group norm is in ssm.py
+        self.out_proj = nn.Linear(s.inner, s.hidden, bias=s.use_bias if s.out_bias is None else s.out_bias)
 
     def forward(self, x: torch.Tensor, view: ForwardView) -> torch.Tensor:
         """x: [T, hidden] (the batch's sequences, each a run of rows) -> [T, hidden]."""
         s = self.s
-        gate, xbc, dt = self.in_proj(x).split([s.inner, s.conv_dim, s.n_heads], dim=-1)
+        proj = self.in_proj(x * self.in_scale if self.in_scale != 1.0 else x)
+        if self.mup is not None:
+            proj = proj * self.mup
+        gate, xbc, dt = proj.split([s.inner, s.conv_dim, s.n_heads], dim=-1)
         window, state = view.states(self.layer)  # [B, C, K - 1], [B, H, P, N]
         A = -torch.exp(self.A_log.float())  # [H]
         weight, bias = self.conv1d.weight[:, 0, :], self.conv1d.bias  # [C, K]
@@ -125,7 +135,11 @@ class Mamba2Mixer(nn.Module):
                 row += n
             y, window, state = torch.cat(ys), torch.stack(windows), torch.stack(states)
         view.store(self.layer, window, state)
-        y = gated_group_rms_norm(y.to(x.dtype), gate, self.norm.weight, s.n_groups, s.eps)
+        if s.norm == "gate":
+            y = (y * F.silu(gate.float())).to(x.dtype)
+        else:
+            weight = self.norm.weight
+            y = gated_group_rms_norm(y.to(x.dtype), gate, weight, s.n_groups, s.eps, s.norm == "norm_then_gate")
         return self.out_proj(y)
 
     def _split(self, xbc: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -20,6 +20,8 @@ MODEL_TYPES = {
     "gemma3n_text": "Gemma3nForCausalLM",
     "mamba2": "Mamba2ForCausalLM",
     "granitemoehybrid": "GraniteMoeHybridForCausalLM",
+    "falcon_h1": "FalconH1ForCausalLM",
+    "jamba": "JambaForCausalLM",
 }
 
 

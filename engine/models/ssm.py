@@ -100,11 +100,44 @@ def ssd_step(
 
 
 def gated_group_rms_norm(
-    y: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, n_groups: int, eps: float
+    y: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, n_groups: int, eps: float, norm_first: bool = False
 ) -> torch.Tensor:
     """Mamba2's output norm: (y * silu(gate)) RMS-normalized within each of ``n_groups``
-    groups of channels, times ``weight``. y, gate: [T, d] -> [T, d] in y's dtype."""
-    h = y.float() * F.silu(gate.float())
+    groups of channels, times ``weight``; with ``norm_first`` (Falcon-H1's
+    norm_before_gate) y is normalized and scaled first, then gated. y, gate: [T, d] ->
+    [T, d] in y's dtype."""
+    h = y.float() if norm_first else y.float() * F.silu(gate.float())
     g = h.view(*h.shape[:-1], n_groups, -1)
     g = g * torch.rsqrt(g.pow(2).mean(-1, keepdim=True) + eps)
+    if norm_first:
+        return (weight * g.view(h.shape) * F.silu(gate.float())).to(y.dtype)
     return weight * g.view(h.shape).to(y.dtype)
+
+
+# ---- Mamba1 (Jamba): a diagonal state per channel, A per (channel, state) -------------
+
+
+def selective_scan(
+    x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor, D: torch.Tensor, state
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One sequence, token by token. x, dt: [L, d] (dt after softplus); A: [d, N];
+    B, C: [L, N]; D: [d]; state: [d, N] -> (y [L, d] before gating, final state), float32.
+    state_t = exp(dt_t A) * state_{t-1} + dt_t B_t x_t;  y_t = state_t . C_t + D x_t."""
+    x, dt, state = x.float(), dt.float(), state.float()
+    decay = torch.exp(dt[:, :, None] * A)  # [L, d, N]
+    inject = dt[:, :, None] * B.float()[:, None, :] * x[:, :, None]  # [L, d, N]
+    ys = []
+    for t in range(x.shape[0]):
+        state = decay[t] * state + inject[t]
+        ys.append(state @ C[t].float())  # [d]
+    return torch.stack(ys) + x * D, state
+
+
+def selective_step(
+    x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor, D: torch.Tensor, state
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One token per sequence: x, dt [b, d]; B, C [b, N]; state [b, d, N] -> (y [b, d], state)."""
+    dt = dt.float()
+    new = state.float() * torch.exp(dt[..., None] * A) + (dt[..., None] * B.float()[:, None, :]) * x.float()[..., None]
+    y = torch.matmul(new, C.float()[..., None])[..., 0] + x * D
+    return y, new

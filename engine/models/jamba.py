@@ -1,0 +1,218 @@
+"""AI21 Jamba (``JambaForCausalLM``): Mamba (version 1) mixers with attention every
+``attn_layer_period`` layers (at ``attn_layer_offset``; no positional encoding), and a
+sparse MoE instead of the MLP every ``expert_layer_period`` layers (at
+``expert_layer_offset``). The config lists no layer types: they follow from the
+periods and offsets.
+
+The Mamba1 mixer: an input projection into (x, gate); a causal depthwise convolution
+over x (window carried per sequence) and SiLU; from x, a low-rank dt and the B and C
+vectors (each RMS-normed, Jamba's addition); a selective scan with a diagonal state per
+channel (``A`` per channel and state); D skip; gated by SiLU(gate); output projection.
+The router takes the top-k of the softmax over all experts, unnormalized; the experts
+are stored one by one (``experts.<e>.{gate,up,down}_proj``).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from engine.errors import CheckpointError
+from engine.model_config import ModelConfig
+from engine.models.base import DecoderLM
+from engine.models.layers import RMSNorm
+from engine.models.registry import register
+from engine.models.ssm import conv_step, conv_window, selective_scan, selective_step
+from memory import ForwardView, FullAttentionSpec, LayerSpec
+from memory.spec import RecurrentSpec
+
+
+def _int(raw: dict, key: str, default: int | None = None) -> int:
+    if raw.get(key) is None:
+        if default is None:
+            raise CheckpointError(f"config.json: required field '{key}' is missing")
+        return default
+    return int(raw[key])
+
+
+class MambaMixer(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer: int):
+        super().__init__()
+        raw, hidden = cfg.raw, cfg.hidden_size
+        self.layer = layer
+        self.inner = _int(raw, "mamba_expand", 2) * hidden
+        self.n_state = _int(raw, "mamba_d_state")
+        self.kernel = _int(raw, "mamba_d_conv", 4)
+        rank = raw.get("mamba_dt_rank", "auto")
+        self.rank = math.ceil(hidden / 16) if rank in (None, "auto") else int(rank)
+        bias, eps = bool(raw.get("mamba_proj_bias", False)), cfg.rms_norm_eps
+        self.in_proj = nn.Linear(hidden, 2 * self.inner, bias=bias)
+        self.conv1d = nn.Conv1d(
+            self.inner, self.inner, self.kernel, groups=self.inner, bias=raw.get("mamba_conv_bias", True)
+        )
+        self.x_proj = nn.Linear(self.inner, self.rank + 2 * self.n_state, bias=False)
+        self.dt_proj = nn.Linear(self.rank, self.inner, bias=True)
+        self.A_log = nn.Parameter(torch.zeros(self.inner, self.n_state))
+        self.D = nn.Parameter(torch.zeros(self.inner))
+        self.out_proj = nn.Linear(self.inner, hidden, bias=bias)
+        self.dt_layernorm = RMSNorm(self.rank, eps)
+        self.b_layernorm = RMSNorm(self.n_state, eps)
+        self.c_layernorm = RMSNorm(self.n_state, eps)
+
+    def spec(self, dtype: torch.dtype) -> RecurrentSpec:
+        return RecurrentSpec((self.inner, self.kernel - 1), (self.inner, self.n_state), dtype)
+
+    def forward(self, x: torch.Tensor, view: ForwardView) -> torch.Tensor:
+        """x: [T, hidden] -> [T, hidden]."""
+        xs, gate = self.in_proj(x).split(self.inner, dim=-1)  # [T, d] each
+        window, state = view.states(self.layer)  # [B, d, K - 1], [B, d, N]
+        weight, bias = self.conv1d.weight[:, 0, :], self.conv1d.bias
+        A = -torch.exp(self.A_log.float())  # [d, N]
+        D = self.D.float()
+        n_tokens = view.batch.n_tokens
+        if all(n == 1 for n in n_tokens):  # decode: one token per sequence, batched
+            conv, window = conv_step(xs, window, weight, bias)
+            u = F.silu(conv)
+            dt, B, C = self._dt_b_c(u)
+            y, state = selective_step(u, dt, A, B, C, D, state)
+        else:
+            ys, windows, states, row = [], [], [], 0
+            for b, n in enumerate(n_tokens):
+                conv, w = conv_window(xs[row : row + n], window[b], weight, bias)
+                u = F.silu(conv)
+                dt, B, C = self._dt_b_c(u)
+                y, st = selective_scan(u, dt, A, B, C, D, state[b])
+                ys.append(y)
+                windows.append(w)
+                states.append(st)
+                row += n
+            y, window, state = torch.cat(ys), torch.stack(windows), torch.stack(states)
+        view.store(self.layer, window, state)
+        return self.out_proj((y * F.silu(gate.float())).to(x.dtype))
+
+    def _dt_b_c(self, u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Conv outputs [n, d] -> dt [n, d] (after softplus), B and C [n, N] (RMS-normed)."""
+        ts, B, C = self.x_proj(u).split([self.rank, self.n_state, self.n_state], dim=-1)
+        dt = F.softplus(self.dt_proj(self.dt_layernorm(ts)).float())
+        return dt, self.b_layernorm(B), self.c_layernorm(C)
+
+
+class JambaAttention(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer: int):
+        super().__init__()
+        self.layer = layer
+        self.n_heads, self.n_kv, self.d = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
+        self.q_proj = nn.Linear(cfg.hidden_size, self.n_heads * self.d, bias=False)
+        self.k_proj = nn.Linear(cfg.hidden_size, self.n_kv * self.d, bias=False)
+        self.v_proj = nn.Linear(cfg.hidden_size, self.n_kv * self.d, bias=False)
+        self.o_proj = nn.Linear(self.n_heads * self.d, cfg.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor, view: ForwardView) -> torch.Tensor:
+        n = x.shape[0]
+        q = self.q_proj(x).view(n, self.n_heads, self.d)  # no positional encoding
+        k = self.k_proj(x).view(n, self.n_kv, self.d)
+        v = self.v_proj(x).view(n, self.n_kv, self.d)
+        return self.o_proj(view.attend(self.layer, q, k, v).reshape(n, self.n_heads * self.d))
+
+
+class JambaMLP(nn.Module):
+    def __init__(self, hidden: int, ffn: int):
+        super().__init__()
+        self.gate_proj = nn.Linear(hidden, ffn, bias=False)
+        self.up_proj = nn.Linear(hidden, ffn, bias=False)
+        self.down_proj = nn.Linear(ffn, hidden, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class JambaMoE(nn.Module):
+    def __init__(self, hidden: int, ffn: int, n_experts: int, top_k: int):
+        super().__init__()
+        self.top_k = top_k
+        self.router = nn.Linear(hidden, n_experts, bias=False)
+        self.experts = nn.ModuleList(JambaMLP(hidden, ffn) for _ in range(n_experts))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x: [T, hidden] -> [T, hidden]; each token's top-k experts weighted by their
+        share of the softmax over all experts (not renormalized)."""
+        probs = torch.softmax(self.router(x).float(), dim=-1)  # [T, E]
+        weights, idx = probs.topk(self.top_k, dim=-1)  # [T, k]
+        weights = weights.to(x.dtype)
+        out = torch.zeros_like(x)
+        for e, expert in enumerate(self.experts):
+            rows, pos = torch.where(idx == e)
+            if len(rows):
+                out.index_add_(0, rows, expert(x[rows]) * weights[rows, pos, None])
+        return out
+
+
+class JambaLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer: int, attention: bool, n_experts: int):
+        super().__init__()
+        raw = cfg.raw
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.pre_ff_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        if attention:
+            self.self_attn = JambaAttention(cfg, layer)
+        else:
+            self.mamba = MambaMixer(cfg, layer)
+        if n_experts > 1:
+            top_k = _int(raw, "num_experts_per_tok", 2)
+            self.feed_forward = JambaMoE(cfg.hidden_size, cfg.intermediate_size, n_experts, top_k)
+        else:
+            self.feed_forward = JambaMLP(cfg.hidden_size, cfg.intermediate_size)
+
+    def forward(self, x: torch.Tensor, view: ForwardView) -> torch.Tensor:
+        h = self.input_layernorm(x)
+        x = x + (self.mamba(h, view) if hasattr(self, "mamba") else self.self_attn(h, view))
+        return x + self.feed_forward(self.pre_ff_layernorm(x))
+
+
+@register("JambaForCausalLM")
+class JambaForCausalLM(DecoderLM):
+    def __init__(self, cfg: ModelConfig):
+        nn.Module.__init__(self)
+        self.cfg = cfg
+        raw = cfg.raw
+        a_period, a_offset = _int(raw, "attn_layer_period", 8), _int(raw, "attn_layer_offset", 4)
+        e_period, e_offset = _int(raw, "expert_layer_period", 2), _int(raw, "expert_layer_offset", 1)
+        n_experts = _int(raw, "num_experts", _int(raw, "num_local_experts", 1))
+        self.is_attention = [i % a_period == a_offset for i in range(cfg.n_layers)]
+        experts = [n_experts if i % e_period == e_offset else 1 for i in range(cfg.n_layers)]
+        self.model = nn.Module()
+        self.model.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.model.layers = nn.ModuleList(
+            JambaLayer(cfg, i, self.is_attention[i], experts[i]) for i in range(cfg.n_layers)
+        )
+        self.model.final_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self._shards: dict[str, list[int]] = {}  # nothing fused: tensors load under their own names
+
+    def init_buffers(self, device: torch.device) -> None:
+        return None  # nothing computed
+
+    def _target(self, name: str) -> tuple[str, int | None]:
+        return name, None
+
+    def layer_specs(self, dtype: torch.dtype) -> list[LayerSpec]:
+        cfg = self.cfg
+        return [
+            FullAttentionSpec(cfg.n_kv_heads, cfg.head_dim, dtype) if attn else layer.mamba.spec(dtype)
+            for attn, layer in zip(self.is_attention, self.model.layers)
+        ]
+
+    def rope_shift(self, layer: int, k: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
+        return k  # keys carry no position
+
+    def forward(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, view: ForwardView, logit_rows: torch.Tensor
+    ) -> torch.Tensor:
+        """input_ids, positions: [T]; logit_rows: [S] -> logits [S, vocab] float32."""
+        x = self.model.embed_tokens(input_ids)  # [T, hidden]
+        for layer in self.model.layers:
+            x = layer(x, view)
+        return self.lm_head(self.model.final_layernorm(x[logit_rows])).float()
