@@ -219,3 +219,38 @@ def test_a_hybrid_config_missing_a_layout_field_is_a_load_error_naming_it(tmp_pa
     (folder / "config.json").write_text(json.dumps(config))
     with pytest.raises(CheckpointError, match=field):
         Engine.from_pretrained(str(folder))
+
+
+def test_follow_up_turns_hit_the_cache_at_every_prompt_length(tmp_path):
+    """The issue's lengths: a follow-up that re-renders the end of the answer resumes at
+    the prompt's checkpoint (not at 0) and answers what a cold run answers."""
+    folder = make_checkpoint(tmp_path / "g", "granitemoehybrid", **GRANITE_HYBRID_TINY, max_position_embeddings=8192)
+    engine = Engine.from_pretrained(str(folder), n_ctx=2 * 4608, n_seq_max=2)  # default spacing and checkpoints
+    for n in (64, 256, 1024, 4096):
+        (prompt,) = prompts_of(n, (n,))
+        answer = run(engine, [prompt], [0], n_steps=6)[0][0].output_ids
+        follow = prompt + answer[:3] + [5, 6, 7]  # the last answer tokens re-rendered differently
+        warm, _ = run(engine, [follow], [0], n_steps=4, n_cached=[n + 3])
+        assert run.starts == [n], f"prompt of {n}"
+        cold, _ = run(engine, [follow], [1], n_steps=4)
+        assert run.starts == [0] and warm[0].output_ids == cold[0].output_ids
+
+
+def test_older_hub_spellings_of_a_hybrid_config_load_the_same_model(tmp_path):
+    """Granite 4 hub configs say "mamba"/"attention" (or layers_block_type) and write
+    infinity as a bare JSON Infinity; transformers 5 writes linear_attention /
+    full_attention and {"__float__": "Infinity"}."""
+    import json
+
+    folder = make_checkpoint(tmp_path / "g", "granitemoehybrid", **GRANITE_HYBRID_TINY)
+    (prompt,) = prompts_of(8, (20,))
+    new = run(engine_of(folder), [prompt], [0], n_steps=8)[0][0].output_ids
+    config = json.loads((folder / "config.json").read_text())
+    assert config["layer_types"][0] == "linear_attention"
+    config["layers_block_type"] = ["mamba", "mamba", "attention", "mamba"]
+    del config["layer_types"]
+    text = json.dumps({**config, "time_step_limit": [0.0, float("inf")]})  # json writes a bare Infinity
+    assert "Infinity]" in text
+    (folder / "config.json").write_text(text)
+    old = run(engine_of(folder), [prompt], [0], n_steps=8)[0][0].output_ids
+    assert old == new
