@@ -67,6 +67,17 @@ class ServerSettings(BaseSettings):
     log_prompts: bool = Field(False, description="log prompt and completion text (off: never in the logs)")
     metrics: bool = Field(True, description="serve Prometheus metrics on /metrics")
     metrics_public: bool = Field(False, description="/metrics without the API key")
+    cors_origins: str | None = Field(
+        None, description="origins browsers may call from (comma-separated or a JSON list; unset or *: all)"
+    )
+
+    @field_validator("cors_origins")
+    @classmethod
+    def _origins(cls, value: str | None) -> str | None:
+        from server.cors import parse_origins
+
+        parse_origins(value)  # ValueError: a clear start-up error
+        return value
 
     @field_validator("api_key_file")
     @classmethod
@@ -118,6 +129,7 @@ FLAGS: dict[str, tuple[str, ...]] = {
     "kv_cache_tokens": ("--kv-cache-tokens",),
     "ssm_checkpoints": ("--ssm-checkpoints",),
     "ssm_checkpoint_every": ("--ssm-checkpoint-every",),
+    "cors_origins": ("--cors-origins", "--allowed-origins"),
 }
 SWITCHES: dict[str, tuple[str, str]] = {
     "kv_unified": ("--kv-unified", "--no-kv-unified"),
