@@ -12,7 +12,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from server import errors, native_api, openai_api, slot_api
 from server.auth import PUBLIC, APIKeyMiddleware, JSONBodyMiddleware
 from server.body_limit import BodyLimitMiddleware
-from server.cors import CORSMiddleware, parse_origins
+from server.cors import CORSMiddleware, CORSPolicy, parse_origins
 from server.metrics import StatusCounter
 from server.openapi import build_openapi
 from server.responses import Status, documented
@@ -68,6 +68,9 @@ def create_app(settings: ServerSettings) -> FastAPI:
     app.add_middleware(JSONBodyMiddleware)
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_size)
     app.add_middleware(APIKeyMiddleware, keys=settings.api_keys, public=public)
-    app.add_middleware(CORSMiddleware, origins=parse_origins(settings.cors_origins))  # preflights skip the key
+    cors = CORSPolicy(
+        parse_origins(settings.cors_origins), settings.cors_methods, settings.cors_headers, settings.cors_credentials
+    )
+    app.add_middleware(CORSMiddleware, policy=cors)  # outside the key check: preflights carry no credentials
     app.add_middleware(StatusCounter, metrics=state.metrics)  # outermost: sees 401s too
     return app

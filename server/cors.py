@@ -1,91 +1,102 @@
-"""CORS as llama-server answers it, as plain ASGI middleware (outside the API-key check,
-so a browser's preflight, which carries no credentials, is answered).
+"""CORS with llama-server's semantics and flags, as plain ASGI middleware (outside the
+API-key check, so a browser's preflight, which carries no credentials, is answered).
 
-- A request with an ``Origin`` the server allows gets ``Access-Control-Allow-Origin``
-  set to that origin (reflected, never ``*``, so credentials work) and
-  ``Access-Control-Allow-Credentials: true``; errors (401s included) carry them too, so
-  a page can read why it failed.
-- A preflight (``OPTIONS`` with ``Access-Control-Request-Method``) from an allowed
-  origin is answered 200 with the allowed methods and the requested headers; from
-  another origin, 403 in the OpenAI error shape.
-- Allowed: every origin (llama-server's default), or the ones ``--cors-origins`` lists
-  (comma-separated or a JSON list, vLLM's ``--allowed-origins`` spelling accepted;
-  ``*`` allows all).
+- ``--cors-origins``: ``*`` (default) allows every origin; ``localhost`` only origins
+  whose host is localhost, 127.0.0.1 or ::1; otherwise a comma-separated list (or, as
+  vLLM's ``--allowed-origins`` spells it, a JSON list).
+- An allowed ``Origin`` is reflected in ``Access-Control-Allow-Origin`` (with
+  ``--no-cors-credentials`` and ``*``, the literal ``*``); every answer carries it,
+  errors and 401s included, so a page can read why it failed. A disallowed origin
+  gets no CORS headers (the browser keeps the answer from the page).
+- ``OPTIONS`` is a preflight: 200 with no body, ``Access-Control-Allow-Credentials``,
+  ``-Methods`` (``--cors-methods``) and ``-Headers`` (``--cors-headers``), whatever the
+  origin (llama-server answers the same way).
 """
 
 from __future__ import annotations
 
+import json
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from server.errors import APIError
+LOCAL_HOSTS = ("localhost", "127.0.0.1", "::1")
 
-METHODS = "GET, POST, PUT, DELETE, OPTIONS"
-MAX_AGE = "600"
+
+@dataclass(frozen=True)
+class CORSPolicy:
+    origins: frozenset[str] | None = None  # None: every origin; {"localhost"}: local origins only
+    methods: str = "GET, POST, DELETE, OPTIONS"
+    headers: str = "*"
+    credentials: bool = True
+
+    def allow_origin(self, origin: str) -> str | None:
+        """The Access-Control-Allow-Origin value for a request from ``origin`` (None: none)."""
+        if self.origins is None:
+            return origin if self.credentials else "*"
+        if self.origins == frozenset({"localhost"}):
+            return origin if _host(origin) in LOCAL_HOSTS else None
+        return origin if origin.rstrip("/") in self.origins else None
+
+
+def _host(origin: str) -> str | None:
+    try:
+        return urlsplit(origin).hostname
+    except ValueError:
+        return None
 
 
 class CORSMiddleware:
-    def __init__(self, app: ASGIApp, origins: frozenset[str] | None = None):
-        """``origins``: the allowed ones; None (or one of them ``*``): all."""
+    def __init__(self, app: ASGIApp, policy: CORSPolicy):
         self.app = app
-        self.origins = None if origins is None or "*" in origins else origins
-
-    def allowed(self, origin: str) -> bool:
-        return self.origins is None or origin in self.origins
+        self.policy = policy
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
         origin = headers.get("origin")
-        if origin is None:
+        allowed = self.policy.allow_origin(origin) if origin else None
+        cors = [(b"access-control-allow-origin", allowed.encode("latin-1")), (b"vary", b"Origin")] if allowed else []
+        if self.policy.credentials and allowed:
+            cors.append((b"access-control-allow-credentials", b"true"))
+        if scope["method"] == "OPTIONS":
+            return await self._preflight(cors, send)
+        if not cors:
             return await self.app(scope, receive, send)
-        if scope["method"] == "OPTIONS" and "access-control-request-method" in headers:
-            return await self._preflight(origin, headers, scope, receive, send)
-        if not self.allowed(origin):
-            return await self.app(scope, receive, send)  # no CORS headers: the browser keeps the answer from the page
-        added = _cors_headers(origin)
 
         async def send_with_cors(message: Message) -> None:
             if message["type"] == "http.response.start":
-                message = {**message, "headers": [*message.get("headers", []), *added]}
+                message = {**message, "headers": [*message.get("headers", []), *cors]}
             await send(message)
 
         await self.app(scope, receive, send_with_cors)
 
-    async def _preflight(self, origin: str, headers: dict, scope: Scope, receive: Receive, send: Send) -> None:
-        if not self.allowed(origin):
-            error = APIError(403, f"origin '{origin}' is not allowed (see --cors-origins)", code="origin_not_allowed")
-            return await error.response()(scope, receive, send)
-        requested = headers.get("access-control-request-headers", "*") or "*"
+    async def _preflight(self, cors: list, send: Send) -> None:
+        p = self.policy
         extra = [
-            (b"access-control-allow-methods", METHODS.encode()),
-            (b"access-control-allow-headers", requested.encode("latin-1")),
-            (b"access-control-max-age", MAX_AGE.encode()),
+            (b"access-control-allow-credentials", b"true" if p.credentials else b"false"),
+            (b"access-control-allow-methods", p.methods.encode("latin-1")),
+            (b"access-control-allow-headers", p.headers.encode("latin-1")),
             (b"content-length", b"0"),
         ]
-        await send({"type": "http.response.start", "status": 200, "headers": [*_cors_headers(origin), *extra]})
+        cors = [h for h in cors if h[0] != b"access-control-allow-credentials"]
+        await send({"type": "http.response.start", "status": 200, "headers": [*cors, *extra]})
         await send({"type": "http.response.body", "body": b""})
 
 
-def _cors_headers(origin: str) -> list[tuple[bytes, bytes]]:
-    return [
-        (b"access-control-allow-origin", origin.encode("latin-1")),
-        (b"access-control-allow-credentials", b"true"),
-        (b"vary", b"Origin"),
-    ]
-
-
 def parse_origins(value: str | None) -> frozenset[str] | None:
-    """``--cors-origins``: comma-separated or a JSON list; empty or unset: all origins."""
-    if value is None or not value.strip():
+    """``--cors-origins``: ``*`` or unset: None (every origin); comma-separated or a JSON
+    list otherwise. ValueError on a JSON value that is not a list of strings."""
+    if value is None or not value.strip() or value.strip() == "*":
         return None
     text = value.strip()
     if text.startswith("["):
-        import json
-
         items = json.loads(text)
         if not isinstance(items, list) or not all(isinstance(x, str) for x in items):
             raise ValueError("--cors-origins: a JSON value must be a list of strings")
     else:
         items = text.split(",")
-    return frozenset(x.strip().rstrip("/") for x in items if x.strip())
+    origins = frozenset(x.strip().rstrip("/") for x in items if x.strip())
+    return None if "*" in origins else origins

@@ -67,13 +67,16 @@ class ServerSettings(BaseSettings):
     log_prompts: bool = Field(False, description="log prompt and completion text (off: never in the logs)")
     metrics: bool = Field(True, description="serve Prometheus metrics on /metrics")
     metrics_public: bool = Field(False, description="/metrics without the API key")
-    cors_origins: str | None = Field(
-        None, description="origins browsers may call from (comma-separated or a JSON list; unset or *: all)"
+    cors_origins: str = Field(
+        "*", description="origins browsers may call from: *, localhost, or a comma-separated / JSON list"
     )
+    cors_methods: str = Field("GET, POST, DELETE, OPTIONS", description="CORS preflight: allowed methods")
+    cors_headers: str = Field("*", description="CORS preflight: allowed headers")
+    cors_credentials: bool = Field(True, description="CORS: allow credentials (echoes the Origin when origins is *)")
 
     @field_validator("cors_origins")
     @classmethod
-    def _origins(cls, value: str | None) -> str | None:
+    def _origins(cls, value: str) -> str:
         from server.cors import parse_origins
 
         parse_origins(value)  # ValueError: a clear start-up error
@@ -130,6 +133,8 @@ FLAGS: dict[str, tuple[str, ...]] = {
     "ssm_checkpoints": ("--ssm-checkpoints",),
     "ssm_checkpoint_every": ("--ssm-checkpoint-every",),
     "cors_origins": ("--cors-origins", "--allowed-origins"),
+    "cors_methods": ("--cors-methods",),
+    "cors_headers": ("--cors-headers",),
 }
 SWITCHES: dict[str, tuple[str, str]] = {
     "kv_unified": ("--kv-unified", "--no-kv-unified"),
@@ -139,6 +144,7 @@ SWITCHES: dict[str, tuple[str, str]] = {
     "metrics": ("--metrics", "--no-metrics"),
     "metrics_public": ("--metrics-public", "--no-metrics-public"),
     "log_prompts": ("--log-prompts", "--no-log-prompts"),
+    "cors_credentials": ("--cors-credentials", "--no-cors-credentials"),
 }
 
 
