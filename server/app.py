@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
@@ -13,6 +14,7 @@ from server import errors, native_api, openai_api, slot_api
 from server.auth import PUBLIC, APIKeyMiddleware, JSONBodyMiddleware
 from server.body_limit import BodyLimitMiddleware
 from server.cors import CORSMiddleware, CORSPolicy, parse_origins
+from server.errors import APIError
 from server.metrics import StatusCounter
 from server.openapi import build_openapi
 from server.responses import Status, documented
@@ -48,11 +50,16 @@ def create_app(settings: ServerSettings) -> FastAPI:
         code, body = state.ready()
         return JSONResponse(body, status_code=code)
 
-    if settings.metrics:
+    started = str(int(time.time()))
 
-        @app.get("/metrics", response_class=PlainTextResponse, responses=documented(None, text=True))
-        async def metrics() -> Response:
-            return Response(generate_latest(state.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+    @app.get("/metrics", response_class=PlainTextResponse, responses=documented(None, 501, text=True))
+    async def metrics() -> Response:
+        """Prometheus text; ``Process-Start-Time-Unix`` says when this process started (as
+        llama-server's). 501 with ``--no-metrics``."""
+        if not settings.metrics:
+            raise APIError(501, "this server does not serve metrics: start it with --metrics", "not_supported_error")
+        body = generate_latest(state.metrics.registry)
+        return Response(body, media_type=CONTENT_TYPE_LATEST, headers={"Process-Start-Time-Unix": started})
 
     document: dict = {}
 

@@ -160,7 +160,10 @@ async def props(http: HTTPRequest) -> dict:
     }
 
 
-@router.get("/slots", response_model=None, responses=documented(list[SlotInfo], 503))
+@router.get("/slots", response_model=None, responses=documented(list[SlotInfo], 501, 503))
 async def slots(http: HTTPRequest) -> list[dict]:
-    engine = http.app.state.slotserve.require_ready()
+    state = http.app.state.slotserve
+    if not state.settings.slots:
+        raise APIError(501, "this server does not serve slot monitoring: start it with --slots", "not_supported_error")
+    engine = state.require_ready()
     return [dataclasses.asdict(s) for s in engine.slots()]

@@ -7,10 +7,12 @@ start-up; nothing below reads the environment again.
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 
 from pydantic import Field, field_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic.fields import FieldInfo
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from engine import DEMO_MODEL
 
@@ -67,12 +69,20 @@ class ServerSettings(BaseSettings):
     log_prompts: bool = Field(False, description="log prompt and completion text (off: never in the logs)")
     metrics: bool = Field(True, description="serve Prometheus metrics on /metrics")
     metrics_public: bool = Field(False, description="/metrics without the API key")
+    slots: bool = Field(True, description="serve the slot monitoring endpoint GET /slots (off: 501)")
     cors_origins: str = Field(
         "*", description="origins browsers may call from: *, localhost, or a comma-separated / JSON list"
     )
     cors_methods: str = Field("GET, POST, DELETE, OPTIONS", description="CORS preflight: allowed methods")
     cors_headers: str = Field("*", description="CORS preflight: allowed headers")
     cors_credentials: bool = Field(True, description="CORS: allow credentials (echoes the Origin when origins is *)")
+
+    @classmethod
+    def settings_customise_sources(
+        cls, settings_cls, init_settings, env_settings, dotenv_settings, file_secret_settings
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        """Flags (init), then SLOTSERVE_* variables, then llama-server's LLAMA_ARG_* ones."""
+        return init_settings, env_settings, LlamaEnv(settings_cls), dotenv_settings, file_secret_settings
 
     @field_validator("cors_origins")
     @classmethod
@@ -106,6 +116,53 @@ class ServerSettings(BaseSettings):
 
 
 # flag spellings: llama-server's short and long names for each field
+LLAMA_ENV = {  # setting -> the variable llama-server reads for the same flag (llama.cpp common/arg.cpp)
+    "model": "LLAMA_ARG_MODEL",
+    "alias": "LLAMA_ARG_ALIAS",
+    "host": "LLAMA_ARG_HOST",
+    "port": "LLAMA_ARG_PORT",
+    "ctx_size": "LLAMA_ARG_CTX_SIZE",
+    "parallel": "LLAMA_ARG_N_PARALLEL",
+    "batch_size": "LLAMA_ARG_BATCH",
+    "ubatch_size": "LLAMA_ARG_UBATCH",
+    "api_key": "LLAMA_API_KEY",
+    "api_key_file": "LLAMA_ARG_API_KEY_FILE",
+    "n_predict": "LLAMA_ARG_N_PREDICT",
+    "threads": "LLAMA_ARG_THREADS",
+    "timeout": "LLAMA_ARG_TIMEOUT",
+    "kv_unified": "LLAMA_ARG_KV_UNIFIED",
+    "swa_full": "LLAMA_ARG_SWA_FULL",
+    "ctx_checkpoints": "LLAMA_ARG_CTX_CHECKPOINTS",
+    "context_shift": "LLAMA_ARG_CONTEXT_SHIFT",
+    "metrics": "LLAMA_ARG_ENDPOINT_METRICS",
+    "slots": "LLAMA_ARG_ENDPOINT_SLOTS",
+    "cors_origins": "LLAMA_ARG_CORS_ORIGINS",
+    "cors_methods": "LLAMA_ARG_CORS_METHODS",
+    "cors_headers": "LLAMA_ARG_CORS_HEADERS",
+    "cors_credentials": "LLAMA_ARG_CORS_CREDENTIALS",
+}
+_LLAMA_BOOL = {"enabled": "true", "disabled": "false"}  # llama.cpp's spellings beside true/1/on
+
+
+class LlamaEnv(PydanticBaseSettingsSource):
+    """Settings from llama-server's environment variables (below SLOTSERVE_* ones)."""
+
+    def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[object, str, bool]:
+        name = LLAMA_ENV.get(field_name)
+        value = os.environ.get(name) if name else None
+        if value is not None and field.annotation is bool:
+            value = _LLAMA_BOOL.get(value.strip().lower(), value)
+        return value, field_name, False
+
+    def __call__(self) -> dict[str, object]:
+        out = {}
+        for name, field in self.settings_cls.model_fields.items():
+            value, _, _ = self.get_field_value(field, name)
+            if value is not None:
+                out[name] = value
+        return out
+
+
 FLAGS: dict[str, tuple[str, ...]] = {
     "model": ("-m", "--model"),
     "alias": ("-a", "--alias"),
@@ -145,6 +202,7 @@ SWITCHES: dict[str, tuple[str, str]] = {
     "metrics_public": ("--metrics-public", "--no-metrics-public"),
     "log_prompts": ("--log-prompts", "--no-log-prompts"),
     "cors_credentials": ("--cors-credentials", "--no-cors-credentials"),
+    "slots": ("--slots", "--no-slots"),
 }
 
 

@@ -196,4 +196,4 @@ def test_metrics_follow_the_api_key_unless_public(tmp_path):
     with ServerProcess("-np", "1", "--no-metrics") as srv:
         srv.wait_ready()
         r = httpx.get(srv.url + "/metrics")
-        assert r.status_code == 404 and r.json()["error"]["type"] == "not_found_error"
+        assert r.status_code == 501 and r.json()["error"]["type"] == "not_supported_error"  # as llama-server
