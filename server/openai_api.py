@@ -14,6 +14,7 @@ from fastapi.responses import JSONResponse, Response
 from engine import Engine
 from engine.request import Delta, Failed, Request
 from engine.sequence import TokenLogprob
+from server import __version__
 from server.errors import APIError
 from server.generation import (
     OPENAI_DEFAULTS,
@@ -72,13 +73,23 @@ async def _start(http: HTTPRequest, body: OpenAIFields, ids: list[int], max_toke
     return run
 
 
-def _header(kind: str, model: str) -> dict:
+def _header(kind: str, model: str, engine) -> dict:
     prefix = "chatcmpl" if kind == "chat.completion" else "cmpl"
-    return {"id": f"{prefix}-{uuid.uuid4().hex}", "object": kind, "created": int(time.time()), "model": model}
+    head = {"id": f"{prefix}-{uuid.uuid4().hex}", "object": kind, "created": int(time.time()), "model": model}
+    return {**head, "system_fingerprint": system_fingerprint(engine)}
 
 
-async def _stream(run: Run, head: dict, include_usage: bool, render) -> AsyncIterator[str]:
-    """SSE frames: ``render(delta)`` gives each delta's choice object; then usage, [DONE]."""
+def system_fingerprint(engine) -> str:
+    """Which build served the model, and which weights: changes when either does."""
+    return f"slotserve-{__version__}-{engine.fingerprint['weights_sha256'][:12]}"
+
+
+async def _stream(run: Run, head: dict, include_usage: bool, render, first: list | None = None) -> AsyncIterator[str]:
+    """SSE frames: ``first`` (choice objects sent before any token), then ``render(delta)``
+    for each delta; then usage, [DONE]."""
+    usage = {"usage": None} if include_usage else {}
+    for choice in first or []:
+        yield sse({**head, "choices": [choice], **usage})
     async for event in run.events():
         if isinstance(event, Failed):
             yield sse_error(event)
@@ -106,7 +117,7 @@ async def completions(body: CompletionRequest, http: HTTPRequest) -> Response:
     run = await _start(http, body, ids, max_tokens, body.logprobs)
     if run is None:
         return Response(status_code=499)
-    head = _header("text_completion", state.settings.model_name)
+    head = _header("text_completion", state.settings.model_name, engine)
     echo = await decode(engine, ids) if body.echo else ""
 
     if body.stream:
@@ -143,23 +154,21 @@ async def chat_completions(body: ChatCompletionRequest, http: HTTPRequest) -> Re
     state = http.app.state.slotserve
     engine = state.require_ready()
     check_text_fits(engine, sum(len(m.text()) for m in body.messages))
-    prompt = await render_chat(engine, body.messages, body.add_generation_prompt)
+    if body.continue_final_message and "add_generation_prompt" in body.model_fields_set and body.add_generation_prompt:
+        raise APIError(400, "continue_final_message and add_generation_prompt cannot both be true")
+    prompt = await render_chat(engine, body.messages, body.add_generation_prompt, body.continue_final_message)
     ids = await encode(engine, prompt, add_special=False)
     max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
     n_top = (body.top_logprobs or 0) if body.logprobs else None
     run = await _start(http, body, ids, max_tokens, n_top)
     if run is None:
         return Response(status_code=499)
-    head = _header("chat.completion", state.settings.model_name)
+    head = _header("chat.completion", state.settings.model_name, engine)
 
     if body.stream:
-        started = [False] * body.n
 
         def render(d: Delta) -> dict | None:
             delta: dict = {}
-            if not started[d.index]:
-                delta["role"] = "assistant"
-                started[d.index] = True
             if d.text or not d.finished:
                 delta["content"] = d.text
             lps = {"content": [_chat_logprob(engine, d.logprob)]} if body.logprobs and d.logprob else None
@@ -167,7 +176,11 @@ async def chat_completions(body: ChatCompletionRequest, http: HTTPRequest) -> Re
 
         include = bool(body.stream_options and body.stream_options.include_usage)
         chunk_head = {**head, "object": "chat.completion.chunk"}
-        return SSEResponse(_stream(run, chunk_head, include, render), run)
+        opening = [  # as OpenAI and llama-server: the role first, no content yet
+            {"index": i, "delta": {"role": "assistant", "content": None}, "logprobs": None, "finish_reason": None}
+            for i in range(body.n)
+        ]
+        return SSEResponse(_stream(run, chunk_head, include, render, opening), run)
 
     await run.collect()
 
@@ -178,6 +191,16 @@ async def chat_completions(body: ChatCompletionRequest, http: HTTPRequest) -> Re
 
     choices = await asyncio.to_thread(lambda: [choice(c) for c in run.choices])  # logprob pieces: many decodes
     return JSONResponse({**head, "choices": choices, "usage": run.usage()})
+
+
+@router.post("/v1/chat/completions/input_tokens", response_model=None, responses=documented(None, 400, 413, 503))
+@router.post("/chat/completions/input_tokens", include_in_schema=False)
+async def chat_input_tokens(body: ChatCompletionRequest, http: HTTPRequest) -> dict:
+    """How many tokens the chat request's prompt is (llama-server's token counting)."""
+    engine = http.app.state.slotserve.require_ready()
+    check_text_fits(engine, sum(len(m.text()) for m in body.messages))
+    prompt = await render_chat(engine, body.messages, body.add_generation_prompt, body.continue_final_message)
+    return {"object": "response.input_tokens", "input_tokens": len(await encode(engine, prompt, add_special=False))}
 
 
 @router.get("/v1/models", response_model=None, responses=documented(ModelList))

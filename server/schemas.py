@@ -128,6 +128,7 @@ class ChatCompletionRequest(OpenAIFields):
     logprobs: bool = False
     top_logprobs: Int(ge=0, le=20) | None = None
     add_generation_prompt: bool = True
+    continue_final_message: bool | None = None  # vLLM's; None: continue a final assistant message (llama-server)
 
 
 class NativeCompletionRequest(SamplingFields):
