@@ -40,7 +40,7 @@ def sampling_params(
             top_k=pick("top_k"),
             top_p=max(pick("top_p"), 1e-9),
             min_p=pick("min_p"),
-            seed=None if body.seed in (None, -1) else body.seed,
+            seed=_seed(body.seed if body.seed is not None else defaults.get("seed")),
             presence_penalty=body.presence_penalty or 0.0,
             frequency_penalty=body.frequency_penalty or 0.0,
             repetition_penalty=body.repetition_penalty or 1.0,
@@ -51,6 +51,10 @@ def sampling_params(
         )
     except ValueError as exc:
         raise APIError(400, str(exc)) from exc
+
+
+def _seed(seed: int | None) -> int | None:
+    return None if seed in (None, -1) else seed
 
 
 def resolve_max_tokens(requested: int | None, default: int, n_prompt: int, engine: EngineService) -> tuple[int, bool]:

@@ -54,7 +54,9 @@ async def completion(body: NativeCompletionRequest, http: HTTPRequest) -> Respon
     ids = await prompt_ids(engine, body.prompt)
     requested = None if body.n_predict < 0 else body.n_predict
     n_tokens, given = resolve_max_tokens(requested, state.settings.n_predict, len(ids), engine)
-    params = sampling_params(body, engine, n_tokens, body.n_probs or None, LLAMA_DEFAULTS)
+    params = sampling_params(
+        body, engine, n_tokens, body.n_probs or None, LLAMA_DEFAULTS | state.settings.sampling_defaults
+    )
     req = Request(ids, params, 1, body.id_slot, body.cache_prompt, body.n_keep, given)
     run = Run(state, http, req)
     if not await run.open(engine):

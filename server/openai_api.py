@@ -65,7 +65,7 @@ async def _start(http: HTTPRequest, body: OpenAIFields, ids: list[int], max_toke
     state = http.app.state.slotserve
     engine = state.require_ready()
     n_tokens, given = resolve_max_tokens(max_tokens, state.settings.n_predict, len(ids), engine)
-    params = sampling_params(body, engine, n_tokens, logprobs, OPENAI_DEFAULTS)
+    params = sampling_params(body, engine, n_tokens, logprobs, OPENAI_DEFAULTS | state.settings.sampling_defaults)
     req = Request(ids, params, body.n, body.id_slot, body.cache_prompt, body.n_keep, given)
     run = Run(state, http, req)
     if not await run.open(engine):

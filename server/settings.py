@@ -70,6 +70,11 @@ class ServerSettings(BaseSettings):
     metrics: bool = Field(True, description="serve Prometheus metrics on /metrics")
     metrics_public: bool = Field(False, description="/metrics without the API key")
     slots: bool = Field(True, description="serve the slot monitoring endpoint GET /slots (off: 501)")
+    temp: float | None = Field(None, ge=0, description="default temperature of requests that set none")
+    top_k: int | None = Field(None, ge=0, description="default top-k of requests that set none")
+    top_p: float | None = Field(None, gt=0, le=1, description="default top-p of requests that set none")
+    min_p: float | None = Field(None, ge=0, le=1, description="default min-p of requests that set none")
+    seed: int | None = Field(None, description="default sampling seed of requests that set none (-1: random)")
     cors_origins: str = Field(
         "*", description="origins browsers may call from: *, localhost, or a comma-separated / JSON list"
     )
@@ -111,6 +116,13 @@ class ServerSettings(BaseSettings):
         return self.alias or Path(self.model).name
 
     @property
+    def sampling_defaults(self) -> dict:
+        """The server-wide defaults that override a route's own (only those set)."""
+        given = {"temperature": self.temp, "top_k": self.top_k, "top_p": self.top_p, "min_p": self.min_p}
+        given["seed"] = self.seed
+        return {k: v for k, v in given.items() if v is not None}
+
+    @property
     def step_tokens(self) -> int:
         return min(self.batch_size, self.ubatch_size)
 
@@ -140,6 +152,10 @@ LLAMA_ENV = {  # setting -> the variable llama-server reads for the same flag (l
     "cors_methods": "LLAMA_ARG_CORS_METHODS",
     "cors_headers": "LLAMA_ARG_CORS_HEADERS",
     "cors_credentials": "LLAMA_ARG_CORS_CREDENTIALS",
+    "temp": "LLAMA_ARG_TEMPERATURE",
+    "top_k": "LLAMA_ARG_TOP_K",
+    "top_p": "LLAMA_ARG_TOP_P",
+    "min_p": "LLAMA_ARG_MIN_P",
 }
 _LLAMA_BOOL = {"enabled": "true", "disabled": "false"}  # llama.cpp's spellings beside true/1/on
 
@@ -204,6 +220,9 @@ SWITCHES: dict[str, tuple[str, str]] = {
     "cors_credentials": ("--cors-credentials", "--no-cors-credentials"),
     "slots": ("--slots", "--no-slots"),
 }
+FLAGS.update(
+    {"temp": ("--temp",), "top_k": ("--top-k",), "top_p": ("--top-p",), "min_p": ("--min-p",), "seed": ("-s", "--seed")}
+)
 
 
 def add_flags(parser: argparse.ArgumentParser) -> None:
