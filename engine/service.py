@@ -124,6 +124,10 @@ class EngineService:
 
     # ---- requests --------------------------------------------------------------
 
+    def validate(self, req: Request) -> None:
+        """Raise RequestError for what ``submit`` would refuse whatever the load."""
+        self._sched.validate(req)
+
     def submit(self, req: Request, sink: Sink) -> int:
         """Queue ``req``; returns its id. Raises RequestError, QueueFull, EngineStopped."""
         return self._sched.submit(req, sink)

@@ -20,6 +20,7 @@ from engine.errors import (
     SlotFilesOff,
     SlotWriteFailed,
 )
+from engine.request import RequestError
 from engine.tokenizer import TokenizeError
 
 log = logging.getLogger("slotserve")
@@ -123,6 +124,10 @@ def install(app: FastAPI) -> None:
     @app.exception_handler(TokenizeError)
     async def _untokenizable(_: Request, exc: TokenizeError) -> JSONResponse:
         return APIError(400, str(exc)).response()
+
+    @app.exception_handler(RequestError)
+    async def _refused(_: Request, exc: RequestError) -> JSONResponse:  # what can never run: the engine says why
+        return APIError(400, str(exc), exc.type, **exc.extra).response()
 
     @app.exception_handler(SlotError)
     async def _slot(_: Request, exc: SlotError) -> JSONResponse:

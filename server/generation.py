@@ -80,6 +80,9 @@ def check_text_fits(engine: EngineService, n_chars: int) -> None:
         )
 
 
+PREFILL_MARK = "\u2063slotserve-prefill\u2063"  # never in a template's own text
+
+
 async def render_chat(
     engine: EngineService,
     messages: list[Message],
@@ -106,14 +109,12 @@ async def render_chat(
     def render() -> str:
         if not prefill:
             return template.render(turns, add_generation_prompt=add_generation_prompt)
-        partial = turns[-1]["content"]
-        if not partial:  # nothing to continue: the assistant's turn just opens
-            return template.render(turns[:-1], add_generation_prompt=True)
-        text = template.render(turns, add_generation_prompt=False)
-        end = text.rfind(partial)
+        marked = [*turns[:-1], {**turns[-1], "content": turns[-1]["content"] + PREFILL_MARK}]
+        text = template.render(marked, add_generation_prompt=False)
+        end = text.rfind(PREFILL_MARK)  # the prompt stops where the given content does
         if end < 0:
             raise ChatTemplateError("the template does not keep the final assistant message as given")
-        return text[: end + len(partial)]
+        return text[:end]
 
     try:
         return await asyncio.to_thread(render)

@@ -61,13 +61,18 @@ def _completion_logprobs(engine: Engine, lps: list[TokenLogprob], offset: int) -
     }
 
 
-async def _start(http: HTTPRequest, body: OpenAIFields, ids: list[int], max_tokens, logprobs) -> Run:
+def _request(http: HTTPRequest, body: OpenAIFields, ids: list[int], max_tokens, logprobs) -> Request:
     state = http.app.state.slotserve
     engine = state.require_ready()
     n_tokens, given = resolve_max_tokens(max_tokens, state.settings.n_predict, len(ids), engine)
     params = sampling_params(body, engine, n_tokens, logprobs, OPENAI_DEFAULTS | state.settings.sampling_defaults)
-    req = Request(ids, params, body.n, body.id_slot, body.cache_prompt, body.n_keep, given)
-    run = Run(state, http, req)
+    return Request(ids, params, body.n, body.id_slot, body.cache_prompt, body.n_keep, given)
+
+
+async def _start(http: HTTPRequest, body: OpenAIFields, ids: list[int], max_tokens, logprobs) -> Run:
+    state = http.app.state.slotserve
+    engine = state.require_ready()
+    run = Run(state, http, _request(http, body, ids, max_tokens, logprobs))
     if not await run.open(engine):
         return None
     return run
@@ -200,7 +205,10 @@ async def chat_input_tokens(body: ChatCompletionRequest, http: HTTPRequest) -> d
     engine = http.app.state.slotserve.require_ready()
     check_text_fits(engine, sum(len(m.text()) for m in body.messages))
     prompt = await render_chat(engine, body.messages, body.add_generation_prompt, body.continue_final_message)
-    return {"object": "response.input_tokens", "input_tokens": len(await encode(engine, prompt, add_special=False))}
+    ids = await encode(engine, prompt, add_special=False)
+    max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
+    engine.validate(_request(http, body, ids, max_tokens, (body.top_logprobs or 0) if body.logprobs else None))
+    return {"object": "response.input_tokens", "input_tokens": len(ids)}
 
 
 @router.get("/v1/models", response_model=None, responses=documented(ModelList))
@@ -210,6 +218,8 @@ async def models(http: HTTPRequest) -> dict:
     meta = {"n_ctx": state.engine.n_ctx, "n_vocab": state.engine.vocab_size} if state.engine else {}
     entry = {
         "id": state.settings.model_name,
+        "aliases": state.settings.model_aliases,
+        "tags": state.settings.model_tags,
         "object": "model",
         "created": int(state.t_started),
         "owned_by": "slotserve",

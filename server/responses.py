@@ -97,6 +97,8 @@ class ChatCompletion(_Out):
 
 class ModelCard(_Out):
     id: str
+    aliases: list[str]  # every name the model answers to (--alias, comma-separated), sorted
+    tags: list[str]  # --tags
     object: Literal["model"]
     created: int
     owned_by: str

@@ -123,6 +123,18 @@ class Message(_Body):
 
 
 class ChatCompletionRequest(OpenAIFields):
+    """A final assistant message is continued (a prefill). Refused (400): two assistant
+    messages at the end; ``continue_final_message`` true without a final assistant
+    message, or together with an explicitly true ``add_generation_prompt``."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "not": {
+                "required": ["continue_final_message", "add_generation_prompt"],
+                "properties": {"continue_final_message": {"const": True}, "add_generation_prompt": {"const": True}},
+            }
+        }
+    )
     messages: list[Message] = Field(min_length=1)
     max_completion_tokens: Int(ge=0) | None = None
     logprobs: bool = False

@@ -21,7 +21,10 @@ class ServerSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="SLOTSERVE_", extra="forbid", protected_namespaces=())
 
     model: Path = Field(DEMO_MODEL, description="Hugging Face checkpoint folder (default: the embedded demo model)")
-    alias: str | None = Field(None, description="model name reported by the API (default: the folder name)")
+    alias: str | None = Field(
+        None, description="model names reported by the API, comma-separated (default: the folder name)"
+    )
+    tags: str | None = Field(None, description="model tags listed by /v1/models, comma-separated (informational)")
     host: str = Field("127.0.0.1", description="address to listen on")
     port: int = Field(8080, ge=0, le=65535, description="port to listen on")
     ctx_size: int = Field(4096, gt=0, description="KV cache cells of all slots together (see --kv-unified)")
@@ -112,8 +115,19 @@ class ServerSettings(BaseSettings):
         return frozenset(k for k in keys if k)
 
     @property
+    def model_aliases(self) -> list[str]:
+        """Every name of the model, sorted (llama-server keeps them in a sorted set)."""
+        names = sorted({a.strip() for a in (self.alias or "").split(",") if a.strip()})
+        return names or [Path(self.model).name]
+
+    @property
     def model_name(self) -> str:
-        return self.alias or Path(self.model).name
+        """The name answers carry: the first alias, as llama-server's."""
+        return self.model_aliases[0]
+
+    @property
+    def model_tags(self) -> list[str]:
+        return sorted({t.strip() for t in (self.tags or "").split(",") if t.strip()})
 
     @property
     def sampling_defaults(self) -> dict:
@@ -131,6 +145,7 @@ class ServerSettings(BaseSettings):
 LLAMA_ENV = {  # setting -> the variable llama-server reads for the same flag (llama.cpp common/arg.cpp)
     "model": "LLAMA_ARG_MODEL",
     "alias": "LLAMA_ARG_ALIAS",
+    "tags": "LLAMA_ARG_TAGS",
     "host": "LLAMA_ARG_HOST",
     "port": "LLAMA_ARG_PORT",
     "ctx_size": "LLAMA_ARG_CTX_SIZE",
@@ -220,6 +235,7 @@ SWITCHES: dict[str, tuple[str, str]] = {
     "cors_credentials": ("--cors-credentials", "--no-cors-credentials"),
     "slots": ("--slots", "--no-slots"),
 }
+FLAGS["tags"] = ("--tags",)
 FLAGS.update(
     {"temp": ("--temp",), "top_k": ("--top-k",), "top_p": ("--top-p",), "min_p": ("--min-p",), "seed": ("-s", "--seed")}
 )

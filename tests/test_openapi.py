@@ -5,6 +5,7 @@ body is documented, 405s carry Allow, and the probes and the key check behave as
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -31,7 +32,9 @@ def test_schemathesis_finds_nothing(tmp_path):
         cmd = [str(st), "run", srv.url + "/openapi.json", "--checks", "all", "--mode", "all", "--seed", "1"]
         cmd += ["--max-time", "100", "--request-timeout", "120", "--max-response-time", "60"]
         cmd += ["-H", f"Authorization: Bearer {KEY}"]
-        run = subprocess.run(cmd, capture_output=True, text=True, timeout=400, cwd=tmp_path)
+        hooks = {"SCHEMATHESIS_HOOKS": "schemathesis_hooks", "PYTHONPATH": str(Path(__file__).parent)}
+        env = {**os.environ, **hooks}  # rules counted from the end of a conversation: see the hooks
+        run = subprocess.run(cmd, capture_output=True, text=True, timeout=400, cwd=tmp_path, env=env)
         assert run.returncode == 0, run.stdout[-6000:]
         assert "No issues found" in run.stdout or " passed" in run.stdout, run.stdout[-3000:]
         assert httpx.get(srv.url + "/health").status_code == 200  # and the server is still well

@@ -45,3 +45,13 @@ def test_llama_arg_variables_configure_the_server(tmp_path):
         key = {"Authorization": "Bearer sk-llama"}
         assert len(httpx.get(srv.url + "/slots", headers=key).json()) == 2
         assert httpx.get(srv.url + "/v1/models", headers=key).json()["data"][0]["id"] == "ours"
+
+
+def test_several_aliases_and_tags_are_listed():
+    with InProcessServer(alias="zeta-model, alpha-model", tags="code,small") as srv:
+        card = httpx.get(srv.url + "/v1/models").json()["data"][0]
+        assert card["aliases"] == ["alpha-model", "zeta-model"] and card["tags"] == ["code", "small"]
+        assert card["id"] == "alpha-model"  # the first of the sorted names, as llama-server
+        body = {"model": "zeta-model", "prompt": "x", "max_tokens": 2}
+        answer = httpx.post(srv.url + "/v1/completions", json=body, timeout=60).json()
+        assert answer["model"] == "alpha-model"
