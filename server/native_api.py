@@ -48,6 +48,7 @@ def _stop_type(reason: str | None, stop_word: str | None) -> str:
 @router.post(
     "/completion", response_model=None, responses=documented(NativeCompletion, 400, 413, 500, 503, stream=True)
 )
+@router.post("/completions", include_in_schema=False)  # llama-server's native completion there too
 async def completion(body: NativeCompletionRequest, http: HTTPRequest) -> Response:
     state = http.app.state.slotserve
     engine = state.require_ready()

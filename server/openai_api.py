@@ -111,7 +111,6 @@ GENERATE_ERRORS = (400, 413, 500, 503)
 
 
 @router.post("/v1/completions", response_model=None, responses=documented(Completion, *GENERATE_ERRORS, stream=True))
-@router.post("/completions", include_in_schema=False)
 async def completions(body: CompletionRequest, http: HTTPRequest) -> Response:
     state = http.app.state.slotserve
     engine = state.require_ready()

@@ -55,3 +55,11 @@ def test_several_aliases_and_tags_are_listed():
         body = {"model": "zeta-model", "prompt": "x", "max_tokens": 2}
         answer = httpx.post(srv.url + "/v1/completions", json=body, timeout=60).json()
         assert answer["model"] == "alpha-model"
+
+
+def test_completions_without_v1_is_the_native_completion():
+    with InProcessServer() as srv:
+        body = {"prompt": "def f(x):", "n_predict": 4, "temperature": 0}
+        native = httpx.post(srv.url + "/completions", json=body, timeout=60).json()
+        assert native["content"] == httpx.post(srv.url + "/completion", json=body, timeout=60).json()["content"]
+        assert "tokens_cached" in native and "choices" not in native
