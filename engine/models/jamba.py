@@ -25,7 +25,7 @@ from engine.model_config import ModelConfig
 from engine.models.base import DecoderLM
 from engine.models.layers import RMSNorm
 from engine.models.registry import register
-from engine.models.ssm import conv_step, conv_window, selective_scan, selective_step
+from engine.models.ssm import conv_step, conv_window, each_sequence, selective_scan, selective_step
 from memory import ForwardView, FullAttentionSpec, LayerSpec
 from memory.spec import RecurrentSpec
 
@@ -79,17 +79,15 @@ class MambaMixer(nn.Module):
             dt, B, C = self._dt_b_c(u)
             y, state = selective_step(u, dt, A, B, C, D, state)
         else:
-            ys, windows, states, row = [], [], [], 0
-            for b, n in enumerate(n_tokens):
-                conv, w = conv_window(xs[row : row + n], window[b], weight, bias)
+
+            def run(b: int, rows: slice) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                conv, new_window = conv_window(xs[rows], window[b], weight, bias)
                 u = F.silu(conv)
                 dt, B, C = self._dt_b_c(u)
-                y, st = selective_scan(u, dt, A, B, C, D, state[b])
-                ys.append(y)
-                windows.append(w)
-                states.append(st)
-                row += n
-            y, window, state = torch.cat(ys), torch.stack(windows), torch.stack(states)
+                y, new_state = selective_scan(u, dt, A, B, C, D, state[b])
+                return y, new_window, new_state
+
+            y, window, state = each_sequence(n_tokens, run)
         view.store(self.layer, window, state)
         return self.out_proj((y * F.silu(gate.float())).to(x.dtype))
 

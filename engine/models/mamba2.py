@@ -21,7 +21,7 @@ from engine.model_config import ModelConfig
 from engine.models.base import DecoderLM
 from engine.models.layers import RMSNorm
 from engine.models.registry import register
-from engine.models.ssm import conv_step, conv_window, gated_group_rms_norm, ssd_scan, ssd_step
+from engine.models.ssm import conv_step, conv_window, each_sequence, gated_group_rms_norm, ssd_scan, ssd_step
 from memory import ForwardView, LayerSpec
 from memory.spec import RecurrentSpec
 
@@ -125,15 +125,13 @@ class Mamba2Mixer(nn.Module):
             conv, window = conv_step(xbc, window, weight, bias)
             y, state = self._step(F.silu(conv), dt, A, state)
         else:
-            ys, windows, states, row = [], [], [], 0
-            for b, n in enumerate(n_tokens):
-                conv, w = conv_window(xbc[row : row + n], window[b], weight, bias)
-                y, st = self._scan(F.silu(conv), dt[row : row + n], A, state[b])
-                ys.append(y)
-                windows.append(w)
-                states.append(st)
-                row += n
-            y, window, state = torch.cat(ys), torch.stack(windows), torch.stack(states)
+
+            def run(b: int, rows: slice) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                conv, new_window = conv_window(xbc[rows], window[b], weight, bias)
+                y, new_state = self._scan(F.silu(conv), dt[rows], A, state[b])
+                return y, new_window, new_state
+
+            y, window, state = each_sequence(n_tokens, run)
         view.store(self.layer, window, state)
         if s.norm == "gate":
             y = (y * F.silu(gate.float())).to(x.dtype)

@@ -25,6 +25,20 @@ def conv_window(x: torch.Tensor, window: torch.Tensor, weight: torch.Tensor, bia
     return out.t(), full[:, full.shape[1] - window.shape[1] :]
 
 
+def each_sequence(n_tokens: list[int], run) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Prefill: ``run(b, rows)`` for each batch sequence b and its slice of the flat
+    batch's rows -> (outputs [n, ...], window, state); returns the outputs concatenated
+    and the windows and states stacked [B, ...], as the view stores them."""
+    ys, windows, states, row = [], [], [], 0
+    for b, n in enumerate(n_tokens):
+        y, window, state = run(b, slice(row, row + n))
+        ys.append(y)
+        windows.append(window)
+        states.append(state)
+        row += n
+    return torch.cat(ys), torch.stack(windows), torch.stack(states)
+
+
 def conv_step(x: torch.Tensor, window: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None):
     """One new input per sequence: x [B, C], window [B, C, K - 1] -> ([B, C], [B, C, K - 1])."""
     full = torch.cat([window, x[:, :, None]], dim=2)  # [B, C, K]
