@@ -12,12 +12,11 @@ from dataclasses import dataclass, field
 from fastapi import Request as HTTPRequest
 
 from engine import SamplingParams
-from engine.chat_template import ChatTemplateError
 from engine.request import Admitted, Delta, Failed, QueueFull, Request, RequestError, RequestEvent
 from engine.sequence import TokenLogprob
 from engine.service import EngineService
 from server.errors import APIError
-from server.schemas import Message, SamplingFields
+from server.schemas import SamplingFields
 from server.state import ServerState
 
 log = logging.getLogger("slotserve")
@@ -78,48 +77,6 @@ def check_text_fits(engine: EngineService, n_chars: int) -> None:
             "exceed_context_size_error",
             n_ctx=n_ctx,
         )
-
-
-PREFILL_MARK = "\u2063slotserve-prefill\u2063"  # never in a template's own text
-
-
-async def render_chat(
-    engine: EngineService,
-    messages: list[Message],
-    add_generation_prompt: bool = True,
-    continue_final: bool | None = None,
-) -> str:
-    """The chat template applied (in a worker thread: a big conversation renders slowly).
-
-    A final assistant message is a prefill: the prompt ends inside it, so the model
-    continues it (llama-server's default; vLLM's ``continue_final_message``).
-    ``continue_final``: None continues when the last message is the assistant's; True
-    requires it to be; False renders it as a finished turn."""
-    template = engine.tokenizer.chat_template
-    if template is None:
-        raise APIError(400, "this model has no chat template; use /v1/completions")
-    if len(messages) >= 2 and messages[-1].role == messages[-2].role == "assistant":
-        raise APIError(400, "messages: two assistant messages at the end; at most the last one is continued")
-    last_is_assistant = messages[-1].role == "assistant"
-    if continue_final and not last_is_assistant:
-        raise APIError(400, "continue_final_message: the last message must be the assistant's")
-    turns = [{"role": m.role, "content": m.text(), **({"name": m.name} if m.name else {})} for m in messages]
-    prefill = last_is_assistant and continue_final is not False
-
-    def render() -> str:
-        if not prefill:
-            return template.render(turns, add_generation_prompt=add_generation_prompt)
-        marked = [*turns[:-1], {**turns[-1], "content": turns[-1]["content"] + PREFILL_MARK}]
-        text = template.render(marked, add_generation_prompt=False)
-        end = text.rfind(PREFILL_MARK)  # the prompt stops where the given content does
-        if end < 0:
-            raise ChatTemplateError("the template does not keep the final assistant message as given")
-        return text[:end]
-
-    try:
-        return await asyncio.to_thread(render)
-    except ChatTemplateError as exc:
-        raise APIError(400, f"chat template: {exc}") from exc
 
 
 async def encode(engine: EngineService, text: str, add_special: bool = True) -> list[int]:

@@ -12,6 +12,7 @@ from fastapi.responses import JSONResponse, Response
 
 from engine.request import Delta, Failed, Request
 from engine.service import SlotInfo
+from server.chat_prompt import render_chat
 from server.errors import APIError
 from server.generation import (
     LLAMA_DEFAULTS,
@@ -19,7 +20,6 @@ from server.generation import (
     decode,
     encode,
     prompt_ids,
-    render_chat,
     resolve_max_tokens,
     sampling_params,
 )

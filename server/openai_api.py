@@ -15,6 +15,7 @@ from engine import Engine
 from engine.request import Delta, Failed, Request
 from engine.sequence import TokenLogprob
 from server import __version__
+from server.chat_prompt import render_chat
 from server.errors import APIError
 from server.generation import (
     OPENAI_DEFAULTS,
@@ -24,7 +25,6 @@ from server.generation import (
     decode,
     encode,
     prompt_ids,
-    render_chat,
     resolve_max_tokens,
     sampling_params,
 )
