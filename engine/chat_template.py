@@ -1,16 +1,53 @@
-"""Rendering a model's jinja2 chat template (sandboxed, as transformers does)."""
+"""Rendering a chat template (jinja2, sandboxed as transformers does): the model's own,
+or one of the built-in templates chosen by name (llama-server's ``--chat-template``)."""
 
 from __future__ import annotations
 
+import json
 from datetime import datetime
+from pathlib import Path
 from typing import Any
 
 from jinja2.exceptions import TemplateError
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
+TEMPLATES = Path(__file__).parent / "templates"
+ALIASES = {
+    "hermes": "chatml",
+    "qwen2.5": "chatml",
+    "qwen3": "chatml",
+    "mistral": "mistral-v7",
+    "deepseek3": "deepseek-r1",
+    "deepseek": "deepseek-r1",
+    "phi3.5": "phi3",
+    "gemma2": "gemma",
+}
+
 
 class ChatTemplateError(ValueError):
     """The template raised, or failed to parse."""
+
+
+def builtin_names() -> list[str]:
+    return sorted([p.stem for p in TEMPLATES.glob("*.jinja")] + list(ALIASES))
+
+
+def builtin_source(name: str) -> str | None:
+    """A built-in template's jinja source by name (or alias); None for an unknown name."""
+    path = TEMPLATES / f"{ALIASES.get(name, name)}.jinja"
+    return path.read_text(encoding="utf-8") if path.is_file() else None
+
+
+def resolve_template(spec: str) -> tuple[str, str]:
+    """(name, source) of ``--chat-template``'s value: a built-in name, else jinja text
+    (named "custom"). A single word that is not a built-in is refused (ValueError): it
+    is a misspelt name, not a template."""
+    source = builtin_source(spec)
+    if source is not None:
+        return ALIASES.get(spec, spec), source
+    if "{" not in spec:
+        raise ValueError(f"unknown chat template {spec!r}; built-in: {', '.join(builtin_names())}")
+    return "custom", spec
 
 
 def _raise(message: str) -> None:
@@ -18,23 +55,42 @@ def _raise(message: str) -> None:
 
 
 class ChatTemplate:
-    def __init__(self, source: str, special_tokens: dict[str, str | None]):
+    def __init__(self, source: str, special_tokens: dict[str, str | None], name: str = "model"):
         env = ImmutableSandboxedEnvironment(
             trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"]
         )
         env.globals["raise_exception"] = _raise
         env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+        env.filters["tojson"] = _tojson  # unescaped, as transformers renders it
         try:
             self.template = env.from_string(source)
         except TemplateError as exc:
             raise ChatTemplateError(f"chat template does not parse: {exc}") from exc
-        self.source = source
+        self.source, self.name = source, name
         self.special_tokens = {k: v for k, v in special_tokens.items() if v is not None}
 
-    def render(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True, **extra: Any) -> str:
+    @property
+    def takes_tools(self) -> bool:
+        """Whether the template renders a request's ``tools`` itself."""
+        return "tools" in self.source
+
+    def render(
+        self,
+        messages: list[dict[str, Any]],
+        add_generation_prompt: bool = True,
+        tools: list[dict] | None = None,
+        **extra: Any,
+    ) -> str:
+        """``extra``: more template variables (``chat_template_kwargs``, e.g. ``enable_thinking``)."""
+        variables = {**self.special_tokens, **extra, "messages": messages}
+        variables["add_generation_prompt"] = add_generation_prompt
+        if tools:
+            variables["tools"] = tools
         try:
-            return self.template.render(
-                messages=messages, add_generation_prompt=add_generation_prompt, **self.special_tokens, **extra
-            )
+            return self.template.render(**variables)
         except TemplateError as exc:
             raise ChatTemplateError(str(exc)) from exc
+
+
+def _tojson(value: Any, indent: int | None = None) -> str:
+    return json.dumps(value, ensure_ascii=False, indent=indent)

@@ -34,6 +34,7 @@ class EngineConfig:
     kv_cache_tokens: int | None = None  # cap on the cache's cells whatever n_ctx says
     ssm_checkpoints: int = 4  # recurrent-state snapshots kept per slot (prefix reuse and rollback)
     ssm_checkpoint_every: int | None = 512  # ... taken every this many tokens, besides each prompt's end
+    chat_template: str | None = None  # a built-in template's name or jinja text; None: the model's own
 
     @property
     def cache_cells(self) -> int:

@@ -13,11 +13,13 @@ from dataclasses import dataclass
 
 import torch
 
+from engine.chat_template import resolve_template
 from engine.checkpoint import load_model
 from engine.config import EngineConfig
 from engine.detokenizer import IncrementalDetokenizer, StopMatcher
 from engine.errors import StepFailed
 from engine.fingerprint import model_fingerprint
+from engine.grammar import BatchMasker, GrammarCompiler
 from engine.model_config import load_model_config
 from engine.models.packed_linear import onednn_available, pack_linears
 from engine.planner import plan_step
@@ -46,6 +48,8 @@ class Engine:
         self.device = config.torch_device
         self.model_config = load_model_config(config.model)
         self.tokenizer = Tokenizer(config.model, self.model_config.eos_token_ids)
+        if config.chat_template is not None:
+            self.tokenizer.use_chat_template(*resolve_template(config.chat_template))
         self.model = load_model(config.model, self.model_config, config.torch_dtype, self.device)
         self.fingerprint = model_fingerprint(self.model_config, self.model, config.dtype)
         if self._use_onednn():
@@ -75,6 +79,8 @@ class Engine:
         self.last_step_decode_only = False  # whether the last step's plan was one token per sequence
         self.n_checkpoint_restores = 0  # prefix reuses that restarted from a kept checkpoint
         self._rng = random.Random()
+        self.grammars = GrammarCompiler(self.tokenizer, self.model_config.vocab_size)
+        self._masker: BatchMasker | None = None
 
     def _specs(self, specs: list[LayerSpec]) -> list[LayerSpec]:
         """A window no smaller than what a sequence can hold never hides a key: such
@@ -141,6 +147,7 @@ class Engine:
             stopper=StopMatcher(list(params.stop)),
             n_computed=n_cached,
             n_keep=max(0, min(n_keep, len(prompt_ids))),
+            matcher=self.grammars.matcher(params.constraint) if params.constraint else None,
         )
         self.running.append(seq)
         return seq
@@ -202,22 +209,37 @@ class Engine:
         if not plan:
             return []
         self.last_step_decode_only = all(c.n_tokens == 1 for c in plan)
+        constrained = [c.seq.matcher for c in plan if c.samples and c.seq.matcher is not None]
+        masks = self.masker.start(constrained) if constrained else None  # computed during the forward
         try:
             logits = self.runner.run(plan)  # [S, V]
         except CacheFull:
+            masks and masks.result()  # the matchers are free again before anyone retries
             raise
         except Exception as exc:
+            masks and masks.result()
             raise self._step_failed(plan, exc) from exc
         try:
-            events = self._sample_and_accept(plan, logits, keep_logits)
+            events = self._sample_and_accept(plan, logits, keep_logits, masks)
         except Exception as exc:
             raise self._step_failed(plan, exc) from exc
         self.running = [s for s in self.running if not s.finished]
         return events
 
-    def _sample_and_accept(self, plan: list, logits: torch.Tensor, keep_logits: bool) -> list[StepEvent]:
+    @property
+    def masker(self) -> BatchMasker:
+        if self._masker is None:
+            self._masker = BatchMasker(self.model_config.vocab_size)
+        return self._masker
+
+    def _sample_and_accept(self, plan: list, logits: torch.Tensor, keep_logits: bool, masks=None) -> list[StepEvent]:
         samplers = [c.seq for c in plan if c.samples]
         kept = logits.clone() if keep_logits else None
+        if masks is not None:
+            constrained = [i for i, s in enumerate(samplers) if s.matcher is not None]
+            sub = logits[constrained]  # [R, V]
+            self.masker.apply(masks, sub)
+            logits[constrained] = sub
         rows = [SampleRow(s.params, s.seed, s.prompt_ids, s.output_ids) for s in samplers]
         out = sample(logits, rows) if samplers else SampleOutput(tokens=[])
         events = [StepEvent(c.seq, None, "", False) for c in plan if not c.samples]
@@ -246,10 +268,13 @@ class Engine:
             seq.logprobs.append(TokenLogprob(tok, out.logprobs[row], top))
         if tok in self.tokenizer.eos_ids and not seq.params.ignore_eos:
             return self._finish(seq, tok, "", FinishReason.STOP)
+        grammar_done = seq.matcher is not None and (not seq.matcher.consume_token(tok) or seq.matcher.is_stopped())
         result = seq.stopper.push(seq.detok.push(tok))
         if result.stop is not None:
             seq.stop_string = result.stop
             return self._finish(seq, tok, result.text, FinishReason.STOP, flush=False)
+        if grammar_done:  # the grammar admits nothing more
+            return self._finish(seq, tok, result.text, FinishReason.STOP)
         if len(seq.tokens) >= self.n_ctx_seq and self._n_discard(seq) <= 0:
             return self._finish(seq, tok, result.text, FinishReason.LENGTH)
         if len(seq.output_ids) >= seq.params.max_tokens:

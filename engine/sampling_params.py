@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from engine.grammar import Constraint
 
 
 @dataclass(frozen=True)
@@ -24,6 +28,7 @@ class SamplingParams:
     logprobs: int | None = None
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
+    constraint: Constraint | None = None  # structured output (engine.grammar), checked
 
     def __post_init__(self) -> None:
         checks = [

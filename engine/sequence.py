@@ -42,6 +42,7 @@ class Sequence:
     text: str = ""
     finish_reason: FinishReason | None = None
     stop_string: str | None = None
+    matcher: object = None  # llguidance matcher following output_ids when constrained
 
     def __post_init__(self) -> None:
         if not self.tokens:

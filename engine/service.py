@@ -17,6 +17,7 @@ from engine import slot_io
 from engine.config import EngineConfig
 from engine.engine import Engine
 from engine.errors import BadSlotFile, NoRoom, SlotError, SlotFilesOff
+from engine.grammar import Constraint
 from engine.request import Request
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Health, Scheduler, SlotInfo
@@ -123,6 +124,11 @@ class EngineService:
         }
 
     # ---- requests --------------------------------------------------------------
+
+    async def constraint(self, kind: str, source: str | dict | list, strict: bool = False) -> Constraint:
+        """A structured-output constraint compiled and checked (in a worker thread).
+        Raises RequestError naming what is wrong with it."""
+        return await asyncio.to_thread(self._engine.grammars.compile, kind, source, strict)
 
     def validate(self, req: Request) -> None:
         """Raise RequestError for what ``submit`` would refuse whatever the load."""

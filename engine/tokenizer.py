@@ -72,8 +72,15 @@ class Tokenizer:
             eos.add(self.hf.token_to_id(self.eos_token))
         self.eos_ids = frozenset(int(x) for x in eos)
         source = _template_source(folder, tok_cfg)
-        specials = {"bos_token": self.bos_token, "eos_token": self.eos_token}
-        self.chat_template = ChatTemplate(source, specials) if source else None
+        self.chat_template = ChatTemplate(source, self._specials) if source else None
+
+    @property
+    def _specials(self) -> dict[str, str | None]:
+        return {"bos_token": self.bos_token, "eos_token": self.eos_token}
+
+    def use_chat_template(self, name: str, source: str) -> None:
+        """Replace the model's template (raises ChatTemplateError when it does not parse)."""
+        self.chat_template = ChatTemplate(source, self._specials, name)
 
     @property
     def vocab_size(self) -> int:

@@ -12,20 +12,48 @@ from dataclasses import dataclass, field
 from fastapi import Request as HTTPRequest
 
 from engine import SamplingParams
+from engine.grammar import Constraint
 from engine.request import Admitted, Delta, Failed, QueueFull, Request, RequestError, RequestEvent
 from engine.sequence import TokenLogprob
 from engine.service import EngineService
 from server.errors import APIError
 from server.schemas import SamplingFields
 from server.state import ServerState
+from server.structured import constraint_of
 
 log = logging.getLogger("slotserve")
 LLAMA_DEFAULTS = dict(temperature=0.8, top_k=40, top_p=0.95, min_p=0.05)  # llama-server's /completion
 OPENAI_DEFAULTS = dict(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0)
 
 
+async def build_request(
+    state: ServerState,
+    body: SamplingFields,
+    ids: list[int],
+    max_tokens: int | None,
+    logprobs: int | None,
+    defaults: dict,
+    forced: tuple[str, str] | None = None,
+) -> Request:
+    """The engine request of a validated body (every generating route builds it here):
+    the token limit resolved, the structured-output constraint compiled (``forced``:
+    (kind, source) of a constraint the route imposes, e.g. a required tool call), the
+    sampling parameters completed from the server's and the route's defaults."""
+    engine = state.require_ready()
+    n_tokens, given = resolve_max_tokens(max_tokens, state.settings.n_predict, len(ids), engine)
+    constraint = await constraint_of(engine, body, forced)
+    params = sampling_params(body, engine, n_tokens, logprobs, defaults | state.settings.sampling_defaults, constraint)
+    n = getattr(body, "n", 1)
+    return Request(ids, params, n, body.id_slot, body.cache_prompt, body.n_keep, given)
+
+
 def sampling_params(
-    body: SamplingFields, engine: EngineService, max_tokens: int, logprobs: int | None, defaults: dict
+    body: SamplingFields,
+    engine: EngineService,
+    max_tokens: int,
+    logprobs: int | None,
+    defaults: dict,
+    constraint: Constraint | None = None,
 ) -> SamplingParams:
     vocab = engine.vocab_size
     bias = {int(k): v for k, v in (body.logit_bias or {}).items()}
@@ -47,6 +75,7 @@ def sampling_params(
             logprobs=logprobs,
             stop=tuple([body.stop] if isinstance(body.stop, str) else body.stop or ()),
             ignore_eos=body.ignore_eos,
+            constraint=constraint,
         )
     except ValueError as exc:
         raise APIError(400, str(exc)) from exc

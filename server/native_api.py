@@ -10,18 +10,17 @@ from fastapi import APIRouter
 from fastapi import Request as HTTPRequest
 from fastapi.responses import JSONResponse, Response
 
-from engine.request import Delta, Failed, Request
+from engine.request import Delta, Failed
 from engine.service import SlotInfo
 from server.chat_prompt import render_chat
 from server.errors import APIError
 from server.generation import (
     LLAMA_DEFAULTS,
     Run,
+    build_request,
     decode,
     encode,
     prompt_ids,
-    resolve_max_tokens,
-    sampling_params,
 )
 from server.responses import (
     ApplyTemplateResult,
@@ -54,11 +53,8 @@ async def completion(body: NativeCompletionRequest, http: HTTPRequest) -> Respon
     engine = state.require_ready()
     ids = await prompt_ids(engine, body.prompt)
     requested = None if body.n_predict < 0 else body.n_predict
-    n_tokens, given = resolve_max_tokens(requested, state.settings.n_predict, len(ids), engine)
-    params = sampling_params(
-        body, engine, n_tokens, body.n_probs or None, LLAMA_DEFAULTS | state.settings.sampling_defaults
-    )
-    req = Request(ids, params, 1, body.id_slot, body.cache_prompt, body.n_keep, given)
+    req = await build_request(state, body, ids, requested, body.n_probs or None, LLAMA_DEFAULTS)
+    params = req.params
     run = Run(state, http, req)
     if not await run.open(engine):
         return Response(status_code=499)
@@ -138,8 +134,9 @@ async def detokenize(body: DetokenizeRequest, http: HTTPRequest) -> dict:
 
 @router.post("/apply-template", response_model=None, responses=documented(ApplyTemplateResult, 400, 413, 503))
 async def apply_template(body: ApplyTemplateRequest, http: HTTPRequest) -> dict:
-    engine = http.app.state.slotserve.require_ready()
-    return {"prompt": await render_chat(engine, body.messages)}
+    state = http.app.state.slotserve
+    engine = state.require_ready()
+    return {"prompt": await render_chat(engine, body, state.settings.template_kwargs)}
 
 
 @router.get("/props", response_model=None, responses=documented(Props, 503))
@@ -148,13 +145,16 @@ async def props(http: HTTPRequest) -> dict:
     engine = state.require_ready()
     memory = await engine.memory_report()
     tok = engine.tokenizer
-    template = tok.chat_template.source if tok.chat_template else ""
+    template = tok.chat_template
     return {
         "default_generation_settings": {"n_ctx": engine.n_ctx, "params": {**LLAMA_DEFAULTS, "n_predict": -1}},
         "total_slots": engine.n_slots,
         "model_path": str(state.settings.model),
         "model_alias": state.settings.model_name,
-        "chat_template": template,
+        "chat_template": template.source if template else "",
+        "chat_template_name": template.name if template else None,
+        "chat_template_kwargs": state.settings.template_kwargs,
+        "reasoning_format": state.settings.reasoning_format,
         "bos_token": tok.bos_token,
         "eos_token": tok.eos_token,
         "build_info": "slotserve",

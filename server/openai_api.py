@@ -12,25 +12,27 @@ from fastapi import Request as HTTPRequest
 from fastapi.responses import JSONResponse, Response
 
 from engine import Engine
-from engine.request import Delta, Failed, Request
+from engine.request import Delta, Failed
 from engine.sequence import TokenLogprob
 from server import __version__
-from server.chat_prompt import render_chat
+from server.chat_output import ChatOutput, Parts
+from server.chat_prompt import chat_template, render_chat, uses_tools
 from server.errors import APIError
 from server.generation import (
     OPENAI_DEFAULTS,
     Choice,
     Run,
+    build_request,
     check_text_fits,
     decode,
     encode,
     prompt_ids,
-    resolve_max_tokens,
-    sampling_params,
 )
+from server.reasoning import opens_thinking
 from server.responses import ChatCompletion, Completion, ModelList, documented
-from server.schemas import ChatCompletionRequest, CompletionRequest, OpenAIFields
+from server.schemas import ChatCompletionRequest, CompletionRequest, NamedToolChoice, OpenAIFields
 from server.sse import SSEResponse, sse, sse_error
+from server.tool_calls import family, forced_grammar
 
 router = APIRouter()
 
@@ -61,18 +63,10 @@ def _completion_logprobs(engine: Engine, lps: list[TokenLogprob], offset: int) -
     }
 
 
-def _request(http: HTTPRequest, body: OpenAIFields, ids: list[int], max_tokens, logprobs) -> Request:
+async def _start(http: HTTPRequest, body: OpenAIFields, ids: list[int], max_tokens, logprobs, forced=None) -> Run:
     state = http.app.state.slotserve
     engine = state.require_ready()
-    n_tokens, given = resolve_max_tokens(max_tokens, state.settings.n_predict, len(ids), engine)
-    params = sampling_params(body, engine, n_tokens, logprobs, OPENAI_DEFAULTS | state.settings.sampling_defaults)
-    return Request(ids, params, body.n, body.id_slot, body.cache_prompt, body.n_keep, given)
-
-
-async def _start(http: HTTPRequest, body: OpenAIFields, ids: list[int], max_tokens, logprobs) -> Run:
-    state = http.app.state.slotserve
-    engine = state.require_ready()
-    run = Run(state, http, _request(http, body, ids, max_tokens, logprobs))
+    run = Run(state, http, await build_request(state, body, ids, max_tokens, logprobs, OPENAI_DEFAULTS, forced))
     if not await run.open(engine):
         return None
     return run
@@ -157,26 +151,28 @@ async def completions(body: CompletionRequest, http: HTTPRequest) -> Response:
 async def chat_completions(body: ChatCompletionRequest, http: HTTPRequest) -> Response:
     state = http.app.state.slotserve
     engine = state.require_ready()
-    check_text_fits(engine, sum(len(m.text()) for m in body.messages))
-    if body.continue_final_message and "add_generation_prompt" in body.model_fields_set and body.add_generation_prompt:
-        raise APIError(400, "continue_final_message and add_generation_prompt cannot both be true")
-    prompt = await render_chat(engine, body.messages, body.add_generation_prompt, body.continue_final_message)
-    ids = await encode(engine, prompt, add_special=False)
-    max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
-    n_top = (body.top_logprobs or 0) if body.logprobs else None
-    run = await _start(http, body, ids, max_tokens, n_top)
+    prompt, ids = await _chat_prompt(state, engine, body)
+    run = await _start(http, body, ids, _chat_max_tokens(body), _chat_top(body), _forced_call(engine, body))
     if run is None:
         return Response(status_code=499)
     head = _header("chat.completion", state.settings.model_name, engine)
+    tool_format = family(chat_template(engine).source) if uses_tools(body) else None
+    fmt = body.reasoning_format or state.settings.reasoning_format
+    outputs = [ChatOutput(fmt, opens_thinking(prompt), tool_format) for _ in range(body.n)]
 
     if body.stream:
 
         def render(d: Delta) -> dict | None:
-            delta: dict = {}
-            if d.text or not d.finished:
-                delta["content"] = d.text
+            out = outputs[d.index]
+            parts = out.push(d.text)
+            if d.finished:
+                parts += out.finish()
+            delta = _message_fields(parts, out.n_calls - len(parts.calls))
             lps = {"content": [_chat_logprob(engine, d.logprob)]} if body.logprobs and d.logprob else None
-            return {"index": d.index, "delta": delta, "logprobs": lps, "finish_reason": d.finish_reason}
+            if not delta and not d.finished and lps is None:
+                return None
+            reason = out.finish_reason(d.finish_reason)
+            return {"index": d.index, "delta": delta, "logprobs": lps, "finish_reason": reason}
 
         include = bool(body.stream_options and body.stream_options.include_usage)
         chunk_head = {**head, "object": "chat.completion.chunk"}
@@ -189,24 +185,80 @@ async def chat_completions(body: ChatCompletionRequest, http: HTTPRequest) -> Re
     await run.collect()
 
     def choice(c: Choice) -> dict:
+        out = outputs[c.index]
+        parts = out.push(c.text)
+        parts += out.finish()
+        parts.reasoning = parts.reasoning.strip()
+        message = {"role": "assistant", "content": parts.content if parts.content or not parts.calls else None}
+        message.update({k: v for k, v in _message_fields(parts, None).items() if k != "content"})
         lps = {"content": [_chat_logprob(engine, lp) for lp in c.logprobs]} if body.logprobs else None
-        message = {"role": "assistant", "content": c.text}
-        return {"index": c.index, "message": message, "logprobs": lps, "finish_reason": c.finish_reason}
+        return {
+            "index": c.index,
+            "message": message,
+            "logprobs": lps,
+            "finish_reason": out.finish_reason(c.finish_reason),
+        }
 
     choices = await asyncio.to_thread(lambda: [choice(c) for c in run.choices])  # logprob pieces: many decodes
     return JSONResponse({**head, "choices": choices, "usage": run.usage()})
+
+
+def _message_fields(parts: Parts, first_index: int | None) -> dict:
+    """The non-empty parts as message (or, with ``first_index``, stream delta) fields."""
+    fields: dict = {}
+    if parts.reasoning:
+        fields["reasoning_content"] = parts.reasoning
+    if parts.content:
+        fields["content"] = parts.content
+    if parts.calls:
+        base = first_index
+        fields["tool_calls"] = [c.openai(None if base is None else base + i) for i, c in enumerate(parts.calls)]
+    return fields
+
+
+async def _chat_prompt(state, engine, body: ChatCompletionRequest) -> tuple[str, list[int]]:
+    check_text_fits(engine, sum(len(m.text()) for m in body.messages))
+    if body.continue_final_message and "add_generation_prompt" in body.model_fields_set and body.add_generation_prompt:
+        raise APIError(400, "continue_final_message and add_generation_prompt cannot both be true")
+    prompt = await render_chat(engine, body, state.settings.template_kwargs)
+    return prompt, await encode(engine, prompt, add_special=False)
+
+
+def _chat_max_tokens(body: ChatCompletionRequest) -> int | None:
+    return body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
+
+
+def _chat_top(body: ChatCompletionRequest) -> int | None:
+    return (body.top_logprobs or 0) if body.logprobs else None
+
+
+def _forced_call(engine, body: ChatCompletionRequest) -> tuple[str, str] | None:
+    """The grammar that makes the answer a call, when tool_choice requires one."""
+    choice = body.tool_choice
+    if not body.tools or choice in (None, "none", "auto"):
+        if isinstance(choice, NamedToolChoice) or choice == "required":
+            raise APIError(400, "tool_choice: the request has no tools")
+        return None
+    tools = [t.model_dump(exclude_none=True) for t in body.tools]
+    if isinstance(choice, NamedToolChoice):
+        tools = [t for t in tools if t["function"]["name"] == choice.function.name]
+        if not tools:
+            raise APIError(400, f"tool_choice: no tool named {choice.function.name!r}")
+    fmt = family(chat_template(engine).source)
+    return "lark", forced_grammar(fmt, tools, body.parallel_tool_calls)
 
 
 @router.post("/v1/chat/completions/input_tokens", response_model=None, responses=documented(None, 400, 413, 503))
 @router.post("/chat/completions/input_tokens", include_in_schema=False)
 async def chat_input_tokens(body: ChatCompletionRequest, http: HTTPRequest) -> dict:
     """How many tokens the chat request's prompt is (llama-server's token counting)."""
-    engine = http.app.state.slotserve.require_ready()
-    check_text_fits(engine, sum(len(m.text()) for m in body.messages))
-    prompt = await render_chat(engine, body.messages, body.add_generation_prompt, body.continue_final_message)
-    ids = await encode(engine, prompt, add_special=False)
-    max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
-    engine.validate(_request(http, body, ids, max_tokens, (body.top_logprobs or 0) if body.logprobs else None))
+    state = http.app.state.slotserve
+    engine = state.require_ready()
+    _, ids = await _chat_prompt(state, engine, body)
+    req = await build_request(
+        state, body, ids, _chat_max_tokens(body), _chat_top(body), OPENAI_DEFAULTS, _forced_call(engine, body)
+    )
+    engine.validate(req)
     return {"object": "response.input_tokens", "input_tokens": len(ids)}
 
 

@@ -42,6 +42,31 @@ class StreamOptions(_Body):
     include_usage: bool = False
 
 
+class JsonSchemaFormat(_Body):
+    name: str | None = None
+    description: str | None = None
+    schema_: dict | None = Field(None, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(_Body):
+    """OpenAI's ``response_format``; llama-server also takes ``schema`` beside
+    ``type: json_object``."""
+
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+    schema_: dict | None = Field(None, alias="schema")
+
+
+class StructuredOutputs(_Body):
+    """vLLM's ``structured_outputs`` (one of them)."""
+
+    json_: dict | str | None = Field(None, alias="json")
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+
+
 class SamplingFields(_Body):
     """Fields shared by every generating endpoint (OpenAI names plus llama-server's)."""
 
@@ -62,6 +87,14 @@ class SamplingFields(_Body):
     cache_prompt: bool = True
     n_keep: Int(ge=-1) = 0
     stream: bool = False
+    grammar: str | None = Field(None, description="GBNF (llama.cpp's grammar format)")
+    json_schema: dict | None = Field(None, description="the output is JSON valid against this schema")
+    response_format: ResponseFormat | None = None
+    structured_outputs: StructuredOutputs | None = None
+    guided_json: dict | str | None = None  # vLLM's older names
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
 
     @field_validator("logit_bias")
     @classmethod
@@ -111,10 +144,24 @@ class ContentPart(_Body):
     text: str
 
 
+class FunctionCall(_Body):
+    name: str
+    arguments: str | dict = "{}"
+
+
+class MessageToolCall(_Body):
+    id: str | None = None
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class Message(_Body):
     role: Literal["system", "user", "assistant", "tool", "developer"]
     content: str | list[ContentPart] | None = None
     name: str | None = None
+    tool_calls: list[MessageToolCall] | None = None
+    tool_call_id: str | None = None
+    reasoning_content: str | None = None
 
     def text(self) -> str:
         if isinstance(self.content, list):
@@ -122,7 +169,44 @@ class Message(_Body):
         return self.content or ""
 
 
-class ChatCompletionRequest(OpenAIFields):
+class FunctionDef(_Body):
+    name: Annotated[str, Field(min_length=1, max_length=64, pattern="^[A-Za-z0-9_.-]+$")]
+    description: str | None = None
+    parameters: dict | None = None
+    strict: bool | None = None
+
+
+class Tool(_Body):
+    type: Literal["function"]
+    function: FunctionDef
+
+
+class NamedFunction(_Body):
+    name: str
+
+
+class NamedToolChoice(_Body):
+    type: Literal["function"]
+    function: NamedFunction
+
+
+ReasoningFormat = Literal["none", "auto", "deepseek", "deepseek-legacy"]
+
+
+class ChatFields(_Body):
+    """What shapes a chat prompt (shared by chat completions, /apply-template and token
+    counting)."""
+
+    messages: list[Message] = Field(min_length=1)
+    tools: list[Tool] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool = False  # llama-server's default; OpenAI's is true
+    add_generation_prompt: bool = True
+    continue_final_message: bool | None = None  # vLLM's; None: continue a final assistant message (llama-server)
+    chat_template_kwargs: dict | None = None
+
+
+class ChatCompletionRequest(OpenAIFields, ChatFields):
     """A final assistant message is continued (a prefill). Refused (400): two assistant
     messages at the end; ``continue_final_message`` true without a final assistant
     message, or together with an explicitly true ``add_generation_prompt``."""
@@ -135,12 +219,10 @@ class ChatCompletionRequest(OpenAIFields):
             }
         }
     )
-    messages: list[Message] = Field(min_length=1)
     max_completion_tokens: Int(ge=0) | None = None
     logprobs: bool = False
     top_logprobs: Int(ge=0, le=20) | None = None
-    add_generation_prompt: bool = True
-    continue_final_message: bool | None = None  # vLLM's; None: continue a final assistant message (llama-server)
+    reasoning_format: ReasoningFormat | None = None
 
 
 class NativeCompletionRequest(SamplingFields):
@@ -161,5 +243,5 @@ class DetokenizeRequest(_Body):
     tokens: list[TokenId]
 
 
-class ApplyTemplateRequest(_Body):
-    messages: list[Message] = Field(min_length=1)
+class ApplyTemplateRequest(ChatFields):
+    pass

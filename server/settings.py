@@ -78,6 +78,21 @@ class ServerSettings(BaseSettings):
     top_p: float | None = Field(None, gt=0, le=1, description="default top-p of requests that set none")
     min_p: float | None = Field(None, ge=0, le=1, description="default min-p of requests that set none")
     seed: int | None = Field(None, description="default sampling seed of requests that set none (-1: random)")
+    chat_template: str | None = Field(
+        None, description="a built-in chat template by name (chatml, llama3, mistral, gemma, ...) or jinja text"
+    )
+    chat_template_file: Path | None = Field(None, description="a jinja chat template file (instead of the model's)")
+    chat_template_kwargs: str | None = Field(
+        None, description='JSON object of extra template variables, e.g. {"enable_thinking": false}'
+    )
+    jinja: bool = Field(True, description="accepted for llama.cpp compatibility: templates are always jinja")
+    reasoning_format: str = Field(
+        "auto",
+        pattern="^(none|auto|deepseek|deepseek-legacy)$",
+        description="thoughts in <think> go to reasoning_content (auto, deepseek), also stay in content "
+        "(deepseek-legacy), or stay in content (none)",
+    )
+    reasoning_budget: int = Field(-1, ge=-1, description="-1: think freely; 0: ask the template not to think")
     cors_origins: str = Field(
         "*", description="origins browsers may call from: *, localhost, or a comma-separated / JSON list"
     )
@@ -100,7 +115,31 @@ class ServerSettings(BaseSettings):
         parse_origins(value)  # ValueError: a clear start-up error
         return value
 
-    @field_validator("api_key_file")
+    @field_validator("chat_template_kwargs")
+    @classmethod
+    def _kwargs_object(cls, value: str | None) -> str | None:
+        import json
+
+        if value is not None and not isinstance(json.loads(value), dict):
+            raise ValueError("--chat-template-kwargs must be a JSON object")
+        return value
+
+    @property
+    def template_kwargs(self) -> dict:
+        """Server-wide template variables (a request's chat_template_kwargs override them)."""
+        import json
+
+        kwargs = json.loads(self.chat_template_kwargs) if self.chat_template_kwargs else {}
+        return {"enable_thinking": False, **kwargs} if self.reasoning_budget == 0 else kwargs
+
+    @property
+    def template_spec(self) -> str | None:
+        """--chat-template-file's text, else --chat-template's value, else None (the model's)."""
+        if self.chat_template_file is not None:
+            return self.chat_template_file.read_text(encoding="utf-8")
+        return self.chat_template
+
+    @field_validator("api_key_file", "chat_template_file")
     @classmethod
     def _key_file_exists(cls, v: Path | None) -> Path | None:
         if v is not None and not v.is_file():
@@ -145,6 +184,12 @@ class ServerSettings(BaseSettings):
 LLAMA_ENV = {  # setting -> the variable llama-server reads for the same flag (llama.cpp common/arg.cpp)
     "model": "LLAMA_ARG_MODEL",
     "alias": "LLAMA_ARG_ALIAS",
+    "chat_template": "LLAMA_ARG_CHAT_TEMPLATE",
+    "chat_template_file": "LLAMA_ARG_CHAT_TEMPLATE_FILE",
+    "chat_template_kwargs": "LLAMA_CHAT_TEMPLATE_KWARGS",
+    "jinja": "LLAMA_ARG_JINJA",
+    "reasoning_format": "LLAMA_ARG_THINK",
+    "reasoning_budget": "LLAMA_ARG_THINK_BUDGET",
     "tags": "LLAMA_ARG_TAGS",
     "host": "LLAMA_ARG_HOST",
     "port": "LLAMA_ARG_PORT",
@@ -223,6 +268,11 @@ FLAGS: dict[str, tuple[str, ...]] = {
     "cors_origins": ("--cors-origins", "--allowed-origins"),
     "cors_methods": ("--cors-methods",),
     "cors_headers": ("--cors-headers",),
+    "chat_template": ("--chat-template",),
+    "chat_template_file": ("--chat-template-file",),
+    "chat_template_kwargs": ("--chat-template-kwargs",),
+    "reasoning_format": ("--reasoning-format",),
+    "reasoning_budget": ("--reasoning-budget",),
 }
 SWITCHES: dict[str, tuple[str, str]] = {
     "kv_unified": ("--kv-unified", "--no-kv-unified"),
@@ -234,6 +284,7 @@ SWITCHES: dict[str, tuple[str, str]] = {
     "log_prompts": ("--log-prompts", "--no-log-prompts"),
     "cors_credentials": ("--cors-credentials", "--no-cors-credentials"),
     "slots": ("--slots", "--no-slots"),
+    "jinja": ("--jinja", "--no-jinja"),
 }
 FLAGS["tags"] = ("--tags",)
 FLAGS.update(

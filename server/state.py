@@ -58,6 +58,7 @@ class ServerState:
                 ssm_checkpoints=s.ssm_checkpoints,
                 ssm_checkpoint_every=s.ssm_checkpoint_every,
                 kv_cache_tokens=s.kv_cache_tokens,
+                chat_template=s.template_spec,
             )
             engine = EngineService(config, self.slot_files)
             if self._closing.is_set():  # shut down while loading: start no engine thread
