@@ -65,11 +65,11 @@ class GrammarCompiler:
     @functools.lru_cache(maxsize=256)  # noqa: B019 - one compiler per engine, lives as long
     def _compile(self, kind: str, text: str, strict: bool) -> Constraint:
         name = {"json_schema": "json_schema", "gbnf": "grammar"}.get(kind, kind)
-        try:
+        try:  # ValueError includes text the library cannot take (lone surrogates)
             grammar = _grammar(kind, text, strict)
+            failed, messages = llg.LLMatcher.validate_grammar_with_warnings(grammar, self.lltok)
         except (ValueError, TypeError) as exc:
             raise RequestError(f"{name}: {_short(exc)}", code=f"invalid_{name}") from exc
-        failed, messages = llg.LLMatcher.validate_grammar_with_warnings(grammar, self.lltok)
         if failed:
             raise RequestError(f"{name}: {_short(messages[0])}", code=f"invalid_{name}")
         return Constraint(kind, text, grammar)

@@ -98,7 +98,8 @@ async def render_chat(engine: EngineService, body: ChatFields, kwargs: dict | No
     tools = [t.model_dump(exclude_none=True) for t in body.tools] if uses_tools(body) else None
     if tools and not template.takes_tools:
         turns = _tools_as_text(turns, tools)
-    variables = {**(kwargs or {}), **(body.chat_template_kwargs or {})}
+    given = {**(kwargs or {}), **(body.chat_template_kwargs or {})}
+    variables = {k: v for k, v in given.items() if k not in ("messages", "add_generation_prompt", "tools")}
     prefill = last_is_assistant and continue_final is not False
 
     def render() -> str:

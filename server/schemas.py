@@ -63,7 +63,7 @@ class StructuredOutputs(_Body):
 
     json_: dict | str | None = Field(None, alias="json")
     regex: str | None = None
-    choice: list[str] | None = None
+    choice: Annotated[list[NonEmpty], Field(min_length=1)] | None = None
     grammar: str | None = None
 
 
@@ -87,13 +87,15 @@ class SamplingFields(_Body):
     cache_prompt: bool = True
     n_keep: Int(ge=-1) = 0
     stream: bool = False
-    grammar: str | None = Field(None, description="GBNF (llama.cpp's grammar format)")
+    grammar: str | None = Field(
+        None, description="GBNF (llama.cpp's grammar format). Every constraint must compile: otherwise a 400 naming why"
+    )
     json_schema: dict | None = Field(None, description="the output is JSON valid against this schema")
     response_format: ResponseFormat | None = None
     structured_outputs: StructuredOutputs | None = None
     guided_json: dict | str | None = None  # vLLM's older names
     guided_regex: str | None = None
-    guided_choice: list[str] | None = None
+    guided_choice: Annotated[list[NonEmpty], Field(min_length=1)] | None = None
     guided_grammar: str | None = None
 
     @field_validator("logit_bias")

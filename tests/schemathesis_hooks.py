@@ -5,16 +5,41 @@ JSON schema cannot state: two assistant messages at the end, or
 ``continue_final_message`` without a final assistant message. The document says so in
 words (ChatCompletionRequest's description); these hooks keep the generator from
 proposing such requests as schema-valid ones. Everything else is checked as before.
+
+Likewise a structured-output constraint (a grammar, a JSON schema, a regex, a required
+tool call) must compile, which no JSON schema can say of a string: positive cases that
+carry one are not proposed (negative ones still are; the constraint tests cover what
+compiles and what is refused).
 """
 
 from __future__ import annotations
 
 import schemathesis
 
+CONSTRAINTS = ("grammar", "json_schema", "structured_outputs", "guided_json", "guided_regex", "guided_grammar")
+
+
+def _positive(case) -> bool:
+    meta = getattr(case, "meta", None)
+    mode = getattr(getattr(meta, "generation", None), "mode", None)
+    return mode is None or "negative" not in str(mode).lower()
+
+
+def _constrained(body: dict) -> bool:
+    if any(body.get(k) not in (None, "", {}, []) for k in CONSTRAINTS):
+        return True
+    fmt = body.get("response_format")
+    if isinstance(fmt, dict) and fmt.get("type") in ("json_object", "json_schema"):
+        return True
+    choice = body.get("tool_choice")
+    return choice == "required" or isinstance(choice, dict)
+
 
 @schemathesis.hook
 def filter_case(context, case) -> bool:
     body = case.body
+    if isinstance(body, dict) and _positive(case) and _constrained(body):
+        return False
     if not str(case.path).startswith(("/v1/chat/completions", "/chat/completions")) or not isinstance(body, dict):
         return True
     messages = body.get("messages")

@@ -9,15 +9,13 @@ import json
 import httpx
 import openai
 import pytest
-from server_proc import InProcessServer
 
 USER = [{"role": "user", "content": "Write a function"}]
 
 
 @pytest.fixture(scope="module")
-def srv():
-    with InProcessServer(parallel=2) as server:
-        yield server
+def srv(demo_server):
+    return demo_server
 
 
 def chat(srv, messages, **kw) -> httpx.Response:
