@@ -23,6 +23,7 @@ from engine.grammar import BatchMasker, GrammarCompiler
 from engine.model_config import load_model_config
 from engine.models.packed_linear import onednn_available, pack_linears
 from engine.planner import plan_step
+from engine.request import check_token_ids
 from engine.runner import ModelRunner
 from engine.sampler import SampleOutput, SampleRow, sample
 from engine.sampling_params import SamplingParams
@@ -125,9 +126,7 @@ class Engine:
             raise ValueError(f"prompt of {len(prompt_ids)} tokens does not fit the context of {self.n_ctx_seq}")
         if any(s.seq_id == seq_id for s in self.running):
             raise ValueError(f"sequence {seq_id} is busy")
-        vocab = self.model_config.vocab_size
-        if min(prompt_ids) < 0 or max(prompt_ids) >= vocab:
-            raise ValueError(f"token ids must be in [0, {vocab})")
+        check_token_ids(prompt_ids, self.model_config.vocab_size)
         n_cached = max(0, min(n_cached, len(prompt_ids) - 1, self.memory.seq_pos_max(seq_id) + 1))
         n_cached = self.memory.seq_cut_point(seq_id, n_cached)
         restores = 0 < n_cached <= self.memory.seq_pos_max(seq_id) and n_cached in self.memory.checkpoints(seq_id)

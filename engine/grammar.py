@@ -52,9 +52,8 @@ class GrammarCompiler:
     def lltok(self) -> llg.LLTokenizer:
         with self._lock:
             if self._lltok is None:
-                self._lltok = llg.LLTokenizer(
-                    self._tokenizer.hf.to_str(), n_vocab=self.n_vocab, eos_token=sorted(self._tokenizer.eos_ids)
-                )
+                eos = sorted(self._tokenizer.eos_ids) or [self.n_vocab - 1]  # a model without EOS: the last id
+                self._lltok = llg.LLTokenizer(self._tokenizer.hf.to_str(), n_vocab=self.n_vocab, eos_token=eos)
             return self._lltok
 
     def compile(self, kind: str, source: str | dict | list, strict: bool = False) -> Constraint:

@@ -22,6 +22,7 @@ class Request:
     cache_prompt: bool = True
     n_keep: int = 0
     max_tokens_given: bool = True
+    progress: bool = False  # send Progress events while the prompt is computed
     id: int = -1  # set by the scheduler
 
 
@@ -32,6 +33,13 @@ class RequestError(ValueError):
         super().__init__(message)
         self.type = type_
         self.extra = extra
+
+
+def check_token_ids(ids: list[int], vocab: int, field: str = "prompt") -> None:
+    """The one range check of client token ids: RequestError (a 400) naming the field."""
+    bad = next((t for t in ids if not 0 <= t < vocab), None)
+    if bad is not None:
+        raise RequestError(f"{field}: token ids must be in [0, {vocab}), got {bad}", code="invalid_token_id")
 
 
 class QueueFull(RuntimeError):
@@ -63,6 +71,18 @@ class Delta:
     finish_reason: str | None = None
     stop_word: str | None = None
     n_generated: int = 0
+    truncated: bool = False  # a context shift dropped tokens of this choice
+
+
+@dataclass
+class Progress:
+    """The prompt of choice 0 advanced: ``n_processed`` of ``n_total`` tokens hold a
+    cache (``n_cached`` of them were reused). Only for requests with ``progress``."""
+
+    n_total: int
+    n_cached: int
+    n_processed: int
+    t: float
 
 
 @dataclass
@@ -75,4 +95,4 @@ class Failed:
     extra: dict = field(default_factory=dict)
 
 
-RequestEvent = Admitted | Delta | Failed
+RequestEvent = Admitted | Progress | Delta | Failed

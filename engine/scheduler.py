@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 from engine.engine import Engine
 from engine.errors import EngineStopped, SlotBusy, StepFailed
-from engine.request import Failed, QueueFull, Request, RequestError, RequestEvent
+from engine.request import Failed, QueueFull, Request, RequestError, RequestEvent, check_token_ids
 from engine.slots import SlotTable
 from engine.task_board import Sink, Task, TaskBoard
 from memory import CacheFull
@@ -136,9 +136,7 @@ class Scheduler:
             raise RequestError(f"n must be in [1, {n_slots}] (the number of slots)", code="invalid_n")
         if not req.prompt_ids:
             raise RequestError("the prompt is empty")
-        vocab = self.engine.model_config.vocab_size
-        if min(req.prompt_ids) < 0 or max(req.prompt_ids) >= vocab:
-            raise RequestError(f"token ids must be in [0, {vocab})")
+        check_token_ids(req.prompt_ids, self.engine.model_config.vocab_size)
         n_prompt = len(req.prompt_ids)
         if n_prompt >= n_ctx:  # max_tokens past the context is not refused: generation ends there ("length")
             raise RequestError(

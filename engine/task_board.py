@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from engine.engine import Engine
-from engine.request import Admitted, Delta, Failed, Request, RequestEvent
+from engine.request import Admitted, Delta, Failed, Progress, Request, RequestEvent
 from engine.sequence import Sequence, StepEvent
 from engine.slots import Slot, SlotTable, common_prefix
 from memory import CacheFull
@@ -31,6 +31,7 @@ class Task:
     slots: list[Slot] = dataclasses.field(default_factory=list)
     seqs: list[Sequence | None] = dataclasses.field(default_factory=list)
     n_done: int = 0
+    n_cached: int = 0  # prompt tokens reused from the cache
 
 
 class TaskBoard:
@@ -80,6 +81,7 @@ class TaskBoard:
             self.fail(task, Failed(str(exc), "invalid_request_error", 400))
             return
         self._track(task, 0, seq)
+        task.n_cached = seq.n_computed
         self.emit(task, Admitted([s.id for s in slots], len(req.prompt_ids), seq.n_computed, time.monotonic()))
 
     def _reuse_prefix(self, slot: Slot, req: Request) -> int:
@@ -140,18 +142,28 @@ class TaskBoard:
 
     def _dispatch(self, event: StepEvent) -> None:
         task, index = self._by_seq.get(event.seq, (None, 0))
-        if task is None or event.token_id is None and not event.finished:
+        if task is None:
             return
         seq = event.seq
+        if task.req.progress and index == 0 and (event.token_id is None or len(seq.output_ids) == 1):
+            self._progress(task, seq)
+        if event.token_id is None and not event.finished:
+            return
         if index == 0 and task.req.n > 1 and len(seq.output_ids) <= 1 and task.seqs[1] is None:
             self._fan_out(task, seq)
         logprob = seq.logprobs[-1] if event.token_id is not None and seq.logprobs else None
         reason = seq.finish_reason.value if event.finished else None
         delta = Delta(index, event.token_id, event.text, logprob, event.finished, time.monotonic(), reason)
         delta.stop_word, delta.n_generated = seq.stop_string, len(seq.output_ids)
+        delta.truncated = seq.n_shifted > 0
         self.emit(task, delta)
         if event.finished:
             self._end_choice(task, index)
+
+    def _progress(self, task: Task, seq: Sequence) -> None:
+        n_total = len(task.req.prompt_ids)
+        n_done = min(seq.n_computed, n_total)
+        self.emit(task, Progress(n_total, task.n_cached, n_done, time.monotonic()))
 
     def _fan_out(self, task: Task, first: Sequence) -> None:
         """n > 1: the prompt was computed once in the first slot; share it with the others."""

@@ -46,6 +46,22 @@ def _template_source(folder: Path, tok_cfg: dict[str, Any]) -> str | None:
     return src if isinstance(src, str) else None
 
 
+def _byte_table() -> dict[str, int]:
+    """GPT-2's byte-level alphabet, inverted: the printable character each byte is written as -> the byte."""
+    keep = [*range(ord("!"), ord("~") + 1), *range(ord("\xa1"), ord("\xac") + 1), *range(ord("\xae"), ord("\xff") + 1)]
+    chars, extra = {}, 0
+    for b in range(256):
+        if b in keep:
+            chars[chr(b)] = b
+        else:
+            chars[chr(256 + extra)] = b
+            extra += 1
+    return chars
+
+
+_UNICODE_TO_BYTE = _byte_table()
+
+
 class TokenizeError(ValueError):
     """Text that cannot be encoded (a client error)."""
 
@@ -104,6 +120,27 @@ class Tokenizer:
         if add_special and self.add_bos and self.bos_id is not None and (not ids or ids[0] != self.bos_id):
             ids = [self.bos_id] + ids
         return ids
+
+    @functools.cached_property
+    def _byte_level(self) -> bool:
+        decoder = json.loads(self.hf.to_str()).get("decoder") or {}
+        parts = decoder.get("decoders", [decoder]) if decoder.get("type") == "Sequence" else [decoder]
+        return any(p.get("type") == "ByteLevel" for p in parts)
+
+    @functools.lru_cache(maxsize=65536)  # noqa: B019 - one tokenizer per engine
+    def token_bytes(self, token_id: int) -> bytes:
+        """The bytes one token stands for (a piece of a UTF-8 character stays a piece):
+        byte-level BPE entries through GPT-2's byte table, SentencePiece ``<0xNN>``
+        byte tokens as that byte, anything else as its decoded text."""
+        piece = self.hf.id_to_token(token_id)
+        if piece is None:
+            return b""
+        if len(piece) == 6 and piece.startswith("<0x") and piece.endswith(">"):
+            return bytes([int(piece[3:5], 16)])
+        added = token_id in self.hf.get_added_tokens_decoder()
+        if self._byte_level and not added and all(c in _UNICODE_TO_BYTE for c in piece):
+            return bytes(_UNICODE_TO_BYTE[c] for c in piece)
+        return self.hf.decode([token_id], skip_special_tokens=False).encode("utf-8")
 
     def decode(self, ids: list[int], skip_special: bool = True) -> str:
         if len(ids) > 64:  # the batch call releases the GIL

@@ -13,7 +13,16 @@ from fastapi import Request as HTTPRequest
 
 from engine import SamplingParams
 from engine.grammar import Constraint
-from engine.request import Admitted, Delta, Failed, QueueFull, Request, RequestError, RequestEvent
+from engine.request import (
+    Admitted,
+    Delta,
+    Failed,
+    QueueFull,
+    Request,
+    RequestError,
+    RequestEvent,
+    check_token_ids,
+)
 from engine.sequence import TokenLogprob
 from engine.service import EngineService
 from server.errors import APIError
@@ -42,23 +51,38 @@ async def build_request(
     engine = state.require_ready()
     n_tokens, given = resolve_max_tokens(max_tokens, state.settings.n_predict, len(ids), engine)
     constraint = await constraint_of(engine, body, forced)
-    params = sampling_params(body, engine, n_tokens, logprobs, defaults | state.settings.sampling_defaults, constraint)
+    bias = await asyncio.to_thread(logit_bias, engine, body.logit_bias) if body.logit_bias else {}
+    all_defaults = defaults | state.settings.sampling_defaults
+    params = sampling_params(body, n_tokens, logprobs, all_defaults, constraint, bias)
     n = getattr(body, "n", 1)
     return Request(ids, params, n, body.id_slot, body.cache_prompt, body.n_keep, given)
 
 
+def logit_bias(engine: EngineService, given: dict | list) -> dict[int, float]:
+    """Each token's bias: ids as given, text on each of its tokens (llama-server's
+    ``[["text", bias]]`` and ``{"text": bias}``), ``false`` as -inf (never sampled),
+    ``true`` as no bias. Raises RequestError for an id outside the vocabulary."""
+    out: dict[int, float] = {}
+    for key, value in given.items() if isinstance(given, dict) else given:
+        if value is True:
+            continue
+        if isinstance(key, int) or key.isdigit():
+            ids = [int(key)]
+        else:
+            ids = engine.tokenizer.encode(key, add_special=False) if key else []
+        check_token_ids(ids, engine.vocab_size, "logit_bias")
+        out.update(dict.fromkeys(ids, float("-inf") if value is False else float(value)))
+    return out
+
+
 def sampling_params(
     body: SamplingFields,
-    engine: EngineService,
     max_tokens: int,
     logprobs: int | None,
     defaults: dict,
     constraint: Constraint | None = None,
+    bias: dict[int, float] | None = None,
 ) -> SamplingParams:
-    vocab = engine.vocab_size
-    bias = {int(k): v for k, v in (body.logit_bias or {}).items()}
-    if any(not 0 <= k < vocab for k in bias):
-        raise APIError(400, f"logit_bias: token ids must be in [0, {vocab})")
     pick = lambda name: defaults[name] if getattr(body, name) is None else getattr(body, name)  # noqa: E731
     try:
         return SamplingParams(
@@ -71,7 +95,7 @@ def sampling_params(
             presence_penalty=body.presence_penalty or 0.0,
             frequency_penalty=body.frequency_penalty or 0.0,
             repetition_penalty=body.repetition_penalty or 1.0,
-            logit_bias=bias,
+            logit_bias=bias or {},
             logprobs=logprobs,
             stop=tuple([body.stop] if isinstance(body.stop, str) else body.stop or ()),
             ignore_eos=body.ignore_eos,
@@ -117,14 +141,17 @@ async def decode(engine: EngineService, ids: list[int], skip_special: bool = Tru
     return await asyncio.to_thread(engine.tokenizer.decode, ids, skip_special)
 
 
-async def prompt_ids(engine: EngineService, prompt: str | list[int]) -> list[int]:
-    """A generation prompt as token ids: text is checked against the context, then encoded."""
+async def prompt_ids(engine: EngineService, prompt: str | list[int | str]) -> list[int]:
+    """A generation prompt as token ids: text is checked against the context, then
+    encoded; text pieces among ids (llama-server's mixed prompt) are encoded in place."""
     if isinstance(prompt, str):
         check_text_fits(engine, len(prompt))
         return await encode(engine, prompt)
-    vocab = engine.vocab_size
-    if any(not 0 <= t < vocab for t in prompt):
-        raise APIError(400, f"prompt: token ids must be in [0, {vocab})")
+    if any(isinstance(x, str) for x in prompt):
+        check_text_fits(engine, sum(len(x) for x in prompt if isinstance(x, str)))
+        pieces = [[x] if isinstance(x, int) else await encode(engine, x, add_special=False) for x in prompt]
+        prompt = [t for piece in pieces for t in piece]
+    check_token_ids(prompt, engine.vocab_size)
     return list(prompt)
 
 
@@ -136,6 +163,7 @@ class Choice:
     logprobs: list[TokenLogprob] = field(default_factory=list)
     finish_reason: str | None = None
     stop_word: str | None = None
+    truncated: bool = False
 
     def add(self, d: Delta) -> None:
         self.text += d.text
@@ -144,7 +172,7 @@ class Choice:
         if d.logprob is not None:
             self.logprobs.append(d.logprob)
         if d.finished:
-            self.finish_reason, self.stop_word = d.finish_reason, d.stop_word
+            self.finish_reason, self.stop_word, self.truncated = d.finish_reason, d.stop_word, d.truncated
 
 
 async def _wait_disconnect(http: HTTPRequest) -> None:
@@ -176,6 +204,7 @@ class Run:
         self._failed = False
         self._overflowed = False
         self._last_t: dict[int, float] = {}  # per choice: time of its last token
+        self.req_timings = False  # llama-server's timings_per_token: timings in every stream chunk
 
     MAX_BUFFERED = 1024  # events waiting for a client that does not read; beyond: cancel
 

@@ -10,7 +10,7 @@ from fastapi import APIRouter
 from fastapi import Request as HTTPRequest
 from fastapi.responses import JSONResponse, Response
 
-from engine.request import Delta, Failed
+from engine.request import check_token_ids
 from engine.service import SlotInfo
 from server.chat_prompt import render_chat
 from server.errors import APIError
@@ -22,6 +22,7 @@ from server.generation import (
     encode,
     prompt_ids,
 )
+from server.native_answer import NativeAnswer
 from server.responses import (
     ApplyTemplateResult,
     DetokenizeResult,
@@ -31,86 +32,56 @@ from server.responses import (
     documented,
 )
 from server.schemas import ApplyTemplateRequest, DetokenizeRequest, NativeCompletionRequest, TokenizeRequest
-from server.sse import SSEResponse, sse, sse_error
+from server.sse import SSEResponse, merged_events, sse_frames
 
 router = APIRouter()
 
 
-def _stop_type(reason: str | None, stop_word: str | None) -> str:
-    if reason == "length":
-        return "limit"
-    if reason == "stop":
-        return "word" if stop_word else "eos"
-    return "none"
-
-
 @router.post(
-    "/completion", response_model=None, responses=documented(NativeCompletion, 400, 413, 500, 503, stream=True)
+    "/completion",
+    response_model=None,
+    responses=documented(NativeCompletion | list[NativeCompletion], 400, 413, 500, 503, stream=True),
 )
 @router.post("/completions", include_in_schema=False)  # llama-server's native completion there too
 async def completion(body: NativeCompletionRequest, http: HTTPRequest) -> Response:
     state = http.app.state.slotserve
     engine = state.require_ready()
-    ids = await prompt_ids(engine, body.prompt)
-    requested = None if body.n_predict < 0 else body.n_predict
-    req = await build_request(state, body, ids, requested, body.n_probs or None, LLAMA_DEFAULTS)
-    params = req.params
-    run = Run(state, http, req)
-    if not await run.open(engine):
+    prompts, batch = body.prompts()
+    runs = await _open_runs(state, http, body, [await prompt_ids(engine, p) for p in prompts])
+    if runs is None:
         return Response(status_code=499)
-    id_slot = run.admitted.id_slots[0]
-
-    def probs(lps) -> list[dict]:
-        piece = lambda t: engine.tokenizer.decode([t], skip_special=False)  # noqa: E731
-        return [
-            {
-                "id": lp.token_id,
-                "token": piece(lp.token_id),
-                "logprob": lp.logprob,
-                "top_logprobs": [{"id": t, "token": piece(t), "logprob": v} for t, v in lp.top],
-            }
-            for lp in lps
-        ]
-
-    def final() -> dict:
-        c = run.choices[0]
-        extra = {"completion_probabilities": probs(c.logprobs)} if body.n_probs and not body.stream else {}
-        return {
-            **extra,
-            "content": c.text if not body.stream else "",
-            "tokens": c.token_ids if not body.stream else [],
-            "id_slot": id_slot,
-            "stop": True,
-            "model": state.settings.model_name,
-            "tokens_predicted": len(c.token_ids),
-            "tokens_evaluated": len(ids),
-            "tokens_cached": run.admitted.n_cached,
-            "stop_type": _stop_type(c.finish_reason, c.stop_word),
-            "stopping_word": c.stop_word or "",
-            "truncated": False,
-            "timings": run.timings(),
-            "generation_settings": dataclasses.asdict(params),
-        }
-
+    answer = NativeAnswer(state, body, engine)
     if body.stream:
+        return SSEResponse(sse_frames(merged_events(runs), lambda i, e: answer.frame(runs[i], i, e)), runs)
+    await asyncio.gather(*(run.collect() for run in runs))
+    results = await asyncio.to_thread(lambda: [answer.final(run, i) for i, run in enumerate(runs)])
+    return JSONResponse(results if batch else results[0])
 
-        async def frames():
-            async for event in run.events():
-                if isinstance(event, Failed):
-                    yield sse_error(event)
-                    return
-                if isinstance(event, Delta) and not event.finished:
-                    tokens = [event.token_id] if event.token_id is not None else []
-                    yield sse({"content": event.text, "tokens": tokens, "id_slot": id_slot, "stop": False})
-                elif isinstance(event, Delta):
-                    tokens = [event.token_id] if event.token_id is not None else []
-                    last = {**final(), "content": event.text, "tokens": tokens}
-                    yield sse(last)
 
-        return SSEResponse(frames(), run)
+async def _open_runs(state, http: HTTPRequest, body: NativeCompletionRequest, prompts: list[list[int]]) -> list | None:
+    """One admitted run per prompt (a batch is queued prompt by prompt); None when the
+    client left. A refusal closes the runs already opened."""
+    runs: list[Run] = []
+    requested = None if body.n_predict < 0 else body.n_predict
+    try:
+        for ids in prompts:
+            req = await build_request(state, body, ids, requested, body.n_probs or None, LLAMA_DEFAULTS)
+            req.progress = body.return_progress and body.stream
+            run = Run(state, http, req)
+            runs.append(run)
+            if not await run.open(state.require_ready()):
+                raise _ClientGone
+    except BaseException as exc:
+        for run in runs:
+            await run.close()
+        if isinstance(exc, _ClientGone):
+            return None
+        raise
+    return runs
 
-    await run.collect()
-    return JSONResponse(await asyncio.to_thread(final))  # completion_probabilities: many decodes
+
+class _ClientGone(Exception):
+    pass
 
 
 @router.post("/tokenize", response_model=None, responses=documented(TokenizeResult, 400, 413, 503))
@@ -126,9 +97,7 @@ async def tokenize(body: TokenizeRequest, http: HTTPRequest) -> dict:
 @router.post("/detokenize", response_model=None, responses=documented(DetokenizeResult, 400, 413, 503))
 async def detokenize(body: DetokenizeRequest, http: HTTPRequest) -> dict:
     engine = http.app.state.slotserve.require_ready()
-    vocab = engine.vocab_size
-    if any(not 0 <= t < vocab for t in body.tokens):
-        raise APIError(400, f"tokens: ids must be in [0, {vocab})")
+    check_token_ids(body.tokens, engine.vocab_size, "tokens")
     return {"content": await decode(engine, body.tokens, skip_special=False)}
 
 

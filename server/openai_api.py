@@ -12,7 +12,7 @@ from fastapi import Request as HTTPRequest
 from fastapi.responses import JSONResponse, Response
 
 from engine import Engine
-from engine.request import Delta, Failed
+from engine.request import Delta
 from engine.sequence import TokenLogprob
 from server import __version__
 from server.chat_output import ChatOutput, Parts
@@ -31,7 +31,7 @@ from server.generation import (
 from server.reasoning import opens_thinking
 from server.responses import ChatCompletion, Completion, ModelList, documented
 from server.schemas import ChatCompletionRequest, CompletionRequest, NamedToolChoice, OpenAIFields
-from server.sse import SSEResponse, sse, sse_error
+from server.sse import SSEResponse, merged_events, sse, sse_frames
 from server.tool_calls import family, forced_grammar
 
 router = APIRouter()
@@ -67,6 +67,7 @@ async def _start(http: HTTPRequest, body: OpenAIFields, ids: list[int], max_toke
     state = http.app.state.slotserve
     engine = state.require_ready()
     run = Run(state, http, await build_request(state, body, ids, max_tokens, logprobs, OPENAI_DEFAULTS, forced))
+    run.req_timings = body.timings_per_token
     if not await run.open(engine):
         return None
     return run
@@ -89,16 +90,20 @@ async def _stream(run: Run, head: dict, include_usage: bool, render, first: list
     usage = {"usage": None} if include_usage else {}
     for choice in first or []:
         yield sse({**head, "choices": [choice], **usage})
-    async for event in run.events():
-        if isinstance(event, Failed):
-            yield sse_error(event)
-            return
+
+    def frame(_: int, event) -> dict | None:
         choice = render(event)
-        if choice is not None:
-            yield sse({**head, "choices": [choice], **({"usage": None} if include_usage else {})})
-    if include_usage:
-        yield sse({**head, "choices": [], "usage": run.usage()})
-    yield sse("[DONE]")
+        if choice is None:
+            return None
+        timings = {"timings": run.timings()} if run.req_timings else {}
+        return {**head, "choices": [choice], **usage, **timings}
+
+    def tail() -> list[str]:
+        last = [sse({**head, "choices": [], "usage": run.usage()})] if include_usage else []
+        return [*last, sse("[DONE]")]
+
+    async for text in sse_frames(merged_events([run]), frame, tail):
+        yield text
 
 
 GENERATE_ERRORS = (400, 413, 500, 503)

@@ -70,6 +70,7 @@ def _fill_limits(node, limits: dict[str, int]) -> None:
     elif mark == "token_keys":
         for option in node.get("anyOf", [node]):
             if option.get("type") == "object":
-                option["propertyNames"] = {"pattern": int_range_pattern(limits["vocab"] - 1)}
+                ids = int_range_pattern(limits["vocab"] - 1)[1:-1]
+                option["propertyNames"] = {"pattern": f"^(?:{ids}|.*[^0-9].*|)$"}  # a token id, or text
     for value in node.values():
         _fill_limits(value, limits)

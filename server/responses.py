@@ -111,21 +111,23 @@ class ModelList(_Out):
 
 
 class NativeCompletion(_Out):
-    """llama-server's /completion answer (non-streaming)."""
+    """llama-server's /completion answer (non-streaming); a list of them for a list of
+    prompts. ``response_fields`` keeps only the fields it names (so none is required)."""
 
-    content: str
-    tokens: list[int]
-    id_slot: int
-    stop: bool
-    model: str
-    tokens_predicted: int
-    tokens_evaluated: int
-    tokens_cached: int
-    stop_type: str
-    stopping_word: str
-    truncated: bool
-    timings: dict[str, float]
-    generation_settings: dict[str, Any]
+    index: int | None = None
+    content: str | None = None
+    tokens: list[int] | None = None
+    id_slot: int | None = None
+    stop: bool | None = None
+    model: str | None = None
+    tokens_predicted: int | None = None
+    tokens_evaluated: int | None = None
+    tokens_cached: int | None = None
+    stop_type: str | None = None
+    stopping_word: str | None = None
+    truncated: bool | None = None
+    timings: dict[str, float] | None = None
+    generation_settings: dict[str, Any] | None = None
     completion_probabilities: list[dict[str, Any]] | None = None
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, Strict, field_validator
 
 
 class _Body(BaseModel):
@@ -36,6 +36,8 @@ TokenId = Int(ge=0, **_limit("token"))  # < the vocabulary size
 TokenIds = Annotated[list[TokenId], Field(min_length=1)]
 NonEmpty = Annotated[str, Field(min_length=1)]
 SlotId = Int(ge=-1, description="a slot (-1: any)", **_limit("slot"))
+Bias = Annotated[float, Field(ge=-100, le=100)] | bool  # false: never this token (llama-server)
+BiasPair = Annotated[tuple[TokenId | str, Bias], Strict(False)]  # a JSON array is a list: let it be the pair
 
 
 class StreamOptions(_Body):
@@ -78,8 +80,11 @@ class SamplingFields(_Body):
     presence_penalty: float | None = Field(None, ge=-2, le=2)
     frequency_penalty: float | None = Field(None, ge=-2, le=2)
     repetition_penalty: float | None = Field(None, gt=0, le=100)
-    logit_bias: dict[str, Annotated[float, Field(ge=-100, le=100)]] | None = Field(
-        None, description="token id (decimal) -> bias", **_limit("token_keys")
+    logit_bias: dict[str, Bias] | Annotated[list[BiasPair], Field(max_length=1024)] | None = Field(
+        None,
+        description="token id (decimal) or text -> bias; or [[token_id_or_text, bias], ...] (llama-server). "
+        "Text gets the bias on each of its tokens; false bans a token",
+        **_limit("token_keys"),
     )
     stop: NonEmpty | Annotated[list[NonEmpty], Field(max_length=16)] | None = None
     ignore_eos: bool = False
@@ -87,6 +92,7 @@ class SamplingFields(_Body):
     cache_prompt: bool = True
     n_keep: Int(ge=-1) = 0
     stream: bool = False
+    timings_per_token: bool = False  # llama-server: timings in every stream chunk
     grammar: str | None = Field(
         None, description="GBNF (llama.cpp's grammar format). Every constraint must compile: otherwise a 400 naming why"
     )
@@ -101,9 +107,9 @@ class SamplingFields(_Body):
     @field_validator("logit_bias")
     @classmethod
     def _bias_keys(cls, v):
-        for key in v or {}:
-            if not key.isdigit() or key != str(int(key)):
-                raise ValueError(f"logit_bias keys must be token ids, got {key!r}")
+        for key in v if isinstance(v, dict) else ():
+            if key.isdigit() and key != str(int(key)):
+                raise ValueError(f"logit_bias keys must be token ids without leading zeros or text, got {key!r}")
         return v
 
 
@@ -227,12 +233,41 @@ class ChatCompletionRequest(OpenAIFields, ChatFields):
     reasoning_format: ReasoningFormat | None = None
 
 
-class NativeCompletionRequest(SamplingFields):
-    """llama-server's POST /completion."""
+class PromptObject(_Body):
+    """llama-server's JSON-object prompt (multimodal data is not served)."""
 
-    prompt: NonEmpty | TokenIds
+    prompt_string: NonEmpty
+    multimodal_data: Annotated[list[str], Field(max_length=0)] | None = None
+
+
+MixedPrompt = Annotated[list[TokenId | NonEmpty], Field(min_length=1)]
+
+
+class NativeCompletionRequest(SamplingFields):
+    """llama-server's POST /completion. ``prompt``: text, token ids (text pieces may be
+    mixed in), a JSON object, or a list of prompts (strings, objects or id lists: a
+    batch, answered with a list). A list of ids and text is one prompt; a list that also
+    holds lists or objects is a batch (a bare id in it is a one-token prompt)."""
+
+    prompt: (
+        NonEmpty | PromptObject | Annotated[list[TokenId | NonEmpty | MixedPrompt | PromptObject], Field(min_length=1)]
+    )
     n_predict: Int(ge=-1) = -1
     n_probs: Int(ge=0, le=20) = 0
+    response_fields: list[str] | None = None
+    return_progress: bool = False
+
+    def prompts(self) -> tuple[list[str | list], bool]:
+        """(prompts, batch): each prompt as text or a list of ids and text pieces."""
+        p = self.prompt
+        if isinstance(p, PromptObject):
+            return [p.prompt_string], False
+        if isinstance(p, str):
+            return [p], False
+        if all(isinstance(x, int | str) for x in p) and any(isinstance(x, int) for x in p):
+            return [p], False  # ids, perhaps with text pieces: one prompt
+        one = lambda x: x.prompt_string if isinstance(x, PromptObject) else [x] if isinstance(x, int) else x  # noqa: E731
+        return [one(x) for x in p], True
 
 
 class TokenizeRequest(_Body):

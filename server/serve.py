@@ -15,6 +15,7 @@ import logging
 import os
 import resource
 import signal
+import socket
 import sys
 import time
 
@@ -79,6 +80,25 @@ def _raise_fd_limit() -> None:
             pass
 
 
+def _bind(hosts: list[str], port: int) -> list[socket.socket]:
+    """One listening socket per address (llama-server takes several --host)."""
+    socks = []
+    for host in hosts:
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+        sock = socket.socket(family, kind, proto)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if family == socket.AF_INET6:
+            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+        try:
+            sock.bind(address)
+        except OSError as exc:
+            raise SystemExit(f"error: --host {host} --port {port}: {exc}") from None
+        sock.listen(2048)
+        sock.set_inheritable(True)
+        socks.append(sock)
+    return socks
+
+
 def serve(settings: ServerSettings) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     _raise_fd_limit()
@@ -86,9 +106,10 @@ def serve(settings: ServerSettings) -> int:
         app = create_app(settings)  # creates the slot save folder when missing
     except OSError as exc:
         raise SystemExit(f"error: --slot-save-path {settings.slot_save_path}: {exc}") from None
+    hosts = settings.hosts
     config = uvicorn.Config(
         app,
-        host=settings.host,
+        host=hosts[0],
         port=settings.port,
         timeout_keep_alive=int(settings.timeout),
         timeout_graceful_shutdown=GRACEFUL_S,
@@ -97,7 +118,7 @@ def serve(settings: ServerSettings) -> int:
     state: ServerState = app.state.slotserve
     server = DrainingServer(config, state, settings.drain_timeout)
     try:
-        server.run()
+        server.run(sockets=_bind(hosts, settings.port) if len(hosts) > 1 else None)
     finally:
         if not state.close():
             # A load still in progress (or a stuck step): leave without running

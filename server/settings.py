@@ -25,7 +25,7 @@ class ServerSettings(BaseSettings):
         None, description="model names reported by the API, comma-separated (default: the folder name)"
     )
     tags: str | None = Field(None, description="model tags listed by /v1/models, comma-separated (informational)")
-    host: str = Field("127.0.0.1", description="address to listen on")
+    host: str = Field("127.0.0.1", description="address(es) to listen on, comma-separated")
     port: int = Field(8080, ge=0, le=65535, description="port to listen on")
     ctx_size: int = Field(4096, gt=0, description="KV cache cells of all slots together (see --kv-unified)")
     parallel: int = Field(4, gt=0, description="number of slots")
@@ -123,6 +123,10 @@ class ServerSettings(BaseSettings):
         if value is not None and not isinstance(json.loads(value), dict):
             raise ValueError("--chat-template-kwargs must be a JSON object")
         return value
+
+    @property
+    def hosts(self) -> list[str]:
+        return [h.strip() for h in self.host.split(",") if h.strip()] or ["127.0.0.1"]
 
     @property
     def template_kwargs(self) -> dict:

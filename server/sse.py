@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator
 
 from fastapi.responses import StreamingResponse
 
-from engine.request import Failed
+from engine.request import Failed, RequestEvent
 from server.generation import Run
 
 log = logging.getLogger("slotserve")
@@ -24,15 +24,17 @@ class SSEResponse(StreamingResponse):
     the connection closed (one log line), so a stuck reader holds no slot and no memory
     for long. Meanwhile its run buffers at most ``Run.MAX_BUFFERED`` events."""
 
-    def __init__(self, frames: AsyncIterator[str], run: Run):
+    def __init__(self, frames: AsyncIterator[str], runs: Run | list[Run]):
         super().__init__(frames, media_type="text/event-stream", headers=SSE_HEADERS)
-        self.run = run
+        self.runs = runs if isinstance(runs, list) else [runs]
+        self.run = self.runs[0]
 
     async def __call__(self, scope, receive, send) -> None:
         try:
             await super().__call__(scope, receive, send)
         finally:
-            await self.run.close()
+            for run in self.runs:
+                await run.close()
 
     async def stream_response(self, send) -> None:
         stall = self.run.state.settings.stall_timeout
@@ -55,3 +57,47 @@ def sse(data: dict | str) -> str:
 def sse_error(failure: Failed) -> str:
     """The last frame of a stream that failed after its first byte."""
     return sse({"error": {"message": failure.message, "type": failure.type, "code": failure.status}})
+
+
+async def merged_events(runs: list[Run]) -> AsyncIterator[tuple[int, RequestEvent]]:
+    """(run index, event) of several runs as they come (one run: its events in order)."""
+    if len(runs) == 1:
+        async for event in runs[0].events():
+            yield 0, event
+        return
+    queue: asyncio.Queue = asyncio.Queue()
+
+    async def pump(i: int, run: Run) -> None:
+        try:
+            async for event in run.events():
+                await queue.put((i, event))
+        finally:
+            await queue.put((i, None))
+
+    tasks = [asyncio.create_task(pump(i, run)) for i, run in enumerate(runs)]
+    try:
+        left = len(runs)
+        while left:
+            i, event = await queue.get()
+            if event is None:
+                left -= 1
+            else:
+                yield i, event
+    finally:
+        for task in tasks:
+            task.cancel()
+
+
+async def sse_frames(events: AsyncIterator[tuple[int, RequestEvent]], render, tail=None) -> AsyncIterator[str]:
+    """The SSE frames of ``render(index, event)`` (None: no frame) for each event, then
+    ``tail()``'s frames; a failure ends the stream with its error frame instead. Every
+    streaming route uses this loop."""
+    async for index, event in events:
+        if isinstance(event, Failed):
+            yield sse_error(event)
+            return
+        data = render(index, event)
+        if data is not None:
+            yield sse(data)
+    for frame in tail() if tail else ():
+        yield frame

@@ -16,7 +16,15 @@ from __future__ import annotations
 
 import schemathesis
 
-CONSTRAINTS = ("grammar", "json_schema", "structured_outputs", "guided_json", "guided_regex", "guided_grammar")
+CONSTRAINTS = (
+    "grammar",
+    "json_schema",
+    "structured_outputs",
+    "guided_json",
+    "guided_regex",
+    "guided_grammar",
+    "guided_choice",
+)
 
 
 def _positive(case) -> bool:

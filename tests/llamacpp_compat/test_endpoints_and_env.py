@@ -31,9 +31,11 @@ def test_llama_arg_variables_configure_the_server(tmp_path):
         "LLAMA_API_KEY": "sk-llama",
         "LLAMA_ARG_ENDPOINT_METRICS": "disabled",  # llama.cpp's spelling of false
         "LLAMA_ARG_ALIAS": "from-llama-env",
+        "LLAMA_ARG_HOST": "127.0.0.1,127.0.0.2",  # several addresses
     }
     with ServerProcess(env=env, log=tmp_path / "s.log") as srv:
         srv.wait_ready()
+        assert httpx.get(srv.url.replace("127.0.0.1", "127.0.0.2") + "/health").status_code == 200
         key = {"Authorization": "Bearer sk-llama"}
         assert httpx.get(srv.url + "/v1/models").status_code == 401
         assert httpx.get(srv.url + "/v1/models", headers=key).json()["data"][0]["id"] == "from-llama-env"

@@ -1,0 +1,131 @@
+"""llama-server's /completion answer shapes: the final object (with
+``generation_settings``, ``completion_probabilities`` and ``response_fields``), the
+stream frames and the prompt-progress frames."""
+
+from __future__ import annotations
+
+import json
+
+from engine.request import Delta, Progress
+from server.generation import Run
+from server.schemas import NativeCompletionRequest
+
+
+def stop_type(reason: str | None, stop_word: str | None) -> str:
+    if reason == "length":
+        return "limit"
+    if reason == "stop":
+        return "word" if stop_word else "eos"
+    return "none"
+
+
+class NativeAnswer:
+    """llama-server's answer shapes: the final object, stream frames, progress."""
+
+    def __init__(self, state, body: NativeCompletionRequest, engine):
+        self.state, self.body, self.engine = state, body, engine
+
+    def final(self, run: Run, index: int, stream: bool = False) -> dict:
+        c, body, params = run.choices[0], self.body, run.req.params
+        out = {
+            "index": index,
+            "content": "" if stream else c.text,
+            "tokens": [] if stream else c.token_ids,
+            "id_slot": run.admitted.id_slots[0],
+            "stop": True,
+            "model": self.state.settings.model_name,
+            "tokens_predicted": len(c.token_ids),
+            "tokens_evaluated": len(run.req.prompt_ids),
+            "tokens_cached": run.admitted.n_cached,
+            "stop_type": stop_type(c.finish_reason, c.stop_word),
+            "stopping_word": c.stop_word or "",
+            "truncated": c.truncated,
+            "timings": run.timings(),
+            "generation_settings": generation_settings(params, self.engine.tokenizer.eos_ids),
+        }
+        if body.n_probs and not stream:
+            out["completion_probabilities"] = token_probs(self.engine, c.logprobs)
+        return select_fields(out, body.response_fields) if body.response_fields else out
+
+    def frame(self, run: Run, index: int, event) -> dict | None:
+        id_slot = run.admitted.id_slots[0]
+        if isinstance(event, Progress):
+            progress = {
+                "total": event.n_total,
+                "cache": event.n_cached,
+                "processed": event.n_processed,
+                "time_ms": (event.t - run.admitted.t) * 1000,
+            }
+            return {
+                "index": index,
+                "content": "",
+                "tokens": [],
+                "id_slot": id_slot,
+                "stop": False,
+                "prompt_progress": progress,
+            }
+        if not isinstance(event, Delta):
+            return None
+        tokens = [event.token_id] if event.token_id is not None else []
+        if event.finished:
+            return {**self.final(run, index, stream=True), "content": event.text, "tokens": tokens}
+        out = {"index": index, "content": event.text, "tokens": tokens, "id_slot": id_slot, "stop": False}
+        if self.body.n_probs and event.logprob is not None:
+            out["completion_probabilities"] = token_probs(self.engine, [event.logprob])
+        if self.body.timings_per_token:
+            out["timings"] = run.timings()
+        return out
+
+
+def token_probs(engine, lps) -> list[dict]:
+    """llama-server's ``completion_probabilities``: each token with its bytes."""
+    tok = engine.tokenizer
+
+    def entry(token_id: int, logprob: float) -> dict:
+        piece = tok.decode([token_id], skip_special=False)
+        return {"id": token_id, "token": piece, "bytes": list(tok.token_bytes(token_id)), "logprob": logprob}
+
+    return [{**entry(lp.token_id, lp.logprob), "top_logprobs": [entry(t, v) for t, v in lp.top]} for lp in lps]
+
+
+def generation_settings(params, eos_ids) -> dict:
+    """The sampling settings a request ran with, in llama-server's names. ``logit_bias``
+    lists [token, bias] pairs, ``false`` for a banned token; ``ignore_eos`` bans EOS as
+    llama-server does (it shows there)."""
+    bias = {t: (False if b == float("-inf") else b) for t, b in params.logit_bias.items()}
+    if params.ignore_eos:
+        bias.update(dict.fromkeys(sorted(eos_ids), False))
+    constraint = params.constraint
+    return {
+        "n_predict": params.max_tokens,
+        "seed": params.seed,
+        "temperature": params.temperature,
+        "top_k": params.top_k,
+        "top_p": params.top_p,
+        "min_p": params.min_p,
+        "presence_penalty": params.presence_penalty,
+        "frequency_penalty": params.frequency_penalty,
+        "repeat_penalty": params.repetition_penalty,
+        "stop": list(params.stop),
+        "ignore_eos": params.ignore_eos,
+        "n_probs": params.logprobs or 0,
+        "logit_bias": [[t, b] for t, b in bias.items()],
+        "grammar": constraint.source if constraint and constraint.kind in ("gbnf", "lark") else "",
+        "json_schema": json.loads(constraint.source) if constraint and constraint.kind == "json_schema" else {},
+    }
+
+
+def select_fields(answer: dict, fields: list[str]) -> dict:
+    """llama-server's ``response_fields``: only the named fields; a path with slashes
+    reaches into nested objects and the value moves to the top under the whole path.
+    Missing fields are left out."""
+    out = {}
+    for path in fields:
+        node = answer
+        for key in path.split("/"):
+            if not isinstance(node, dict) or key not in node:
+                break
+            node = node[key]
+        else:
+            out[path] = node
+    return out
