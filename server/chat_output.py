@@ -1,6 +1,7 @@
-"""One chat choice's text turned into OpenAI's message parts: the reasoning split first,
-then tool calls found in what is left. The same object serves a stream (``push`` each
-piece, then ``finish``) and a whole answer (one ``push``)."""
+"""Chat answers: one choice's text turned into OpenAI's message parts (the reasoning
+split first, then tool calls found in what is left), and those parts as stream deltas
+or as a whole message. The same objects serve a stream (``push`` each piece, then
+``finish``) and a whole answer (one ``push``)."""
 
 from __future__ import annotations
 
@@ -59,3 +60,58 @@ class ChatOutput:
     def finish_reason(self, reason: str | None) -> str | None:
         """``tool_calls`` when the answer made calls and ended by itself."""
         return "tool_calls" if self.n_calls and reason == "stop" else reason
+
+
+def message_fields(parts: Parts, first_index: int | None) -> dict:
+    """The non-empty parts as message (or, with ``first_index``, stream delta) fields."""
+    fields: dict = {}
+    if parts.reasoning:
+        fields["reasoning_content"] = parts.reasoning
+    if parts.content:
+        fields["content"] = parts.content
+    if parts.calls:
+        base = first_index
+        fields["tool_calls"] = [c.openai(None if base is None else base + i) for i, c in enumerate(parts.calls)]
+    return fields
+
+
+class ChatAnswer:
+    """The ``n`` choices of one chat request as OpenAI writes them. ``logprob``: renders
+    one TokenLogprob (None when the request asked for no logprobs)."""
+
+    def __init__(self, n: int, reasoning_format: str, opened: bool, tool_format: str | None, logprob=None):
+        self.outputs = [ChatOutput(reasoning_format, opened, tool_format) for _ in range(n)]
+        self.logprob = logprob
+
+    def opening(self) -> list[dict]:
+        """As OpenAI and llama-server: each choice's role first, no content yet."""
+        role = {"role": "assistant", "content": None}
+        return [{"index": i, "delta": role, "logprobs": None, "finish_reason": None} for i in range(len(self.outputs))]
+
+    def delta(self, d) -> dict | None:
+        """A stream chunk's choice for one Delta; None when it adds nothing to send."""
+        out = self.outputs[d.index]
+        parts = out.push(d.text)
+        if d.finished:
+            parts += out.finish()
+        delta = message_fields(parts, out.n_calls - len(parts.calls))
+        lps = {"content": [self.logprob(d.logprob)]} if self.logprob and d.logprob else None
+        if not delta and not d.finished and lps is None:
+            return None
+        return {"index": d.index, "delta": delta, "logprobs": lps, "finish_reason": out.finish_reason(d.finish_reason)}
+
+    def choice(self, c) -> dict:
+        """A whole choice (server.generation.Choice) as a message."""
+        out = self.outputs[c.index]
+        parts = out.push(c.text)
+        parts += out.finish()
+        parts.reasoning = parts.reasoning.strip()
+        message = {"role": "assistant", "content": parts.content if parts.content or not parts.calls else None}
+        message.update({k: v for k, v in message_fields(parts, None).items() if k != "content"})
+        lps = {"content": [self.logprob(lp) for lp in c.logprobs]} if self.logprob else None
+        return {
+            "index": c.index,
+            "message": message,
+            "logprobs": lps,
+            "finish_reason": out.finish_reason(c.finish_reason),
+        }

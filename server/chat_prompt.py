@@ -79,14 +79,16 @@ def uses_tools(body: ChatFields) -> bool:
     return bool(body.tools) and body.tool_choice != "none"
 
 
-async def render_chat(engine: EngineService, body: ChatFields, kwargs: dict | None = None) -> str:
+async def render_chat(engine: EngineService, body: ChatFields, kwargs: dict | None = None, prefill: bool = True) -> str:
     """The template applied (in a worker thread: a big conversation renders slowly).
 
     A final assistant message is a prefill: the prompt ends inside it, so the model
     continues it (llama-server's default; vLLM's ``continue_final_message``).
     ``continue_final_message``: None continues when the last message is the
     assistant's; True requires it to be; False renders it as a finished turn.
-    ``kwargs``: the server's template variables, under the request's own."""
+    ``kwargs``: the server's template variables, under the request's own. ``prefill``
+    False (``--no-prefill-assistant``): a final assistant message is a finished turn
+    unless the request says ``continue_final_message``."""
     template = chat_template(engine)
     messages, continue_final = body.messages, body.continue_final_message
     if len(messages) >= 2 and messages[-1].role == messages[-2].role == "assistant":
@@ -100,7 +102,7 @@ async def render_chat(engine: EngineService, body: ChatFields, kwargs: dict | No
         turns = _tools_as_text(turns, tools)
     given = {**(kwargs or {}), **(body.chat_template_kwargs or {})}
     variables = {k: v for k, v in given.items() if k not in ("messages", "add_generation_prompt", "tools")}
-    prefill = last_is_assistant and continue_final is not False
+    prefill = last_is_assistant and (continue_final if continue_final is not None else prefill)
 
     def render() -> str:
         if not prefill:

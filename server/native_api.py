@@ -105,7 +105,7 @@ async def detokenize(body: DetokenizeRequest, http: HTTPRequest) -> dict:
 async def apply_template(body: ApplyTemplateRequest, http: HTTPRequest) -> dict:
     state = http.app.state.slotserve
     engine = state.require_ready()
-    return {"prompt": await render_chat(engine, body, state.settings.template_kwargs)}
+    return {"prompt": await render_chat(engine, body, state.settings.template_kwargs, state.settings.prefill_assistant)}
 
 
 @router.get("/props", response_model=None, responses=documented(Props, 503))

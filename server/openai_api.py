@@ -15,7 +15,7 @@ from engine import Engine
 from engine.request import Delta
 from engine.sequence import TokenLogprob
 from server import __version__
-from server.chat_output import ChatOutput, Parts
+from server.chat_output import ChatAnswer
 from server.chat_prompt import chat_template, render_chat, uses_tools
 from server.errors import APIError
 from server.generation import (
@@ -163,69 +163,22 @@ async def chat_completions(body: ChatCompletionRequest, http: HTTPRequest) -> Re
     head = _header("chat.completion", state.settings.model_name, engine)
     tool_format = family(chat_template(engine).source) if uses_tools(body) else None
     fmt = body.reasoning_format or state.settings.reasoning_format
-    outputs = [ChatOutput(fmt, opens_thinking(prompt), tool_format) for _ in range(body.n)]
-
+    logprob = (lambda lp: _chat_logprob(engine, lp)) if body.logprobs else None
+    answer = ChatAnswer(body.n, fmt, opens_thinking(prompt), tool_format, logprob)
     if body.stream:
-
-        def render(d: Delta) -> dict | None:
-            out = outputs[d.index]
-            parts = out.push(d.text)
-            if d.finished:
-                parts += out.finish()
-            delta = _message_fields(parts, out.n_calls - len(parts.calls))
-            lps = {"content": [_chat_logprob(engine, d.logprob)]} if body.logprobs and d.logprob else None
-            if not delta and not d.finished and lps is None:
-                return None
-            reason = out.finish_reason(d.finish_reason)
-            return {"index": d.index, "delta": delta, "logprobs": lps, "finish_reason": reason}
-
         include = bool(body.stream_options and body.stream_options.include_usage)
         chunk_head = {**head, "object": "chat.completion.chunk"}
-        opening = [  # as OpenAI and llama-server: the role first, no content yet
-            {"index": i, "delta": {"role": "assistant", "content": None}, "logprobs": None, "finish_reason": None}
-            for i in range(body.n)
-        ]
-        return SSEResponse(_stream(run, chunk_head, include, render, opening), run)
-
+        return SSEResponse(_stream(run, chunk_head, include, answer.delta, answer.opening()), run)
     await run.collect()
-
-    def choice(c: Choice) -> dict:
-        out = outputs[c.index]
-        parts = out.push(c.text)
-        parts += out.finish()
-        parts.reasoning = parts.reasoning.strip()
-        message = {"role": "assistant", "content": parts.content if parts.content or not parts.calls else None}
-        message.update({k: v for k, v in _message_fields(parts, None).items() if k != "content"})
-        lps = {"content": [_chat_logprob(engine, lp) for lp in c.logprobs]} if body.logprobs else None
-        return {
-            "index": c.index,
-            "message": message,
-            "logprobs": lps,
-            "finish_reason": out.finish_reason(c.finish_reason),
-        }
-
-    choices = await asyncio.to_thread(lambda: [choice(c) for c in run.choices])  # logprob pieces: many decodes
+    choices = await asyncio.to_thread(lambda: [answer.choice(c) for c in run.choices])  # logprobs: many decodes
     return JSONResponse({**head, "choices": choices, "usage": run.usage()})
-
-
-def _message_fields(parts: Parts, first_index: int | None) -> dict:
-    """The non-empty parts as message (or, with ``first_index``, stream delta) fields."""
-    fields: dict = {}
-    if parts.reasoning:
-        fields["reasoning_content"] = parts.reasoning
-    if parts.content:
-        fields["content"] = parts.content
-    if parts.calls:
-        base = first_index
-        fields["tool_calls"] = [c.openai(None if base is None else base + i) for i, c in enumerate(parts.calls)]
-    return fields
 
 
 async def _chat_prompt(state, engine, body: ChatCompletionRequest) -> tuple[str, list[int]]:
     check_text_fits(engine, sum(len(m.text()) for m in body.messages))
     if body.continue_final_message and "add_generation_prompt" in body.model_fields_set and body.add_generation_prompt:
         raise APIError(400, "continue_final_message and add_generation_prompt cannot both be true")
-    prompt = await render_chat(engine, body, state.settings.template_kwargs)
+    prompt = await render_chat(engine, body, state.settings.template_kwargs, state.settings.prefill_assistant)
     return prompt, await encode(engine, prompt, add_special=False)
 
 

@@ -92,6 +92,9 @@ class ServerSettings(BaseSettings):
         description="thoughts in <think> go to reasoning_content (auto, deepseek), also stay in content "
         "(deepseek-legacy), or stay in content (none)",
     )
+    prefill_assistant: bool = Field(
+        True, description="a final assistant message is continued (off: rendered as a finished turn)"
+    )
     reasoning_budget: int = Field(-1, ge=-1, description="-1: think freely; 0: ask the template not to think")
     cors_origins: str = Field(
         "*", description="origins browsers may call from: *, localhost, or a comma-separated / JSON list"
@@ -154,7 +157,8 @@ class ServerSettings(BaseSettings):
     def api_keys(self) -> frozenset[str]:
         keys = [k.strip() for k in (self.api_key or "").split(",")]
         if self.api_key_file is not None:
-            keys += [line.strip() for line in self.api_key_file.read_text().splitlines()]
+            lines = [line.strip() for line in self.api_key_file.read_text().splitlines()]
+            keys += [line for line in lines if not line.startswith("#")]  # comments, as llama-server
         return frozenset(k for k in keys if k)
 
     @property
@@ -190,7 +194,8 @@ LLAMA_ENV = {  # setting -> the variable llama-server reads for the same flag (l
     "alias": "LLAMA_ARG_ALIAS",
     "chat_template": "LLAMA_ARG_CHAT_TEMPLATE",
     "chat_template_file": "LLAMA_ARG_CHAT_TEMPLATE_FILE",
-    "chat_template_kwargs": "LLAMA_CHAT_TEMPLATE_KWARGS",
+    "chat_template_kwargs": "LLAMA_ARG_CHAT_TEMPLATE_KWARGS",
+    "prefill_assistant": "LLAMA_ARG_PREFILL_ASSISTANT",
     "jinja": "LLAMA_ARG_JINJA",
     "reasoning_format": "LLAMA_ARG_THINK",
     "reasoning_budget": "LLAMA_ARG_THINK_BUDGET",
@@ -289,6 +294,7 @@ SWITCHES: dict[str, tuple[str, str]] = {
     "cors_credentials": ("--cors-credentials", "--no-cors-credentials"),
     "slots": ("--slots", "--no-slots"),
     "jinja": ("--jinja", "--no-jinja"),
+    "prefill_assistant": ("--prefill-assistant", "--no-prefill-assistant"),
 }
 FLAGS["tags"] = ("--tags",)
 FLAGS.update(

@@ -123,7 +123,7 @@ def test_a_second_signal_ends_the_drain_at_once(tmp_path, second):
 
 def test_api_keys_flags_and_env(tmp_path):
     key_file = tmp_path / "keys"
-    key_file.write_text("from-file\n")
+    key_file.write_text("# team keys\nfrom-file\n")
     env = {
         "SLOTSERVE_API_KEY": "env-key",
         "SLOTSERVE_PARALLEL": "3",
@@ -140,6 +140,7 @@ def test_api_keys_flags_and_env(tmp_path):
         listed = httpx.get(url, headers={"Authorization": "Bearer k2"})
         assert listed.status_code == 200 and listed.json()["data"][0]["id"] == "mine"  # --alias from the env
         assert httpx.get(url, headers={"X-Api-Key": "from-file"}).status_code == 200
+        assert httpx.get(url, headers={"X-Api-Key": "# team keys"}).status_code == 401  # a comment line
         assert httpx.get(url, headers={"X-Api-Key": "env-key"}).status_code == 401  # the flag wins over env
         props = httpx.get(srv.url + "/props", headers={"Authorization": "Bearer k1"}).json()
         assert props["total_slots"] == 3  # from the environment

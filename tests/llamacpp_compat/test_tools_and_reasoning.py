@@ -37,11 +37,14 @@ CALL_TEXT = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris",
 @pytest.fixture(scope="module", params=["model", "chatml"])
 def srv(request, demo_server):
     """The demo model's own template (no tools in it: they go in a system turn) and the
-    built-in ChatML one (Hermes tools), with --reasoning-format none on the latter."""
+    built-in ChatML one (Hermes tools), with --reasoning-format none and
+    --no-prefill-assistant on the latter."""
     if request.param == "model":
         yield demo_server
         return
-    with InProcessServer(parallel=2, chat_template="chatml", reasoning_format="none") as server:
+    with InProcessServer(
+        parallel=2, chat_template="chatml", reasoning_format="none", prefill_assistant=False
+    ) as server:
         yield server
 
 
@@ -177,3 +180,11 @@ def test_named_templates_render_their_family(tmp_path):
         prompt = httpx.post(server.url + "/apply-template", json={"messages": ASK}).json()["prompt"]
         assert prompt == f"<<{ASK[0]['content']}>>"
         assert httpx.get(server.url + "/props").json()["chat_template_name"] == "custom"
+
+
+def test_no_prefill_assistant_closes_a_final_assistant_message(srv):
+    turns = [*ASK, {"role": "assistant", "content": "Let me"}]
+    prompt = httpx.post(srv.url + "/apply-template", json={"messages": turns}).json()["prompt"]
+    continued = httpx.post(srv.url + "/apply-template", json={"messages": turns, "continue_final_message": True})
+    assert continued.json()["prompt"].endswith("Let me")
+    assert prompt.endswith("Let me") != (srv.state.settings.prefill_assistant is False)
