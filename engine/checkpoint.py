@@ -10,6 +10,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 
 from engine.errors import CheckpointError
+from engine.gguf_checkpoint import GGUFCheckpoint
 from engine.model_config import ModelConfig
 from engine.models import model_class
 from engine.models.base import DecoderLM
@@ -45,14 +46,19 @@ def iter_tensors(files: list[Path]) -> Iterator[tuple[str, str, torch.Tensor]]:
             raise CheckpointError(f"{f}: cannot read safetensors file: {exc}") from exc
 
 
-def load_model(folder: Path, cfg: ModelConfig, dtype: torch.dtype, device: torch.device) -> DecoderLM:
-    """Build the registered class for ``cfg`` on ``device`` and fill it from ``folder``."""
-    cls = model_class(cfg.architecture, str(folder / "config.json"))
+def load_model(
+    folder: Path, cfg: ModelConfig, dtype: torch.dtype, device: torch.device, gguf: GGUFCheckpoint | None = None
+) -> DecoderLM:
+    """Build the registered class for ``cfg`` on ``device`` and fill it from ``folder``
+    (a Hugging Face folder), or from ``gguf`` (the tensors the model names, read and
+    dequantized one at a time)."""
+    cls = model_class(cfg.architecture, str(folder if gguf else folder / "config.json"))
     with torch.device("meta"):
         model = cls(cfg)
     model = model.to_empty(device=device).to(dtype)
     model.tie_weights()
     model.init_buffers(device)  # computed, not loaded: the meta-device build left them empty
     with torch.no_grad():
-        model.load_weights(iter_tensors(weight_files(folder)))
+        tensors = gguf.iter_hf_tensors(model.checkpoint_names()) if gguf else iter_tensors(weight_files(folder))
+        model.load_weights(tensors)
     return model.eval().requires_grad_(False)

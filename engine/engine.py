@@ -19,8 +19,9 @@ from engine.config import EngineConfig
 from engine.detokenizer import IncrementalDetokenizer, StopMatcher
 from engine.errors import StepFailed
 from engine.fingerprint import model_fingerprint
+from engine.gguf_checkpoint import GGUFCheckpoint, is_gguf
 from engine.grammar import BatchMasker, GrammarCompiler
-from engine.model_config import load_model_config
+from engine.model_config import load_model_config, parse_model_config
 from engine.models.packed_linear import onednn_available, pack_linears
 from engine.planner import plan_step
 from engine.request import check_token_ids
@@ -47,11 +48,16 @@ class Engine:
         if config.n_threads:
             torch.set_num_threads(config.n_threads)
         self.device = config.torch_device
-        self.model_config = load_model_config(config.model)
-        self.tokenizer = Tokenizer(config.model, self.model_config.eos_token_ids)
+        gguf = GGUFCheckpoint(config.model) if is_gguf(config.model) else None
+        if gguf is not None:
+            self.model_config = parse_model_config(gguf.hf_config(), config.model)
+            self.tokenizer = Tokenizer.from_gguf(gguf)
+        else:
+            self.model_config = load_model_config(config.model)
+            self.tokenizer = Tokenizer(config.model, self.model_config.eos_token_ids)
         if config.chat_template is not None:
             self.tokenizer.use_chat_template(*resolve_template(config.chat_template))
-        self.model = load_model(config.model, self.model_config, config.torch_dtype, self.device)
+        self.model = load_model(config.model, self.model_config, config.torch_dtype, self.device, gguf)
         self.fingerprint = model_fingerprint(self.model_config, self.model, config.dtype)
         if self._use_onednn():
             pack_linears(self.model)

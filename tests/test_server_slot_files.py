@@ -1,5 +1,6 @@
 """Slot files through a real server: save, restore, erase, listing; validation leaves
-everything unchanged; busy slots; a restore in a new process continues exactly."""
+everything unchanged; busy slots; a restore in a new process continues exactly; a
+conversation moves between two replicas that share the slot folder."""
 
 from __future__ import annotations
 
@@ -244,6 +245,30 @@ def test_restore_in_a_new_process_continues_exactly(server, save_dir, tokenizer,
         assert saved["n_saved"] - 1 <= cont["tokens_cached"] <= saved["n_saved"]
         whole = complete(other, prompt, 32, id_slot=0, cache_prompt=False)  # the uninterrupted run
     assert first["tokens"] + cont["tokens"] == whole["tokens"]
+
+
+def chat(srv, messages: list[dict], id_slot: int) -> dict:
+    body = {"messages": messages, "max_tokens": 12, "temperature": 0, "id_slot": id_slot}
+    return ok(httpx.post(srv.url + "/v1/chat/completions", json=body, timeout=120))
+
+
+def test_a_conversation_saved_on_one_replica_continues_on_another(server, save_dir, tmp_path):
+    """Two replicas share the slot folder (a ReadWriteMany volume in deploy/): the first
+    turn runs on replica A, which saves the slot; replica B restores it and answers the
+    second turn from the cache, with the very tokens A itself gives for that turn."""
+    turns = [{"role": "user", "content": "Write a function that adds two numbers."}]
+    first = chat(server, turns, id_slot=1)
+    ok(action(server, 1, "save", "session-42.slot"))
+    turns += [first["choices"][0]["message"], {"role": "user", "content": "Now make it subtract."}]
+    args = ("-np", "2", "--slot-save-path", str(save_dir))
+    with ServerProcess(*args, log=tmp_path / "replica-b.log") as replica_b:
+        replica_b.wait_ready()
+        ok(action(replica_b, 0, "restore", "session-42.slot"))
+        second_b = chat(replica_b, turns, id_slot=0)
+    second_a = chat(server, turns, id_slot=1)
+    cached = second_b["usage"]["prompt_tokens_details"]["cached_tokens"]
+    assert cached >= first["usage"]["total_tokens"] - 1  # the whole first turn came from the file
+    assert second_b["choices"][0]["message"] == second_a["choices"][0]["message"]
 
 
 def test_without_a_filename_a_slot_uses_its_own_file(server, save_dir):

@@ -145,6 +145,17 @@ class DecoderLM(nn.Module):
             filled.add((target, shard))
         self._check_filled(params, filled)
 
+    def checkpoint_names(self) -> list[str]:
+        """Every tensor name a Hugging Face checkpoint of this model holds (unfused)."""
+        names = []
+        for name, _ in self.named_parameters(remove_duplicate=False):
+            if name == "lm_head.weight" and self.cfg.tie_word_embeddings:
+                continue
+            fused = name.split(".")[-2] if "." in name else ""
+            shards = range(len(self._shards[fused])) if fused in self._shards else [None]
+            names += [_checkpoint_name(name, s) for s in shards]
+        return list(dict.fromkeys(names))
+
     def _check_filled(self, params: dict[str, nn.Parameter], filled: set[tuple[str, int | None]]) -> None:
         missing = []
         for name in params:

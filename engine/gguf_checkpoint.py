@@ -1,0 +1,169 @@
+"""A GGUF file (llama.cpp, Ollama, LM Studio) as a checkpoint: its metadata turned into
+the config.json a Hugging Face folder would have, its tensors read one at a time (no
+memory map kept resident), dequantized and named as the Hugging Face checkpoint names
+them, and its tokenizer rebuilt (engine/gguf_tokenizer.py).
+
+Tensor names come from the ``gguf`` package's own table (``TensorNameMap``), which the
+llama.cpp converter uses to write them; the query and key projections that the
+converter permutes for llama-family rotary are permuted back.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import gguf
+import numpy as np
+import torch
+
+from engine.errors import CheckpointError
+
+DEQUANTIZED = {
+    gguf.GGMLQuantizationType.F32,
+    gguf.GGMLQuantizationType.F16,
+    gguf.GGMLQuantizationType.BF16,
+    gguf.GGMLQuantizationType.Q8_0,
+    gguf.GGMLQuantizationType.Q4_0,
+    gguf.GGMLQuantizationType.Q4_K,
+    gguf.GGMLQuantizationType.Q6_K,
+}
+PERMUTED_ROTARY = {"llama"}  # the converter interleaves q/k rows for these architectures
+
+
+def is_gguf(path: Path) -> bool:
+    return path.is_file() and path.suffix.lower() == ".gguf"
+
+
+def _llama_like(model_type: str) -> Callable[[GGUFCheckpoint], dict]:
+    def config(ck: GGUFCheckpoint) -> dict:
+        a = ck.arch
+        n_head = ck.get(f"{a}.attention.head_count")
+        hidden = ck.get(f"{a}.embedding_length")
+        head_dim = ck.get(f"{a}.attention.key_length") or hidden // n_head
+        cfg = {
+            "architectures": [ARCHITECTURES[a][1]],
+            "model_type": model_type,
+            "hidden_size": hidden,
+            "intermediate_size": ck.get(f"{a}.feed_forward_length"),
+            "num_hidden_layers": ck.get(f"{a}.block_count"),
+            "num_attention_heads": n_head,
+            "num_key_value_heads": ck.get(f"{a}.attention.head_count_kv") or n_head,
+            "head_dim": head_dim,
+            "rms_norm_eps": ck.get(f"{a}.attention.layer_norm_rms_epsilon"),
+            "max_position_embeddings": ck.get(f"{a}.context_length"),
+            "vocab_size": ck.vocab_size,
+            "rope_theta": ck.get(f"{a}.rope.freq_base", 10000.0),
+            "tie_word_embeddings": "output.weight" not in ck.tensors,
+            "attention_bias": "blk.0.attn_q.bias" in ck.tensors,
+            "torch_dtype": "float32",
+        }
+        window = ck.get(f"{a}.attention.sliding_window")
+        if window:
+            cfg["sliding_window"] = window
+        eos = ck.get("tokenizer.ggml.eos_token_id")
+        if eos is not None:
+            cfg["eos_token_id"] = eos
+        return cfg
+
+    return config
+
+
+# GGUF architecture -> (HF config builder, HF architecture class name)
+ARCHITECTURES: dict[str, tuple[Callable, str]] = {
+    "llama": (_llama_like("llama"), "LlamaForCausalLM"),
+    "qwen2": (_llama_like("qwen2"), "Qwen2ForCausalLM"),
+    "qwen3": (_llama_like("qwen3"), "Qwen3ForCausalLM"),
+}
+
+
+class GGUFCheckpoint:
+    """Raises CheckpointError naming the problem: not a GGUF, an architecture or a
+    tensor type slotserve cannot serve, a tensor the model needs that is missing."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        try:
+            reader = gguf.GGUFReader(str(path), "r")
+        except Exception as exc:  # the reader raises ValueError, struct errors, OSError...
+            raise CheckpointError(f"{path}: not a readable GGUF file: {exc}") from exc
+        self.fields = {name: _value(field) for name, field in reader.fields.items()}
+        self.tensors = {t.name: (t.tensor_type, tuple(reversed([int(x) for x in t.shape])), int(t.data_offset),
+                                 int(t.n_bytes)) for t in reader.tensors}  # fmt: skip
+        del reader  # drops its memory map: tensors are read with pread, one at a time
+        self.arch = self.get("general.architecture")
+        if self.arch not in ARCHITECTURES:
+            supported = ", ".join(sorted(ARCHITECTURES))
+            raise CheckpointError(f"{path}: GGUF architecture '{self.arch}' is not supported (supported: {supported})")
+        for name, (qtype, _, _, _) in self.tensors.items():
+            if qtype not in DEQUANTIZED:
+                kinds = ", ".join(sorted(t.name for t in DEQUANTIZED))
+                raise CheckpointError(f"{path}: tensor '{name}' has type {qtype.name}, not supported (only {kinds})")
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self.fields.get(key, default)
+
+    @property
+    def vocab_size(self) -> int:
+        embd = self.tensors.get("token_embd.weight")
+        return embd[1][0] if embd else len(self.get("tokenizer.ggml.tokens", []))
+
+    def hf_config(self) -> dict:
+        """The config.json a Hugging Face folder of this model would carry."""
+        return ARCHITECTURES[self.arch][0](self)
+
+    def tensor(self, name: str, fd: int) -> torch.Tensor:
+        """One tensor in float32 (float16 and bfloat16 stay as they are, for the copy into
+        the model to convert), in row-major (Hugging Face) shape. Read with ``os.preadv``
+        into a buffer of its own, so the transient memory is the tensor and, for a
+        quantized one, its float32 values: nothing of the file stays mapped."""
+        qtype, shape, offset, n_bytes = self.tensors[name]
+        buf = bytearray(n_bytes)
+        if os.preadv(fd, [buf], offset) != n_bytes:
+            raise CheckpointError(f"{self.path}: tensor '{name}' is cut short (file truncated?)")
+        plain = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}.get(qtype.name)
+        if plain is not None:
+            return torch.frombuffer(buf, dtype=plain).reshape(shape)
+        rows = int(np.prod(shape[:-1])) if len(shape) > 1 else 1
+        values = gguf.quants.dequantize(np.frombuffer(buf, dtype=np.uint8).reshape(rows, -1), qtype)  # [rows, n]
+        return torch.from_numpy(values.reshape(shape))
+
+    def iter_hf_tensors(self, hf_names: list[str]) -> Iterator[tuple[str, str, torch.Tensor]]:
+        """(file, HF name, tensor) for each name the model asks for."""
+        n_layers = self.get(f"{self.arch}.block_count")
+        names = gguf.get_tensor_name_map(_model_arch(self.arch), n_layers)
+        fd = os.open(self.path, os.O_RDONLY)
+        try:
+            for hf_name in hf_names:
+                found = names.get_name(hf_name, try_suffixes=(".weight", ".bias"))
+                if found is None or found not in self.tensors:
+                    raise CheckpointError(f"{self.path}: no tensor for '{hf_name}' (looked for '{found}')")
+                tensor = self.tensor(found, fd)
+                if self.arch in PERMUTED_ROTARY and found.endswith(("attn_q.weight", "attn_k.weight")):
+                    heads = self.get(f"{self.arch}.attention.head_count")
+                    if found.endswith("attn_k.weight"):
+                        heads = self.get(f"{self.arch}.attention.head_count_kv") or heads
+                    tensor = _unpermute(tensor, heads)
+                yield self.path.name, hf_name, tensor
+        finally:
+            os.close(fd)
+
+
+def _model_arch(name: str) -> gguf.MODEL_ARCH:
+    return next(arch for arch, n in gguf.MODEL_ARCH_NAMES.items() if n == name)
+
+
+def _unpermute(w: torch.Tensor, n_head: int) -> torch.Tensor:
+    """llama.cpp's interleaved rotary rows -> Hugging Face's rotate-half rows."""
+    rows = w.shape[0]
+    return w.reshape(n_head, rows // n_head // 2, 2, *w.shape[1:]).transpose(1, 2).reshape(w.shape)
+
+
+def _value(field: Any) -> Any:
+    """A metadata field as a Python value (strings decoded, arrays as lists)."""
+    try:
+        return field.contents()
+    except (ValueError, IndexError, UnicodeDecodeError):
+        return None

@@ -1,0 +1,173 @@
+"""GGUF checkpoints written by llama.cpp's own converter: greedy tokens equal to
+transformers on the same weights (F32, and Q8_0 against transformers on the
+dequantized weights), the tokenizer rebuilt from GGUF metadata equal to the HF one on
+200 varied strings, clear errors for what cannot be served, and peak memory while
+loading."""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import gguf
+import numpy as np
+import pytest
+import torch
+from checkpoints import make_checkpoint
+from gguf_tools import convert, converter_tree
+from safetensors.torch import load_file, save_file
+
+from engine import DEMO_MODEL, Engine, SamplingParams
+from engine.errors import CheckpointError
+from engine.gguf_checkpoint import GGUFCheckpoint
+
+PROMPTS = ["def fibonacci(n):", "import os\n\n", "class Stack:\n    def push(self, item):"]
+N_NEW = 24
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory) -> Path:
+    try:
+        converter_tree()
+    except RuntimeError as exc:  # no registry to download llama.cpp's converter from
+        pytest.skip(str(exc))
+    return tmp_path_factory.mktemp("gguf")
+
+
+@pytest.fixture(scope="module")
+def f32(folder) -> Path:
+    return convert(DEMO_MODEL, folder / "demo-f32.gguf", "f32")
+
+
+@pytest.fixture(scope="module")
+def q8(folder) -> Path:
+    return convert(DEMO_MODEL, folder / "demo-q8_0.gguf", "q8_0")
+
+
+def transformers_greedy(model_dir: Path, prompts: list[list[int]]) -> list[list[int]]:
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    out = []
+    for ids in prompts:
+        with torch.no_grad():
+            seq = model.generate(
+                torch.tensor([ids]), max_new_tokens=N_NEW, min_new_tokens=N_NEW, do_sample=False, pad_token_id=0
+            )
+        out.append(seq[0, len(ids) :].tolist())
+    return out
+
+
+def engine_greedy(path: Path) -> tuple[Engine, list[list[int]], list[list[int]]]:
+    engine = Engine.from_pretrained(str(path), n_seq_max=len(PROMPTS))
+    prompts = [engine.tokenizer.encode(p) for p in PROMPTS]
+    params = SamplingParams(temperature=0.0, max_tokens=N_NEW, ignore_eos=True)
+    return engine, prompts, [g.token_ids for g in engine.generate(prompts, params)]
+
+
+def test_a_converted_f32_gguf_gives_transformers_greedy_tokens(f32):
+    engine, prompts, ours = engine_greedy(f32)
+    assert ours == transformers_greedy(DEMO_MODEL, prompts)
+    assert engine.model_config.architecture == "LlamaForCausalLM"
+    assert engine.tokenizer.chat_template is not None  # tokenizer.chat_template came along
+
+
+def test_a_q8_0_gguf_matches_transformers_on_the_dequantized_weights(q8, tmp_path):
+    engine, prompts, ours = engine_greedy(q8)
+    dequantized = tmp_path / "dequantized"  # the same weights as an HF folder, for transformers
+    dequantized.mkdir()
+    names = Engine.from_pretrained(str(q8), linear="torch").model.checkpoint_names()  # before any repacking
+    tensors = {name: t.float().contiguous() for _, name, t in GGUFCheckpoint(q8).iter_hf_tensors(names)}
+    save_file(tensors, str(dequantized / "model.safetensors"))
+    for name in ("config.json", "tokenizer.json", "tokenizer_config.json", "generation_config.json"):
+        shutil.copy(DEMO_MODEL / name, dequantized / name)
+    original = load_file(str(DEMO_MODEL / "model.safetensors"))["model.layers.0.mlp.down_proj.weight"]
+    assert not torch.equal(tensors["model.layers.0.mlp.down_proj.weight"], original)  # Q8_0 really rounded
+    assert ours == transformers_greedy(dequantized, prompts)
+
+
+def _strings(n: int) -> list[str]:
+    rng = random.Random(0)
+    pieces = [
+        "héllo", "wörld", "naïve café", "日本語のテキスト", "中文", "🙂", "🚀🦙", "Привет", "مرحبا", "ελληνικά",
+        "def f(x):", "return x**2", "    ", "\t\t", "\n\n\n", "  \n ", "{'a': [1, 2]}", "3.14159", "1234567",
+        "x += 1", "#!/usr/bin/env python", "'''doc'''", "it's", "I'VE", "<|im_start|>", "<|endoftext|>", "a\u200db",
+    ]  # fmt: skip
+    return [
+        "".join(rng.choice(pieces) + rng.choice(["", " ", "\n"]) for _ in range(rng.randint(1, 8))) for _ in range(n)
+    ]
+
+
+def test_the_rebuilt_tokenizer_gives_the_hf_tokenizers_ids(f32):
+    from transformers import AutoTokenizer
+
+    ours = Engine.from_pretrained(str(f32), n_seq_max=1).tokenizer
+    hf = AutoTokenizer.from_pretrained(DEMO_MODEL)
+    texts = _strings(200)
+    assert [ours.encode(t, add_special=False) for t in texts] == [hf.encode(t, add_special_tokens=False) for t in texts]
+    assert all(ours.decode(ours.encode(t)) == t.replace("<|im_start|>", "").replace("<|endoftext|>", "") for t in texts)
+
+
+def _write_gguf(path: Path, arch: str, qtype: gguf.GGMLQuantizationType) -> Path:
+    w = gguf.GGUFWriter(str(path), arch)
+    w.add_block_count(1)
+    data = np.zeros((4, 32), dtype=np.float32)
+    if qtype == gguf.GGMLQuantizationType.F32:
+        w.add_tensor("token_embd.weight", data)
+    else:
+        raw = np.zeros((4, gguf.quants.quant_shape_to_byte_shape((32,), qtype)[0]), dtype=np.uint8)
+        w.add_tensor("token_embd.weight", raw, raw_dtype=qtype)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def test_what_cannot_be_served_is_a_clear_error(tmp_path):
+    cases = [
+        (_write_gguf(tmp_path / "bert.gguf", "bert", gguf.GGMLQuantizationType.F32), "architecture 'bert'"),
+        (_write_gguf(tmp_path / "q5.gguf", "llama", gguf.GGMLQuantizationType.Q5_0), "type Q5_0"),
+    ]
+    (tmp_path / "junk.gguf").write_bytes(b"GGUF" + b"\x00" * 12)
+    cases.append((tmp_path / "junk.gguf", "not a readable GGUF"))
+    for path, named in cases:
+        with pytest.raises(CheckpointError, match=named):
+            Engine.from_pretrained(str(path))
+
+
+RSS_PROBE = """
+import gc, math, sys
+from engine import DEMO_MODEL, Engine
+from engine.gguf_checkpoint import GGUFCheckpoint
+def status(key):
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith(key + ":"))
+warm = Engine.from_pretrained(str(DEMO_MODEL), n_ctx=64, n_seq_max=1, linear="torch")  # torch's own start-up memory
+del warm
+gc.collect()
+with open("/proc/self/clear_refs", "w") as f:
+    f.write("5")  # the peak (VmHWM) starts again from here
+before = status("VmRSS")
+engine = Engine.from_pretrained(sys.argv[1], n_ctx=64, n_seq_max=1, linear="torch")  # loading alone: no repacking
+peak = status("VmHWM")
+size = 4 * sum(math.prod(t[1]) for t in GGUFCheckpoint(engine.config.model).tensors.values())  # float32
+print(before, peak, size)
+"""
+
+
+def test_peak_memory_while_loading_stays_under_one_and_a_half_times_the_model(folder):
+    ckpt = make_checkpoint(
+        folder / "rss-model", hidden_size=512, intermediate_size=1536, num_hidden_layers=10, vocab_size=8192
+    )
+    path = convert(ckpt, folder / "rss.gguf", "f32")
+    root = Path(__file__).resolve().parents[1]
+    done = subprocess.run([sys.executable, "-c", RSS_PROBE, str(path)], capture_output=True, text=True, cwd=root)
+    assert done.returncode == 0, done.stderr[-2000:]
+    before, peak, size = map(int, done.stdout.split()[-3:])
+    assert size > 50e6  # big enough for the measure to mean something
+    assert peak - before < 1.5 * size, json.dumps({"grew_by": peak - before, "model": size})
