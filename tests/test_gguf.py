@@ -171,3 +171,32 @@ def test_peak_memory_while_loading_stays_under_one_and_a_half_times_the_model(fo
     before, peak, size = map(int, done.stdout.split()[-3:])
     assert size > 50e6  # big enough for the measure to mean something
     assert peak - before < 1.5 * size, json.dumps({"grew_by": peak - before, "model": size})
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3", "mistral"])
+def test_each_architecture_converts_and_matches_transformers(folder, arch):
+    ckpt = make_checkpoint(folder / f"tiny-{arch}", arch)
+    path = convert(ckpt, folder / f"tiny-{arch}.gguf", "f16")  # matrices in float16, as most GGUFs ship
+    prompts = [[10, 20, 30, 40], [7, 99, 3]]
+    engine = Engine.from_pretrained(str(path), n_seq_max=2)
+    ours = [
+        g.token_ids
+        for g in engine.generate(prompts, SamplingParams(temperature=0.0, max_tokens=N_NEW, ignore_eos=True))
+    ]
+    halved = folder / f"tiny-{arch}-f16"  # transformers on the same float16-rounded weights
+    shutil.copytree(ckpt, halved, dirs_exist_ok=True)
+    weights = load_file(str(ckpt / "model.safetensors"))
+    save_file(
+        {k: (v.half().float() if v.dim() == 2 else v) for k, v in weights.items()}, str(halved / "model.safetensors")
+    )
+    assert ours == transformers_greedy(halved, prompts)
+
+
+def test_a_gguf_serves_over_http(f32):
+    import httpx
+    from server_proc import InProcessServer
+
+    with InProcessServer(model=f32, parallel=1) as srv:
+        assert httpx.get(srv.url + "/v1/models").json()["data"][0]["id"] == "demo-f32.gguf"
+        body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+        assert httpx.post(srv.url + "/v1/chat/completions", json=body, timeout=60).status_code == 200
