@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import torch
@@ -46,12 +46,41 @@ def iter_tensors(files: list[Path]) -> Iterator[tuple[str, str, torch.Tensor]]:
             raise CheckpointError(f"{f}: cannot read safetensors file: {exc}") from exc
 
 
+Progress = Callable[[int, int, int, int], None]  # (tensors done, of total, bytes done, of total)
+
+
+def tensor_totals(files: list[Path]) -> tuple[int, int]:
+    """(tensors, bytes) a Hugging Face folder's weight files hold."""
+    n = 0
+    for f in files:
+        try:
+            with safe_open(str(f), framework="pt") as handle:
+                n += len(list(handle.keys()))
+        except (SafetensorError, OSError) as exc:
+            raise CheckpointError(f"{f}: cannot read safetensors file: {exc}") from exc
+    return n, sum(f.stat().st_size for f in files)
+
+
+def _counted(tensors: Iterator, total: tuple[int, int], progress: Progress) -> Iterator:
+    done = done_bytes = 0
+    progress(0, total[0], 0, total[1])
+    for item in tensors:
+        yield item
+        done, done_bytes = done + 1, done_bytes + item[2].numel() * item[2].element_size()
+        progress(done, total[0], min(done_bytes, total[1]), total[1])
+
+
 def load_model(
-    folder: Path, cfg: ModelConfig, dtype: torch.dtype, device: torch.device, gguf: GGUFCheckpoint | None = None
+    folder: Path,
+    cfg: ModelConfig,
+    dtype: torch.dtype,
+    device: torch.device,
+    gguf: GGUFCheckpoint | None = None,
+    progress: Progress | None = None,
 ) -> DecoderLM:
     """Build the registered class for ``cfg`` on ``device`` and fill it from ``folder``
     (a Hugging Face folder), or from ``gguf`` (the tensors the model names, read and
-    dequantized one at a time)."""
+    dequantized one at a time). ``progress`` hears of each tensor copied."""
     cls = model_class(cfg.architecture, str(folder if gguf else folder / "config.json"))
     with torch.device("meta"):
         model = cls(cfg)
@@ -59,6 +88,11 @@ def load_model(
     model.tie_weights()
     model.init_buffers(device)  # computed, not loaded: the meta-device build left them empty
     with torch.no_grad():
-        tensors = gguf.iter_hf_tensors(model.checkpoint_names()) if gguf else iter_tensors(weight_files(folder))
-        model.load_weights(tensors)
+        if gguf is not None:
+            names = model.checkpoint_names()
+            tensors, total = gguf.iter_hf_tensors(names), (len(names), gguf.n_bytes)
+        else:
+            files = weight_files(folder)
+            tensors, total = iter_tensors(files), tensor_totals(files) if progress else (0, 0)
+        model.load_weights(_counted(tensors, total, progress) if progress else tensors)
     return model.eval().requires_grad_(False)

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from engine.chat_template import resolve_template
-from engine.checkpoint import load_model
+from engine.checkpoint import Progress, load_model
 from engine.config import EngineConfig
 from engine.detokenizer import IncrementalDetokenizer, StopMatcher
 from engine.errors import StepFailed
@@ -43,7 +43,8 @@ class Generation:
 
 
 class Engine:
-    def __init__(self, config: EngineConfig):
+    def __init__(self, config: EngineConfig, progress: Progress | None = None):
+        """``progress(tensors done, of total, bytes done, of total)`` hears of the load."""
         self.config = config
         if config.n_threads:
             torch.set_num_threads(config.n_threads)
@@ -57,7 +58,7 @@ class Engine:
             self.tokenizer = Tokenizer(config.model, self.model_config.eos_token_ids)
         if config.chat_template is not None:
             self.tokenizer.use_chat_template(*resolve_template(config.chat_template))
-        self.model = load_model(config.model, self.model_config, config.torch_dtype, self.device, gguf)
+        self.model = load_model(config.model, self.model_config, config.torch_dtype, self.device, gguf, progress)
         self.fingerprint = model_fingerprint(self.model_config, self.model, config.dtype)
         if self._use_onednn():
             pack_linears(self.model)

@@ -106,6 +106,11 @@ class GGUFCheckpoint:
         return self.fields.get(key, default)
 
     @property
+    def n_bytes(self) -> int:
+        """Bytes of tensor data in the file (the dequantized model is larger)."""
+        return sum(t[3] for t in self.tensors.values())
+
+    @property
     def vocab_size(self) -> int:
         embd = self.tensors.get("token_embd.weight")
         return embd[1][0] if embd else len(self.get("tokenizer.ggml.tokens", []))

@@ -51,8 +51,9 @@ class SlotRestored:
 
 
 class EngineService:
-    def __init__(self, config: EngineConfig, files: SlotFiles | None = None):
-        self._engine = Engine(config)
+    def __init__(self, config: EngineConfig, files: SlotFiles | None = None, progress=None):
+        """``progress``: see Engine (called from the loading thread)."""
+        self._engine = Engine(config, progress)
         self._files = files
         self._warm_up()
         self._scheduler: Scheduler | None = None

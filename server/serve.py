@@ -117,6 +117,7 @@ def serve(settings: ServerSettings) -> int:
     )
     state: ServerState = app.state.slotserve
     server = DrainingServer(config, state, settings.drain_timeout)
+    state.on_failed = lambda: setattr(server, "should_exit", True)  # from the loader thread: a flag only
     try:
         server.run(sockets=_bind(hosts, settings.port) if len(hosts) > 1 else None)
     finally:
@@ -128,4 +129,4 @@ def serve(settings: ServerSettings) -> int:
             sys.stdout.flush()
             sys.stderr.flush()
             os._exit(0)
-    return 0
+    return 1 if state.status == "failed" else 0

@@ -70,6 +70,7 @@ class ServerSettings(BaseSettings):
     )
     max_body_size: int = Field(8 << 20, gt=0, description="largest request body in bytes; larger is 413")
     log_prompts: bool = Field(False, description="log prompt and completion text (off: never in the logs)")
+    verbose: bool = Field(False, description="tracebacks with errors (a model that fails to load, for one)")
     metrics: bool = Field(True, description="serve Prometheus metrics on /metrics")
     metrics_public: bool = Field(False, description="/metrics without the API key")
     slots: bool = Field(True, description="serve the slot monitoring endpoint GET /slots (off: 501)")
@@ -283,7 +284,7 @@ FLAGS: dict[str, tuple[str, ...]] = {
     "reasoning_format": ("--reasoning-format",),
     "reasoning_budget": ("--reasoning-budget",),
 }
-SWITCHES: dict[str, tuple[str, str]] = {
+SWITCHES: dict[str, tuple[str | tuple[str, ...], str]] = {
     "kv_unified": ("--kv-unified", "--no-kv-unified"),
     "swa_full": ("--swa-full", "--no-swa-full"),
     "kv_cache_demand_paged": ("--kv-cache-demand-paged", "--no-kv-cache-demand-paged"),
@@ -291,6 +292,7 @@ SWITCHES: dict[str, tuple[str, str]] = {
     "metrics": ("--metrics", "--no-metrics"),
     "metrics_public": ("--metrics-public", "--no-metrics-public"),
     "log_prompts": ("--log-prompts", "--no-log-prompts"),
+    "verbose": (("-v", "--verbose"), "--no-verbose"),
     "cors_credentials": ("--cors-credentials", "--no-cors-credentials"),
     "slots": ("--slots", "--no-slots"),
     "jinja": ("--jinja", "--no-jinja"),
@@ -310,8 +312,9 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
         help_ = f"{field.description} ({default}env {env})"
         if name in SWITCHES:
             on, off = SWITCHES[name]
-            parser.add_argument(on, dest=name, action="store_true", default=None, help=help_)
-            parser.add_argument(off, dest=name, action="store_false", default=None, help=f"turn {on} off")
+            ons = on if isinstance(on, tuple) else (on,)
+            parser.add_argument(*ons, dest=name, action="store_true", default=None, help=help_)
+            parser.add_argument(off, dest=name, action="store_false", default=None, help=f"turn {ons[-1]} off")
         else:
             parser.add_argument(*FLAGS[name], dest=name, default=None, metavar=name.upper(), help=help_)
 

@@ -6,12 +6,15 @@ import asyncio
 import logging
 import threading
 import time
+from collections.abc import Callable
 
 from engine import EngineConfig
+from engine.errors import CheckpointError
 from engine.service import EngineService
 from engine.slot_files import SlotFiles
 from server.errors import APIError
 from server.metrics import Metrics
+from server.progress import ProgressLine
 from server.settings import ServerSettings
 
 log = logging.getLogger("slotserve")
@@ -35,6 +38,8 @@ class ServerState:
         self.slot_files = SlotFiles(settings.slot_save_path) if settings.slot_save_path is not None else None
         self._loader = threading.Thread(target=self._load, name="slotserve-loader", daemon=True)
         self._closing = threading.Event()
+        self.load_progress = ProgressLine(f"loading {settings.model_name}")
+        self.on_failed: Callable[[], None] | None = None  # serve(): end the process (the load cannot be retried)
 
     def start_loading(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop  # the scheduler hands events to this loop
@@ -60,13 +65,18 @@ class ServerState:
                 kv_cache_tokens=s.kv_cache_tokens,
                 chat_template=s.template_spec,
             )
-            engine = EngineService(config, self.slot_files)
+            engine = EngineService(config, self.slot_files, self.load_progress)
             if self._closing.is_set():  # shut down while loading: start no engine thread
                 return
             engine.start(self.loop, s.slot_prompt_similarity, s.max_queue, s.stall_timeout)
-        except Exception as exc:  # a bad checkpoint or setting: report it, keep the listener up
-            log.exception("loading the model failed")
-            self.error, self.status = f"{type(exc).__name__}: {exc}", "failed"
+        except Exception as exc:  # a bad checkpoint or setting: one clear line, then the process ends
+            if s.verbose:
+                log.exception("loading the model failed")
+            message = str(exc) if isinstance(exc, CheckpointError) else f"{type(exc).__name__}: {exc}"
+            log.error("cannot load the model: %s", message if str(s.model) in message else f"{s.model}: {message}")
+            self.error, self.status = message, "failed"
+            if self.on_failed is not None:
+                self.on_failed()
             return
         self.engine = engine
         self.metrics.describe_cache(engine.cache_config())
@@ -116,6 +126,8 @@ class ServerState:
         return 200, {"status": "ok"}
 
     def ready(self) -> tuple[int, dict]:
+        if self.status == "loading":
+            return 503, {"status": "loading", "progress": self.load_progress.state}
         if self.status != "ready":
             return 503, {"status": "error" if self.status == "failed" else self.status}
         code, body = self.health()

@@ -21,12 +21,12 @@ def _hook_loading(control: Path) -> None:
 
     real_init = engine_module.Engine.__init__
 
-    def gated_init(self, config):
+    def gated_init(self, config, *args, **kwargs):
         if (control / "load.wait").exists():
             (control / "loading").touch()
             while not (control / "load.gate").exists():
                 time.sleep(0.01)
-        real_init(self, config)
+        real_init(self, config, *args, **kwargs)
 
     engine_module.Engine.__init__ = gated_init
 

@@ -25,7 +25,7 @@ def test_health_and_ready_while_loading(tmp_path):
         assert first.status_code == 200 and first.json() == {"status": "ok"}
         wait_for(lambda: (tmp_path / "loading").exists(), what="loading started")
         ready = httpx.get(srv.url + "/ready")
-        assert ready.status_code == 503 and ready.json() == {"status": "loading"}
+        assert ready.status_code == 503 and ready.json()["status"] == "loading" and "progress" in ready.json()
         r = httpx.post(srv.url + "/v1/completions", json={"prompt": "x", "max_tokens": 1})
         assert r.status_code == 503 and r.json()["error"]["type"] == "unavailable_error"
         loading = httpx.get(srv.url + "/metrics").text
@@ -218,3 +218,39 @@ def test_failure_after_the_first_byte_is_an_sse_error_event():
         ok = httpx.post(srv.url + "/v1/completions", json={"prompt": "x", "max_tokens": 2})
         assert ok.status_code == 200
         assert httpx.get(srv.url + "/props").json()["memory"]["integrity"] == "ok"
+
+
+def test_a_model_that_cannot_load_is_one_line_and_a_non_zero_exit(tmp_path):
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(b"GGUF" + b"\x00" * 12)
+    for verbose in (False, True):
+        log = tmp_path / f"log-{verbose}"
+        with ServerProcess("-m", str(bad), *(["--verbose"] if verbose else []), log=log) as srv:
+            assert srv.proc.wait(60) == 1
+        text = log.read_text()
+        errors = [line for line in text.splitlines() if "cannot load the model" in line]
+        assert len(errors) == 1 and "not a readable GGUF" in errors[0]
+        assert ("Traceback" in text) == verbose
+
+
+def test_model_load_progress_is_logged_and_drawn_on_a_terminal(tmp_path):
+    import io
+
+    from server.progress import ProgressLine
+
+    with ServerProcess("-np", "1", log=tmp_path / "log") as srv:
+        srv.wait_ready()
+    lines = [line for line in (tmp_path / "log").read_text().splitlines() if "loading demo_model:" in line]
+    assert lines and lines[-1].endswith("(100%)") and " 38/38 tensors" in lines[-1]
+
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    screen = Terminal()
+    report = ProgressLine("loading m", screen)
+    for i in range(1, 5):
+        report(i, 4, i * 100_000_000, 400_000_000)
+    drawn = screen.getvalue()
+    assert drawn.count("\r") == 4 and drawn.endswith("4/4 tensors, 400 MB of 400 MB (100%)\n")
+    assert report.state == {"done": 4, "total": 4, "bytes_done": 400_000_000, "bytes_total": 400_000_000}
