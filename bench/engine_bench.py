@@ -12,6 +12,7 @@ tokens, --new greedy tokens each (EOS ignored), wall time including prefill.
 from __future__ import annotations
 
 import argparse
+import json
 import tempfile
 import time
 from pathlib import Path
@@ -109,7 +110,9 @@ def main() -> None:
     ap.add_argument("--small", action="store_true")
     ap.add_argument("--profile", action="store_true")
     ap.add_argument("--linear", default="auto", choices=["auto", "torch", "onednn"], help="engine's matmul path")
+    ap.add_argument("--json", type=Path, default=None, help="also write the figures here (bench/plot.py reads it)")
     args = ap.parse_args()
+    rows = []
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
         n_params = build_checkpoint(folder, SMALL if args.small else SHAPE)
@@ -121,6 +124,10 @@ def main() -> None:
             ours = run_ours(folder, prompts, args.new, args.linear)
             theirs = run_hf(folder, prompts, args.new)
             print(f"{batch:>5} {ours:>16.1f} {theirs:>19.1f} {ours / theirs:>6.2f}x", flush=True)
+            rows.append({"batch": batch, "slotserve_tok_s": ours, "transformers_tok_s": theirs})
+        if args.json:
+            meta = {"params_m": n_params / 1e6, "threads": torch.get_num_threads(), "prompt": args.prompt}
+            args.json.write_text(json.dumps({**meta, "new": args.new, "rows": rows}, indent=1))
         if args.profile:
             profile_decode(folder, 8, args.prompt, args.linear)
 

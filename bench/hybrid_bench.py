@@ -52,11 +52,14 @@ SMALL = dict(  # the followup/spacing checkpoint: small enough for this CPU
 )
 
 
-def part_memory() -> None:
+def part_memory() -> dict:
+    """Bytes per slot of the Granite-4-shaped hybrid and of the same model with attention
+    in every layer, float32 and bfloat16 (printed; returned for bench/plot.py)."""
     from memory import FullAttentionSpec, RecurrentSpec
     from memory.registry import cache_bytes
 
     g, n_ctx = GRANITE_SHAPE, 8192
+    out = {"n_ctx": n_ctx}
     print(f"\nmemory per slot at {n_ctx} tokens (from the memory specs)")
     print(f"{'dtype':>9} {'hybrid MiB':>11} {'of which states':>16} {'attention-only MiB':>19} {'ratio':>7}")
     for dtype in (torch.float32, torch.bfloat16):
@@ -70,6 +73,8 @@ def part_memory() -> None:
         name = str(dtype).split(".")[1]
         print(f"{name:>9} {h / 2**20:>11.1f} {states / 2**20:>16.1f} {d / 2**20:>19.1f} {h / d:>7.3f}")
         print(f"{'':>9} one checkpoint costs {states / 2**20:.1f} MiB (the recurrent states once more)")
+        out[name] = {"hybrid": h, "states": states, "attention_only": d}
+    return out
 
 
 def make_small(folder: Path) -> Path:

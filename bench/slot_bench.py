@@ -54,6 +54,7 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=4000)
     ap.add_argument("--small", action="store_true", help="the small shape (a quick run)")
     ap.add_argument("--port", type=int, default=8093)
+    ap.add_argument("--json", type=Path, default=None, help="also write the result here (bench/plot.py reads it)")
     args = ap.parse_args()
     shape = dict(engine_bench.SMALL if args.small else engine_bench.SHAPE)
     shape["max_position_embeddings"] = max(shape["max_position_embeddings"], args.tokens + 64)
@@ -62,7 +63,7 @@ def main() -> None:
         engine_bench.build_checkpoint(ckpt, shape)
         url = f"http://127.0.0.1:{args.port}"
         cmd = [sys.executable, "-m", "server.cli", "serve", "-m", str(ckpt), "--port", str(args.port)]
-        cmd += ["-np", "2", "-c", str(args.tokens + 256), "--slot-save-path", str(slots)]
+        cmd += ["-np", "2", "-c", str(2 * (args.tokens + 256)), "--slot-save-path", str(slots)]  # per-slot context
         proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:
             wait_ready(url, proc)
@@ -92,6 +93,8 @@ def main() -> None:
         "cold_tokens_cached": cold["tokens_cached"],
     }
     print(json.dumps(result, indent=2))
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=1))
 
 
 if __name__ == "__main__":
