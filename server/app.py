@@ -10,7 +10,7 @@ from fastapi import FastAPI
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from server import errors, native_api, openai_api, slot_api
+from server import errors, native_api, openai_api, slot_api, webui
 from server.auth import PUBLIC, APIKeyMiddleware, JSONBodyMiddleware
 from server.body_limit import BodyLimitMiddleware
 from server.cors import CORSMiddleware, CORSPolicy, parse_origins
@@ -38,6 +38,9 @@ def create_app(settings: ServerSettings) -> FastAPI:
     app.include_router(native_api.router)
     app.include_router(slot_api.router)
     public = PUBLIC | {"/metrics"} if settings.metrics_public else PUBLIC
+    if settings.webui:
+        webui.mount(app)
+        public |= webui.PUBLIC_PATHS
     probe = documented(Status) | {503: {"model": Status, "description": "not alive / not ready (the body says why)"}}
 
     @app.get("/health", response_model=None, responses=probe)
@@ -74,7 +77,8 @@ def create_app(settings: ServerSettings) -> FastAPI:
 
     app.add_middleware(JSONBodyMiddleware)
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_size)
-    app.add_middleware(APIKeyMiddleware, keys=settings.api_keys, public=public)
+    prefix = webui.PUBLIC_PREFIX if settings.webui else None
+    app.add_middleware(APIKeyMiddleware, keys=settings.api_keys, public=public, public_prefix=prefix)
     cors = CORSPolicy(
         parse_origins(settings.cors_origins), settings.cors_methods, settings.cors_headers, settings.cors_credentials
     )

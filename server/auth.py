@@ -30,13 +30,22 @@ def _matches(presented: str, keys: frozenset[str]) -> bool:
 
 
 class APIKeyMiddleware:
-    def __init__(self, app: ASGIApp, keys: frozenset[str], public: frozenset[str] = PUBLIC):
+    def __init__(
+        self, app: ASGIApp, keys: frozenset[str], public: frozenset[str] = PUBLIC, public_prefix: str | None = None
+    ):
+        """``public``: paths served without a key; ``public_prefix``: and every path under it."""
         self.app = app
         self.keys = keys
         self.public = public
+        self.public_prefix = public_prefix
+
+    def _open(self, scope: Scope) -> bool:
+        path = scope["path"]
+        under = self.public_prefix is not None and path.startswith(self.public_prefix)
+        return path in self.public or under or scope["method"] == "OPTIONS"
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or not self.keys or scope["path"] in self.public or scope["method"] == "OPTIONS":
+        if scope["type"] != "http" or not self.keys or self._open(scope):
             return await self.app(scope, receive, send)
         key = _presented(scope)
         if key is None or not _matches(key, self.keys):

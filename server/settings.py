@@ -70,6 +70,7 @@ class ServerSettings(BaseSettings):
     )
     max_body_size: int = Field(8 << 20, gt=0, description="largest request body in bytes; larger is 413")
     log_prompts: bool = Field(False, description="log prompt and completion text (off: never in the logs)")
+    webui: bool = Field(True, description="serve the web page (chat, slots, live view) at /")
     verbose: bool = Field(False, description="tracebacks with errors (a model that fails to load, for one)")
     metrics: bool = Field(True, description="serve Prometheus metrics on /metrics")
     metrics_public: bool = Field(False, description="/metrics without the API key")
@@ -197,6 +198,7 @@ LLAMA_ENV = {  # setting -> the variable llama-server reads for the same flag (l
     "chat_template_file": "LLAMA_ARG_CHAT_TEMPLATE_FILE",
     "chat_template_kwargs": "LLAMA_ARG_CHAT_TEMPLATE_KWARGS",
     "prefill_assistant": "LLAMA_ARG_PREFILL_ASSISTANT",
+    "webui": "LLAMA_ARG_UI",
     "jinja": "LLAMA_ARG_JINJA",
     "reasoning_format": "LLAMA_ARG_THINK",
     "reasoning_budget": "LLAMA_ARG_THINK_BUDGET",
@@ -284,7 +286,7 @@ FLAGS: dict[str, tuple[str, ...]] = {
     "reasoning_format": ("--reasoning-format",),
     "reasoning_budget": ("--reasoning-budget",),
 }
-SWITCHES: dict[str, tuple[str | tuple[str, ...], str]] = {
+SWITCHES: dict[str, tuple[str | tuple[str, ...], str | tuple[str, ...]]] = {
     "kv_unified": ("--kv-unified", "--no-kv-unified"),
     "swa_full": ("--swa-full", "--no-swa-full"),
     "kv_cache_demand_paged": ("--kv-cache-demand-paged", "--no-kv-cache-demand-paged"),
@@ -296,6 +298,7 @@ SWITCHES: dict[str, tuple[str | tuple[str, ...], str]] = {
     "cors_credentials": ("--cors-credentials", "--no-cors-credentials"),
     "slots": ("--slots", "--no-slots"),
     "jinja": ("--jinja", "--no-jinja"),
+    "webui": (("--webui", "--ui"), ("--no-webui", "--no-ui")),
     "prefill_assistant": ("--prefill-assistant", "--no-prefill-assistant"),
 }
 FLAGS["tags"] = ("--tags",)
@@ -314,7 +317,8 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
             on, off = SWITCHES[name]
             ons = on if isinstance(on, tuple) else (on,)
             parser.add_argument(*ons, dest=name, action="store_true", default=None, help=help_)
-            parser.add_argument(off, dest=name, action="store_false", default=None, help=f"turn {ons[-1]} off")
+            offs = off if isinstance(off, tuple) else (off,)
+            parser.add_argument(*offs, dest=name, action="store_false", default=None, help=f"turn {ons[-1]} off")
         else:
             parser.add_argument(*FLAGS[name], dest=name, default=None, metavar=name.upper(), help=help_)
 

@@ -1,0 +1,109 @@
+"""The web page at / in a real browser: Playwright driving Debian's chromium headless
+(.ci/run installs it; elsewhere these tests skip). The page loads without the API key,
+chats with a streamed reply, saves a slot and lists its file, erases and restores it,
+and says so clearly when the key is wrong. --no-webui turns it off."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import httpx
+import pytest
+from server_proc import InProcessServer
+
+KEY = "sesame"
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+SHOTS = os.environ.get("SLOTSERVE_SCREENSHOT")  # a path: also save a screenshot of the page there
+
+pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="Debian's chromium is not installed (.ci/run installs it)")
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    slots = tmp_path_factory.mktemp("webui-slots")
+    with InProcessServer(parallel=2, api_key=KEY, slot_save_path=slots) as srv:
+        yield srv
+
+
+@pytest.fixture(scope="module")
+def browser():
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+        yield browser
+        browser.close()
+
+
+@pytest.fixture
+def page(browser, server):
+    page = browser.new_page(viewport={"width": 1280, "height": 900})
+    page.goto(server.url + "/")
+    yield page
+    page.close()
+
+
+def use_key(page, key: str) -> None:
+    page.fill("#api-key", key)
+    page.dispatch_event("#api-key", "change")
+
+
+def test_the_page_and_its_assets_need_no_key_but_the_api_does(server):
+    assert httpx.get(server.url + "/").status_code == 200
+    assert httpx.get(server.url + "/ui/app.js").status_code == 200
+    assert httpx.get(server.url + "/slots").status_code == 401
+
+
+def test_a_message_gets_a_streamed_reply(page):
+    use_key(page, KEY)
+    page.wait_for_function("document.querySelector('#model').textContent.includes('slots')")
+    page.fill("#prompt", "Write a function")
+    page.fill("#max-tokens", "96")
+    page.click("#send")
+    # streaming: text is already there while the request still runs (Stop enabled)
+    page.wait_for_function(
+        "document.querySelector('.msg.assistant').textContent.length > 0 && !document.querySelector('#stop').disabled"
+    )
+    page.wait_for_function("document.querySelector('#stop').disabled", timeout=60_000)
+    reply = page.text_content(".msg.assistant")
+    assert reply and "tokens" in reply  # the usage line closes the reply
+    if SHOTS:
+        page.screenshot(path=SHOTS, full_page=True)
+
+
+def test_a_slot_is_saved_listed_erased_and_restored(page, server):
+    use_key(page, KEY)
+    page.fill("#chat-slot", "1")
+    page.fill("#prompt", "def add(a, b):")
+    page.fill("#max-tokens", "8")
+    page.click("#send")
+    page.wait_for_function("document.querySelector('#stop').disabled && document.querySelector('.msg.assistant')")
+    row = page.locator("#slots tr[data-slot='1']")
+    row.locator("text=save").wait_for()
+    n_cached = int(row.locator("td").nth(2).text_content())
+    assert n_cached > 0
+    row.locator("input").fill("from-page.slot")
+    row.locator("button", has_text="save").click()
+    page.locator("#files tr[data-file='from-page.slot']").wait_for()
+    assert "this model" in page.text_content("#files tr[data-file='from-page.slot']")
+    row.locator("button", has_text="erase").click()
+    page.wait_for_function("document.querySelector(\"#slots tr[data-slot='1'] td:nth-child(3)\").textContent === '0'")
+    row.locator("button", has_text="restore").click()
+    page.wait_for_function(
+        f"document.querySelector(\"#slots tr[data-slot='1'] td:nth-child(3)\").textContent === '{n_cached}'"
+    )
+    assert Path(server.state.settings.slot_save_path, "from-page.slot").is_file()
+
+
+def test_a_wrong_key_is_a_clear_message(page):
+    use_key(page, "not-the-key")
+    page.wait_for_selector("#notice:not([hidden])")
+    assert "refused the API key" in page.text_content("#notice")
+
+
+def test_no_webui_turns_it_off():
+    with InProcessServer(parallel=1, webui=False) as srv:
+        assert httpx.get(srv.url + "/").status_code == 404
+        assert httpx.get(srv.url + "/ui/app.js").status_code == 404
