@@ -171,20 +171,21 @@ class EngineService:
             raise SlotFilesOff("slot files are off: start the server with --slot-save-path")
         return self._files
 
-    async def save_slot(self, id_slot: int, filename: str) -> SlotSaved:
+    async def save_slot(self, id_slot: int, filename: str, progress=None) -> SlotSaved:
         """Snapshot the slot (busy or idle) at a step boundary, then encode and write
-        the file in a worker thread."""
+        the file in a worker thread (``progress(bytes done, of total)`` hears of it)."""
         files, slot = self.files(), self.check_slot(id_slot)
         sched = self._sched
         tokens, state = await sched.call(lambda: slot_io.snapshot(sched.board, slot))
-        n_written = await asyncio.to_thread(files.write, filename, tokens, state, self.fingerprint)
+        n_written = await asyncio.to_thread(files.write, filename, tokens, state, self.fingerprint, progress)
         return SlotSaved(len(tokens), n_written)
 
-    async def restore_slot(self, id_slot: int, filename: str, nowait: bool = False) -> SlotRestored:
+    async def restore_slot(self, id_slot: int, filename: str, nowait: bool = False, progress=None) -> SlotRestored:
         """Read and check the whole file in a worker thread, then load it into the idle
         slot (waiting for it unless ``nowait``). All or nothing."""
         files, slot = self.files(), self.check_slot(id_slot)
-        file, n_read = await asyncio.to_thread(files.read, filename, self.fingerprint, self.vocab_size, self.n_ctx)
+        args = (filename, self.fingerprint, self.vocab_size, self.n_ctx, progress)
+        file, n_read = await asyncio.to_thread(files.read, *args)
         sched = self._sched
         try:
             await sched.call(lambda: slot_io.restore(sched.board, slot, file.tokens, file.state), slot, not nowait)

@@ -42,11 +42,14 @@ class SlotFiles:
         except BadFileName as exc:
             raise _bad_name(exc) from None
 
-    def write(self, filename: str, tokens: list[int], state: SeqState, fingerprint: dict[str, str]) -> int:
-        """Encode and write atomically; returns the bytes written."""
+    def write(
+        self, filename: str, tokens: list[int], state: SeqState, fingerprint: dict[str, str], progress=None
+    ) -> int:
+        """Encode and write atomically; returns the bytes written. ``progress(bytes done,
+        of total)`` hears of the write."""
         data = encode(tokens, state, fingerprint)
         try:
-            return self.directory.write(filename, data)
+            return self.directory.write(filename, data, progress)
         except BadFileName as exc:
             raise _bad_name(exc) from None
         except IsADirectoryError:
@@ -54,10 +57,12 @@ class SlotFiles:
         except OSError as exc:
             raise SlotWriteFailed(f"writing the slot file failed: {exc.strerror}") from None
 
-    def read(self, filename: str, fingerprint: dict[str, str], vocab_size: int, n_ctx: int) -> tuple[SlotFile, int]:
+    def read(
+        self, filename: str, fingerprint: dict[str, str], vocab_size: int, n_ctx: int, progress=None
+    ) -> tuple[SlotFile, int]:
         """The whole file, checked against the model; returns it and its size in bytes."""
         try:
-            data = self.directory.read(filename)
+            data = self.directory.read(filename, progress)
             file = decode(data)
         except FileMissing as exc:
             raise SlotFileMissing(str(exc)) from None

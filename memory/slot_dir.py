@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import re
 import secrets
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -79,8 +80,9 @@ class SlotDirectory:
             raise BadFileName(f"filename {filename!r} resolves outside the slot save path")
         return path
 
-    def write(self, filename: str, data: bytes) -> int:
-        """Atomically replace ``filename`` with ``data``; returns the bytes written."""
+    def write(self, filename: str, data: bytes, progress: Callable[[int, int], None] | None = None) -> int:
+        """Atomically replace ``filename`` with ``data``; returns the bytes written.
+        ``progress(bytes done, of total)`` hears of each chunk."""
         target = self.path(filename)
         tmp = self.root / f"{TMP_PREFIX}{secrets.token_hex(8)}.tmp"
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
@@ -89,6 +91,8 @@ class SlotDirectory:
                 view, done = memoryview(data), 0
                 while done < len(view):  # a write may be short (a nearly full disk): go on from there
                     done += os.write(fd, view[done : done + _CHUNK])
+                    if progress is not None:
+                        progress(done, len(view))
                 os.fsync(fd)
             finally:
                 os.close(fd)
@@ -99,10 +103,22 @@ class SlotDirectory:
         self._sync_dir()
         return len(data)
 
-    def read(self, filename: str) -> bytes:
+    def read(self, filename: str, progress: Callable[[int, int], None] | None = None) -> bytes:
+        """The file's bytes; ``progress(bytes done, of total)`` hears of each chunk."""
         path = self.path(filename)
         try:
-            return path.read_bytes()
+            with open(path, "rb") as f:
+                total = os.fstat(f.fileno()).st_size
+                data, view, done = bytearray(total), None, 0
+                view = memoryview(data)
+                while done < total:
+                    n = f.readinto(view[done : done + _CHUNK])
+                    if not n:
+                        break
+                    done += n
+                    if progress is not None:
+                        progress(done, total)
+                return bytes(data[:done]) if done < total else bytes(data)
         except (FileNotFoundError, IsADirectoryError):
             raise FileMissing(f"slot file {filename!r} does not exist") from None
 

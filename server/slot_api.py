@@ -21,7 +21,9 @@ from pydantic import BaseModel, ConfigDict, Field
 from engine.errors import SlotBusy
 from engine.service import EngineService
 from engine.slot_files import MAX_NAME_CHARS, NAME_PATTERN, SlotFiles
+from server import progress
 from server.errors import APIError
+from server.progress import ProgressLine
 from server.responses import Deleted, SlotActionResult, SlotFileList, documented
 
 router = APIRouter()
@@ -83,7 +85,8 @@ async def _run_action(engine: EngineService, slot: int, action: str, filename: s
     ms = lambda: (time.perf_counter() - t0) * 1000  # noqa: E731
     try:
         if action == "save":
-            saved = await engine.save_slot(slot, filename)
+            report = ProgressLine(f"saving slot {slot} to {filename}", min_bytes=progress.SLOT_FILE_MIN_BYTES)
+            saved = await engine.save_slot(slot, filename, report.bytes)
             return {
                 "id_slot": slot,
                 "filename": filename,
@@ -92,7 +95,8 @@ async def _run_action(engine: EngineService, slot: int, action: str, filename: s
                 "timings": {"save_ms": ms()},
             }
         if action == "restore":
-            restored = await engine.restore_slot(slot, filename, nowait)
+            report = ProgressLine(f"restoring slot {slot} from {filename}", min_bytes=progress.SLOT_FILE_MIN_BYTES)
+            restored = await engine.restore_slot(slot, filename, nowait, report.bytes)
             return {
                 "id_slot": slot,
                 "filename": filename,
