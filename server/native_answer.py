@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 
 from engine.request import Delta, Progress
-from server.generation import Run
+from server.run import Run
 from server.schemas import NativeCompletionRequest
 
 

@@ -16,7 +16,6 @@ from server.chat_prompt import render_chat
 from server.errors import APIError
 from server.generation import (
     LLAMA_DEFAULTS,
-    Run,
     build_request,
     decode,
     encode,
@@ -31,6 +30,7 @@ from server.responses import (
     TokenizeResult,
     documented,
 )
+from server.run import Run
 from server.schemas import ApplyTemplateRequest, DetokenizeRequest, NativeCompletionRequest, TokenizeRequest
 from server.sse import SSEResponse, merged_events, sse_frames
 

@@ -20,8 +20,6 @@ from server.chat_prompt import chat_template, render_chat, uses_tools
 from server.errors import APIError
 from server.generation import (
     OPENAI_DEFAULTS,
-    Choice,
-    Run,
     build_request,
     check_text_fits,
     decode,
@@ -30,6 +28,7 @@ from server.generation import (
 )
 from server.reasoning import opens_thinking
 from server.responses import ChatCompletion, Completion, ModelList, documented
+from server.run import Choice, Run
 from server.schemas import ChatCompletionRequest, CompletionRequest, NamedToolChoice, OpenAIFields
 from server.sse import SSEResponse, merged_events, sse, sse_frames
 from server.tool_calls import family, forced_grammar

@@ -20,7 +20,7 @@ def opens_thinking(prompt: str) -> bool:
     return prompt.rfind(START) > prompt.rfind(END)
 
 
-def _held(text: str, tag: str) -> int:
+def held(text: str, tag: str) -> int:
     """Length of the longest end of ``text`` that begins ``tag`` (may complete later)."""
     for n in range(min(len(tag) - 1, len(text)), 0, -1):
         if tag.startswith(text[-n:]):
@@ -57,7 +57,7 @@ class ReasoningSplitter:
             elif self.state == "think":
                 at = self._buf.find(END)
                 if at < 0:
-                    keep = _held(self._buf, END)
+                    keep = held(self._buf, END)
                     piece, self._buf = self._buf[: len(self._buf) - keep], self._buf[len(self._buf) - keep :]
                     reasoning += piece
                     content += piece if self.legacy else ""

@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator
 from fastapi.responses import StreamingResponse
 
 from engine.request import Failed, RequestEvent
-from server.generation import Run
+from server.run import Run
 
 log = logging.getLogger("slotserve")
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}

@@ -16,6 +16,7 @@ import uuid
 from dataclasses import dataclass
 
 from engine.grammar import JSON_OPTIONS
+from server.reasoning import held
 
 HERMES_OPEN, HERMES_CLOSE = "<tool_call>", "</tool_call>"
 MISTRAL_OPEN = "[TOOL_CALLS]"
@@ -85,13 +86,6 @@ def parse(fmt: str, text: str) -> tuple[str, list[ToolCall]]:
     return content, [p for p in parts if isinstance(p, ToolCall)]
 
 
-def _held(text: str, tag: str) -> int:
-    for n in range(min(len(tag) - 1, len(text)), 0, -1):
-        if tag.startswith(text[-n:]):
-            return n
-    return 0
-
-
 class ToolCallStream:
     """``push(text)`` -> content strings and ToolCalls, in order, as soon as each is
     complete; ``flush()`` at the end. Content that may begin a call is held back."""
@@ -112,7 +106,7 @@ class ToolCallStream:
             if not self._in_call:
                 at = self._buf.find(HERMES_OPEN)
                 if at < 0:
-                    keep = _held(self._buf, HERMES_OPEN)
+                    keep = held(self._buf, HERMES_OPEN)
                     out.append(self._buf[: len(self._buf) - keep])
                     self._buf = self._buf[len(self._buf) - keep :]
                     break
@@ -142,7 +136,7 @@ class ToolCallStream:
             content, self._buf, self._in_call = self._buf[:at], self._buf[at:], True
             return [content] if content else []
         if opener:
-            keep = _held(self._buf, opener)
+            keep = held(self._buf, opener)
         else:
             keep = len(self._buf) if not head or PYTHON_TAG.startswith(head) else 0
         out, self._buf = self._buf[: len(self._buf) - keep], self._buf[len(self._buf) - keep :]
