@@ -3,15 +3,13 @@ the config.json a Hugging Face folder would have, its tensors read one at a time
 memory map kept resident), dequantized and named as the Hugging Face checkpoint names
 them, and its tokenizer rebuilt (engine/gguf_tokenizer.py).
 
-Tensor names come from the ``gguf`` package's own table (``TensorNameMap``), which the
-llama.cpp converter uses to write them; the query and key projections that the
-converter permutes for llama-family rotary are permuted back.
+What each architecture's metadata and tensors stand for is in engine/gguf_archs.py.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +18,7 @@ import numpy as np
 import torch
 
 from engine.errors import CheckpointError
+from engine.gguf_archs import ARCHITECTURES, gguf_name
 
 DEQUANTIZED = {
     gguf.GGMLQuantizationType.F32,
@@ -30,53 +29,10 @@ DEQUANTIZED = {
     gguf.GGMLQuantizationType.Q4_K,
     gguf.GGMLQuantizationType.Q6_K,
 }
-PERMUTED_ROTARY = {"llama"}  # the converter interleaves q/k rows for these architectures
 
 
 def is_gguf(path: Path) -> bool:
     return path.is_file() and path.suffix.lower() == ".gguf"
-
-
-def _llama_like(model_type: str) -> Callable[[GGUFCheckpoint], dict]:
-    def config(ck: GGUFCheckpoint) -> dict:
-        a = ck.arch
-        n_head = ck.get(f"{a}.attention.head_count")
-        hidden = ck.get(f"{a}.embedding_length")
-        head_dim = ck.get(f"{a}.attention.key_length") or hidden // n_head
-        cfg = {
-            "architectures": [ARCHITECTURES[a][1]],
-            "model_type": model_type,
-            "hidden_size": hidden,
-            "intermediate_size": ck.get(f"{a}.feed_forward_length"),
-            "num_hidden_layers": ck.get(f"{a}.block_count"),
-            "num_attention_heads": n_head,
-            "num_key_value_heads": ck.get(f"{a}.attention.head_count_kv") or n_head,
-            "head_dim": head_dim,
-            "rms_norm_eps": ck.get(f"{a}.attention.layer_norm_rms_epsilon"),
-            "max_position_embeddings": ck.get(f"{a}.context_length"),
-            "vocab_size": ck.vocab_size,
-            "rope_theta": ck.get(f"{a}.rope.freq_base", 10000.0),
-            "tie_word_embeddings": "output.weight" not in ck.tensors,
-            "attention_bias": "blk.0.attn_q.bias" in ck.tensors,
-            "torch_dtype": "float32",
-        }
-        window = ck.get(f"{a}.attention.sliding_window")
-        if window:
-            cfg["sliding_window"] = window
-        eos = ck.get("tokenizer.ggml.eos_token_id")
-        if eos is not None:
-            cfg["eos_token_id"] = eos
-        return cfg
-
-    return config
-
-
-# GGUF architecture -> (HF config builder, HF architecture class name)
-ARCHITECTURES: dict[str, tuple[Callable, str]] = {
-    "llama": (_llama_like("llama"), "LlamaForCausalLM"),
-    "qwen2": (_llama_like("qwen2"), "Qwen2ForCausalLM"),
-    "qwen3": (_llama_like("qwen3"), "Qwen3ForCausalLM"),
-}
 
 
 class GGUFCheckpoint:
@@ -117,7 +73,7 @@ class GGUFCheckpoint:
 
     def hf_config(self) -> dict:
         """The config.json a Hugging Face folder of this model would carry."""
-        return ARCHITECTURES[self.arch][0](self)
+        return ARCHITECTURES[self.arch].config(self)
 
     def tensor(self, name: str, fd: int) -> torch.Tensor:
         """One tensor in float32 (float16 and bfloat16 stay as they are, for the copy into
@@ -136,21 +92,34 @@ class GGUFCheckpoint:
         return torch.from_numpy(values.reshape(shape))
 
     def iter_hf_tensors(self, hf_names: list[str]) -> Iterator[tuple[str, str, torch.Tensor]]:
-        """(file, HF name, tensor) for each name the model asks for."""
+        """(file, HF name, tensor) for each name the model asks for. Tensors several HF
+        tensors come from (stacked experts) are kept while one layer's names are read."""
         n_layers = self.get(f"{self.arch}.block_count")
         names = gguf.get_tensor_name_map(_model_arch(self.arch), n_layers)
+        arch = ARCHITECTURES[self.arch]
+        kept: dict[str, torch.Tensor] = {}
         fd = os.open(self.path, os.O_RDONLY)
+
+        def read(name: str) -> torch.Tensor:
+            if name in kept:
+                return kept[name]
+            if name not in self.tensors:
+                raise CheckpointError(f"{self.path}: no tensor '{name}'")
+            tensor = self.tensor(name, fd)
+            if len(self.tensors[name][1]) == 3:  # [experts, out, in]: one HF tensor per expert
+                if kept and next(iter(kept)).split(".")[1] != name.split(".")[1]:
+                    kept.clear()  # a new layer
+                kept[name] = tensor
+            return tensor
+
         try:
             for hf_name in hf_names:
-                found = names.get_name(hf_name, try_suffixes=(".weight", ".bias"))
-                if found is None or found not in self.tensors:
-                    raise CheckpointError(f"{self.path}: no tensor for '{hf_name}' (looked for '{found}')")
-                tensor = self.tensor(found, fd)
-                if self.arch in PERMUTED_ROTARY and found.endswith(("attn_q.weight", "attn_k.weight")):
-                    heads = self.get(f"{self.arch}.attention.head_count")
-                    if found.endswith("attn_k.weight"):
-                        heads = self.get(f"{self.arch}.attention.head_count_kv") or heads
-                    tensor = _unpermute(tensor, heads)
+                found = gguf_name(self, names, hf_name)
+                tensor = arch.tensor(self, hf_name, found or "", read) if arch.tensor else None
+                if tensor is None:
+                    if found is None or found not in self.tensors:
+                        raise CheckpointError(f"{self.path}: no tensor for '{hf_name}' (looked for '{found}')")
+                    tensor = read(found)
                 yield self.path.name, hf_name, tensor
         finally:
             os.close(fd)
@@ -158,12 +127,6 @@ class GGUFCheckpoint:
 
 def _model_arch(name: str) -> gguf.MODEL_ARCH:
     return next(arch for arch, n in gguf.MODEL_ARCH_NAMES.items() if n == name)
-
-
-def _unpermute(w: torch.Tensor, n_head: int) -> torch.Tensor:
-    """llama.cpp's interleaved rotary rows -> Hugging Face's rotate-half rows."""
-    rows = w.shape[0]
-    return w.reshape(n_head, rows // n_head // 2, 2, *w.shape[1:]).transpose(1, 2).reshape(w.shape)
 
 
 def _value(field: Any) -> Any:

@@ -1,8 +1,9 @@
 """A GGUF file's tokenizer rebuilt as a ``tokenizers`` tokenizer (the tokenizer.json a
 Hugging Face folder would carry), from the metadata llama.cpp's converter writes:
-``tokenizer.ggml.model`` (``gpt2``: byte-level BPE with merges), ``.pre`` (which
-pre-tokenizer split the model was trained with), ``.tokens``, ``.token_type``,
-``.merges``, the special token ids and ``tokenizer.chat_template``."""
+``tokenizer.ggml.model`` (``gpt2``: byte-level BPE with merges; ``llama``: SentencePiece
+BPE with scores and byte fallback), ``.pre`` (which pre-tokenizer split a byte-level
+model was trained with), ``.tokens``, ``.scores``, ``.token_type``, ``.merges``,
+``.add_space_prefix``, the special token ids and ``tokenizer.chat_template``."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from tokenizers import Tokenizer as HFTokenizer
 
 from engine.errors import CheckpointError
 
-CONTROL, USER_DEFINED = 3, 4  # llama.cpp's token types that are added (whole) tokens
+NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6  # llama.cpp's token types
 
 # Splits before the byte-level step, by llama.cpp's pre-tokenizer name (the regexes of
 # the models' own tokenizer.json files). None: GPT-2's split, done by ByteLevel itself.
@@ -35,22 +36,52 @@ PRE_SPLITS: dict[str, str | None] = {
 
 def build_tokenizer(fields: dict[str, Any], where: str) -> HFTokenizer:
     model = fields.get("tokenizer.ggml.model")
-    if model != "gpt2":
+    if model not in ("gpt2", "llama"):
         kind = f"GGUF tokenizer model '{model}'"
-        raise CheckpointError(f"{where}: {kind} is not supported yet (only gpt2, byte-level BPE)")
+        raise CheckpointError(f"{where}: {kind} is not supported (only gpt2, byte-level BPE, and llama, SentencePiece)")
+    tokens: list[str] = fields.get("tokenizer.ggml.tokens") or []
+    types: list[int] = fields.get("tokenizer.ggml.token_type") or [NORMAL] * len(tokens)
+    spec = (
+        _byte_level_spec(fields, tokens, types, where)
+        if model == "gpt2"
+        else _sentencepiece_spec(fields, tokens, types)
+    )
+    try:
+        return HFTokenizer.from_str(json.dumps(spec))
+    except Exception as exc:  # tokenizers raises plain Exceptions
+        raise CheckpointError(f"{where}: cannot rebuild the tokenizer from GGUF metadata: {exc}") from exc
+
+
+def _added(tokens: list[str], types: list[int], kinds: tuple[int, ...]) -> list[dict]:
+    """Tokens matched whole before the model runs: special unless user-defined."""
+    return [
+        {"id": i, "content": t, "single_word": False, "lstrip": False, "rstrip": False, "normalized": False,
+         "special": types[i] != USER_DEFINED}
+        for i, t in enumerate(tokens)
+        if types[i] in kinds
+    ]  # fmt: skip
+
+
+def _spec(added: list[dict], pre_tokenizer: dict | None, decoder: dict, model: dict, normalizer=None) -> dict:
+    return {
+        "version": "1.0",
+        "truncation": None,
+        "padding": None,
+        "added_tokens": added,
+        "normalizer": normalizer,
+        "pre_tokenizer": pre_tokenizer,
+        "post_processor": None,
+        "decoder": decoder,
+        "model": {"dropout": None, "continuing_subword_prefix": None, "end_of_word_suffix": None, **model},
+    }
+
+
+def _byte_level_spec(fields: dict[str, Any], tokens: list[str], types: list[int], where: str) -> dict:
     pre = fields.get("tokenizer.ggml.pre") or "default"
     if pre not in PRE_SPLITS:
         known = ", ".join(sorted(PRE_SPLITS))
         raise CheckpointError(f"{where}: GGUF pre-tokenizer '{pre}' is not supported (supported: {known})")
-    tokens: list[str] = fields.get("tokenizer.ggml.tokens") or []
-    types: list[int] = fields.get("tokenizer.ggml.token_type") or [1] * len(tokens)
     merges: list[str] = fields.get("tokenizer.ggml.merges") or []
-    added = [
-        {"id": i, "content": t, "single_word": False, "lstrip": False, "rstrip": False, "normalized": False,
-         "special": types[i] == CONTROL}
-        for i, t in enumerate(tokens)
-        if types[i] in (CONTROL, USER_DEFINED)
-    ]  # fmt: skip
     byte_level = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True}
     split = PRE_SPLITS[pre]
     if split is None:
@@ -58,29 +89,55 @@ def build_tokenizer(fields: dict[str, Any], where: str) -> HFTokenizer:
     else:
         regex = {"type": "Split", "pattern": {"Regex": split}, "behavior": "Isolated", "invert": False}
         pre_tokenizer = {"type": "Sequence", "pretokenizers": [regex, {**byte_level, "use_regex": False}]}
-    spec = {
-        "version": "1.0",
-        "truncation": None,
-        "padding": None,
-        "added_tokens": added,
-        "normalizer": {"type": "NFC"} if split is QWEN2 else None,
-        "pre_tokenizer": pre_tokenizer,
-        "post_processor": None,
-        "decoder": {**byte_level, "use_regex": True},
-        "model": {
-            "type": "BPE",
-            "dropout": None,
-            "unk_token": None,
-            "continuing_subword_prefix": None,
-            "end_of_word_suffix": None,
-            "fuse_unk": False,
-            "byte_fallback": False,
-            "ignore_merges": split is LLAMA3,
-            "vocab": {t: i for i, t in enumerate(tokens)},
-            "merges": [m.split(" ", 1) for m in merges],
-        },
+    model = {
+        "type": "BPE",
+        "unk_token": None,
+        "fuse_unk": False,
+        "byte_fallback": False,
+        "ignore_merges": split is LLAMA3,
+        "vocab": {t: i for i, t in enumerate(tokens)},
+        "merges": [m.split(" ", 1) for m in merges],
     }
-    try:
-        return HFTokenizer.from_str(json.dumps(spec))
-    except Exception as exc:  # tokenizers raises plain Exceptions
-        raise CheckpointError(f"{where}: cannot rebuild the tokenizer from GGUF metadata: {exc}") from exc
+    added = _added(tokens, types, (CONTROL, USER_DEFINED))
+    normalizer = {"type": "NFC"} if split is QWEN2 else None
+    return _spec(added, pre_tokenizer, {**byte_level, "use_regex": True}, model, normalizer)
+
+
+def _sentencepiece_spec(fields: dict[str, Any], tokens: list[str], types: list[int]) -> dict:
+    """SentencePiece BPE as transformers converts a ``tokenizer.model``: spaces written
+    as U+2581 (and one put in front when ``add_space_prefix``), merges ranked by the
+    score of the piece they make, characters outside the vocabulary as ``<0xNN>``."""
+    scores: list[float] = fields.get("tokenizer.ggml.scores") or [-float(i) for i in range(len(tokens))]
+    prefix = bool(fields.get("tokenizer.ggml.add_space_prefix", True))
+    unk = fields.get("tokenizer.ggml.unknown_token_id")
+    vocab = {t: i for i, t in enumerate(tokens)}
+    mergeable = {t: i for t, i in vocab.items() if types[i] in (NORMAL, USER_DEFINED) and len(t) > 1}
+    merges = []  # (rank key, left, right): pieces with higher scores merge first
+    for piece, i in mergeable.items():
+        for cut in range(1, len(piece)):
+            left, right = piece[:cut], piece[cut:]
+            if left in vocab and right in vocab:
+                merges.append(((-scores[i], i, vocab[left], vocab[right]), left, right))
+    merges.sort()
+    # "first": one space in front of the text, none after each special token (transformers'
+    # non-legacy Llama tokenizer; llama.cpp puts one after special tokens too)
+    metaspace = {"type": "Metaspace", "replacement": "\u2581", "prepend_scheme": "first" if prefix else "never",
+                 "split": False}  # fmt: skip
+    steps = [
+        {"type": "Replace", "pattern": {"String": "\u2581"}, "content": " "},
+        {"type": "ByteFallback"},
+        {"type": "Fuse"},
+    ]
+    if prefix:
+        steps.append({"type": "Strip", "content": " ", "start": 1, "stop": 0})
+    model = {
+        "type": "BPE",
+        "unk_token": tokens[unk] if isinstance(unk, int) and 0 <= unk < len(tokens) else None,
+        "fuse_unk": True,
+        "byte_fallback": True,
+        "ignore_merges": False,
+        "vocab": vocab,
+        "merges": [[left, right] for _, left, right in merges],
+    }
+    added = _added(tokens, types, (UNKNOWN, CONTROL, USER_DEFINED))
+    return _spec(added, metaspace, {"type": "Sequence", "decoders": steps}, model)

@@ -156,7 +156,8 @@ class Tokenizer:
     def token_bytes(self, token_id: int) -> bytes:
         """The bytes one token stands for (a piece of a UTF-8 character stays a piece):
         byte-level BPE entries through GPT-2's byte table, SentencePiece ``<0xNN>``
-        byte tokens as that byte, anything else as its decoded text."""
+        byte tokens as that byte and its other pieces with U+2581 as a space, added
+        tokens as their decoded text."""
         piece = self.hf.id_to_token(token_id)
         if piece is None:
             return b""
@@ -165,6 +166,8 @@ class Tokenizer:
         added = token_id in self.hf.get_added_tokens_decoder()
         if self._byte_level and not added and all(c in _UNICODE_TO_BYTE for c in piece):
             return bytes(_UNICODE_TO_BYTE[c] for c in piece)
+        if not self._byte_level and not added:  # SentencePiece: U+2581 is a space (decode would strip a leading one)
+            return piece.replace("\u2581", " ").encode("utf-8")
         return self.hf.decode([token_id], skip_special_tokens=False).encode("utf-8")
 
     def decode(self, ids: list[int], skip_special: bool = True) -> str:

@@ -115,7 +115,49 @@ def write_byte_tokenizer(folder: Path, eos: str | None = None) -> None:
     (folder / "tokenizer_config.json").write_text(json.dumps(cfg))
 
 
-def make_checkpoint(folder: Path, arch: str = "llama", seed: int = 0, noise: float = 0.1, **overrides) -> Path:
+def spm_corpus() -> list[str]:
+    """Lines to train a SentencePiece model on: Python's own sources (fixed with the
+    interpreter) and some scripts beyond Latin."""
+    import inspect
+    import json as json_module
+    import textwrap
+
+    lines = []
+    for module in (json_module, inspect, textwrap):
+        lines += [line for line in inspect.getsource(module).splitlines() if line.strip()]
+    return lines + ["héllo wörld naïve café", "日本語のテキスト 中文 🙂", "Привет мир", "مرحبا ελληνικά"] * 20
+
+
+def write_spm_tokenizer(folder: Path, vocab_size: int = 1000) -> None:
+    """A SentencePiece BPE (byte fallback, a space prefix, digits split, as llama's) as
+    ``tokenizer.model``, with the tokenizer.json transformers converts it to."""
+    import io
+
+    import sentencepiece as spm
+    from transformers import AutoTokenizer
+
+    model = io.BytesIO()
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(spm_corpus()), model_writer=model, model_type="bpe", vocab_size=vocab_size,
+        byte_fallback=True, normalization_rule_name="identity", remove_extra_whitespaces=False, split_digits=True,
+        allow_whitespace_only_pieces=True, user_defined_symbols=["<|im_start|>", "<|im_end|>"], unk_id=0, bos_id=1,
+        eos_id=2, pad_id=-1, minloglevel=2, num_threads=1,
+    )  # fmt: skip
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "tokenizer.model").write_bytes(model.getvalue())
+    config = {"tokenizer_class": "LlamaTokenizer", "add_bos_token": True, "bos_token": "<s>", "eos_token": "</s>",
+              "unk_token": "<unk>", "legacy": True}  # fmt: skip
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    tok = AutoTokenizer.from_pretrained(folder)  # converted from tokenizer.model (needs protobuf)
+    tok.chat_template = "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    tok.save_pretrained(folder)
+    added = {t: tok.convert_tokens_to_ids(t) for t in ("<|im_start|>", "<|im_end|>")}
+    (folder / "added_tokens.json").write_text(json.dumps(added))  # as transformers 4 wrote them, for the converter
+
+
+def make_checkpoint(
+    folder: Path, arch: str = "llama", seed: int = 0, noise: float = 0.1, tokenizer: str = "bytes", **overrides
+) -> Path:
     import transformers
 
     classes = {
@@ -143,7 +185,10 @@ def make_checkpoint(folder: Path, arch: str = "llama", seed: int = 0, noise: flo
             p.add_(torch.randn_like(p) * noise)
     folder.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(folder)
-    write_byte_tokenizer(folder)
+    if tokenizer == "spm":
+        write_spm_tokenizer(folder, config.vocab_size)
+    else:
+        write_byte_tokenizer(folder)
     return folder
 
 

@@ -10,6 +10,7 @@ the converter is touched.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -19,8 +20,8 @@ from pathlib import Path
 PACKAGE = "llama-cpp-python==0.3.36"
 CACHE = Path(os.environ.get("SLOTSERVE_CACHE", Path.home() / ".cache" / "slotserve")) / "llama-cpp-converter"
 WRAPPER = """
-import runpy, sys
-tree = sys.argv[1]
+import json, runpy, sys
+tree, jobs = sys.argv[1], json.loads(sys.argv[2])
 sys.path[:0] = [tree, tree + "/gguf-py"]
 import conversion.base as base
 known = base.TextModel.get_vocab_base_pre
@@ -30,8 +31,9 @@ def get_vocab_base_pre(self, tokenizer):
     except NotImplementedError:
         return "gpt-2"
 base.TextModel.get_vocab_base_pre = get_vocab_base_pre
-sys.argv = [tree + "/convert_hf_to_gguf.py", *sys.argv[2:]]
-runpy.run_path(sys.argv[0], run_name="__main__")
+for args in jobs:  # one interpreter for several models: the imports are paid once
+    sys.argv = [tree + "/convert_hf_to_gguf.py", *args]
+    runpy.run_path(sys.argv[0], run_name="__main__")
 """
 
 
@@ -76,9 +78,20 @@ def converter_tree() -> Path:
 
 def convert(folder: Path, out: Path, outtype: str = "f32") -> Path:
     """``folder`` (a Hugging Face checkpoint) as a GGUF at ``out``, written by llama.cpp's converter."""
+    return convert_many([(folder, out, outtype)])[0]
+
+
+def convert_many(jobs: list[tuple[Path, Path, str]], processes: int = 2) -> list[Path]:
+    """Several conversions, in ``processes`` interpreters side by side."""
     tree = converter_tree()
-    cmd = [sys.executable, "-c", WRAPPER, str(tree), "--outfile", str(out), "--outtype", outtype, str(folder)]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-    if done.returncode != 0:
-        raise RuntimeError(f"convert_hf_to_gguf.py failed: {done.stderr[-2000:]}")
-    return out
+    groups = [jobs[i::processes] for i in range(processes) if jobs[i::processes]]
+    running = []
+    for group in groups:
+        args = json.dumps([["--outfile", str(out), "--outtype", kind, str(folder)] for folder, out, kind in group])
+        cmd = [sys.executable, "-c", WRAPPER, str(tree), args]
+        running.append(subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True))
+    for proc in running:
+        _, err = proc.communicate(timeout=600)
+        if proc.returncode != 0:
+            raise RuntimeError(f"convert_hf_to_gguf.py failed: {err[-2000:]}")
+    return [out for _, out, _ in jobs]

@@ -1,0 +1,315 @@
+"""What each GGUF architecture is as a Hugging Face checkpoint: the config.json its
+metadata stands for, and how each Hugging Face tensor is got back from the tensors
+llama.cpp's converter wrote (renamed through the ``gguf`` package's ``TensorNameMap``,
+then undoing what the converter changed: llama's interleaved rotary rows, Gemma's
+norms stored with their +1, Mamba's A stored as -exp(A_log), experts stacked into one
+tensor, gate and up projections split apart)."""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+if TYPE_CHECKING:
+    from engine.gguf_checkpoint import GGUFCheckpoint
+
+Read = Callable[[str], torch.Tensor]  # GGUF tensor name -> tensor (row-major, float)
+
+
+@dataclass(frozen=True)
+class GGUFArch:
+    hf_class: str
+    config: Callable[[GGUFCheckpoint], dict]
+    # (checkpoint, HF name, GGUF name the table gives, read) -> the HF tensor, or None
+    # where the plain renamed tensor is right
+    tensor: Callable[[GGUFCheckpoint, str, str, Read], torch.Tensor | None] | None = None
+
+
+def _kv_heads(ck: GGUFCheckpoint) -> list[int]:
+    """Per-layer KV head count (hybrids write 0 for recurrent layers)."""
+    n = ck.get(f"{ck.arch}.attention.head_count_kv")
+    heads = ck.get(f"{ck.arch}.attention.head_count") or 0
+    layers = ck.get(f"{ck.arch}.block_count")
+    if isinstance(n, list):
+        return [int(x) for x in n]
+    return [int(n if n is not None else heads)] * layers
+
+
+def _base(ck: GGUFCheckpoint, model_type: str) -> dict:
+    a = ck.arch
+    n_head = ck.get(f"{a}.attention.head_count") or 0
+    hidden = ck.get(f"{a}.embedding_length")
+    cfg = {
+        "architectures": [ARCHITECTURES[a].hf_class],
+        "model_type": model_type,
+        "hidden_size": hidden,
+        "intermediate_size": ck.get(f"{a}.feed_forward_length"),
+        "num_hidden_layers": ck.get(f"{a}.block_count"),
+        "num_attention_heads": n_head,
+        "num_key_value_heads": max(_kv_heads(ck)) or n_head,
+        "head_dim": ck.get(f"{a}.attention.key_length") or (hidden // n_head if n_head else None),
+        "rms_norm_eps": ck.get(f"{a}.attention.layer_norm_rms_epsilon"),
+        "max_position_embeddings": ck.get(f"{a}.context_length"),
+        "vocab_size": ck.vocab_size,
+        "rope_theta": ck.get(f"{a}.rope.freq_base", 10000.0),
+        "tie_word_embeddings": "output.weight" not in ck.tensors,
+        "attention_bias": "blk.0.attn_q.bias" in ck.tensors,
+        "torch_dtype": "float32",
+    }
+    eos = ck.get("tokenizer.ggml.eos_token_id")
+    if eos is not None:
+        cfg["eos_token_id"] = eos
+    scaling, factor = ck.get(f"{a}.rope.scaling.type"), ck.get(f"{a}.rope.scaling.factor")
+    if scaling == "linear" and factor:
+        cfg["rope_scaling"] = {"rope_type": "linear", "factor": factor}
+    return {k: v for k, v in cfg.items() if v is not None}
+
+
+def _llama_like(model_type: str) -> Callable[[GGUFCheckpoint], dict]:
+    def config(ck: GGUFCheckpoint) -> dict:
+        cfg = _base(ck, model_type)
+        window = ck.get(f"{ck.arch}.attention.sliding_window")
+        if window:
+            cfg["sliding_window"] = window
+        return cfg
+
+    return config
+
+
+def _gemma(model_type: str) -> Callable[[GGUFCheckpoint], dict]:
+    """Gemma 2 and 3. The file does not say which layers slide nor the query scale:
+    llama.cpp's rules stand in (Gemma 2 alternates, Gemma 3 makes every 6th layer
+    global unless a pattern is given; the scale is 1/sqrt(head_dim), or
+    1/sqrt(hidden/heads) for the 27B models, 46 and 62 layers)."""
+
+    def config(ck: GGUFCheckpoint) -> dict:
+        a = ck.arch
+        cfg = _base(ck, model_type)
+        n = cfg["num_hidden_layers"]
+        pattern = ck.get(f"{a}.attention.sliding_window_pattern")
+        if isinstance(pattern, list):
+            slides = [bool(x) for x in pattern]
+        else:
+            every = 2 if a == "gemma2" else int(pattern or 6)
+            slides = [(i + 1) % every != 0 for i in range(n)]
+        cfg["layer_types"] = ["sliding_attention" if s else "full_attention" for s in slides]
+        cfg["sliding_window"] = ck.get(f"{a}.attention.sliding_window") or 4096
+        scale = ck.get(f"{a}.attention.scale")
+        wide = n in (46, 62)
+        cfg["query_pre_attn_scalar"] = (
+            1.0 / scale**2 if scale else (cfg["hidden_size"] // cfg["num_attention_heads"] if wide else cfg["head_dim"])
+        )
+        for key in ("attn_logit_softcapping", "final_logit_softcapping"):
+            if ck.get(f"{a}.{key}") is not None:
+                cfg[key] = ck.get(f"{a}.{key}")
+        if a != "gemma2":  # sliding layers' own rope base
+            cfg["rope_local_base_freq"] = ck.get(f"{a}.rope.freq_base_swa", 10000.0)
+        return cfg
+
+    return config
+
+
+def _gemma3n(ck: GGUFCheckpoint) -> dict:
+    a = ck.arch
+    cfg = _gemma("gemma3n_text")(ck)
+    del cfg["query_pre_attn_scalar"]  # Gemma 3n does not scale queries (its q/k norms do)
+    scales = ck.get(f"{a}.activation_sparsity_scale") or [-math.inf] * cfg["num_hidden_layers"]
+    cfg.update(
+        intermediate_size=ck.get(f"{a}.feed_forward_length"),
+        activation_sparsity_pattern=[0.5 * (1 + math.erf(s / math.sqrt(2))) for s in scales],  # back from icdf
+        altup_active_idx=ck.get(f"{a}.altup.active_idx", 0),
+        altup_num_inputs=ck.get(f"{a}.altup.num_inputs", 4),
+        hidden_size_per_layer_input=ck.get(f"{a}.embedding_length_per_layer_input"),
+        num_kv_shared_layers=ck.get(f"{a}.attention.shared_kv_layers", 0),
+        laurel_rank=ck.tensors["blk.0.laurel_l.weight"][1][0],
+        vocab_size_per_layer_input=ck.tensors["per_layer_token_embd.weight"][1][0],
+    )
+    return cfg
+
+
+def _ssm(ck: GGUFCheckpoint, prefix: str) -> dict:
+    """Mamba2 mixer fields (``prefix``: "" for Mamba2, "mamba_" for the hybrids)."""
+    a = ck.arch
+    inner, heads = ck.get(f"{a}.ssm.inner_size"), ck.get(f"{a}.ssm.time_step_rank")
+    layer = next(i for i in range(ck.get(f"{a}.block_count")) if f"blk.{i}.ssm_in.weight" in ck.tensors)
+    return {
+        f"{prefix}n_heads" if prefix else "num_heads": heads,
+        f"{prefix}d_head" if prefix else "head_dim": inner // heads,
+        f"{prefix}d_state" if prefix else "state_size": ck.get(f"{a}.ssm.state_size"),
+        f"{prefix}n_groups" if prefix else "n_groups": ck.get(f"{a}.ssm.group_count") or 1,
+        f"{prefix}d_conv" if prefix else "conv_kernel": ck.get(f"{a}.ssm.conv_kernel"),
+        f"{prefix}expand" if prefix else "expand": inner // ck.get(f"{a}.embedding_length"),
+        f"{prefix}conv_bias" if prefix else "use_conv_bias": f"blk.{layer}.ssm_conv1d.bias" in ck.tensors,
+        f"{prefix}proj_bias" if prefix else "use_bias": f"blk.{layer}.ssm_in.bias" in ck.tensors,
+    }
+
+
+def _mamba2(ck: GGUFCheckpoint) -> dict:
+    a = ck.arch
+    return {
+        "architectures": ["Mamba2ForCausalLM"],
+        "model_type": "mamba2",
+        "hidden_size": ck.get(f"{a}.embedding_length"),
+        "num_hidden_layers": ck.get(f"{a}.block_count"),
+        "vocab_size": ck.vocab_size,
+        "layer_norm_epsilon": ck.get(f"{a}.attention.layer_norm_rms_epsilon"),
+        "tie_word_embeddings": "output.weight" not in ck.tensors,
+        "torch_dtype": "float32",
+        **_ssm(ck, ""),
+    }
+
+
+def _granite_hybrid(ck: GGUFCheckpoint) -> dict:
+    a = ck.arch
+    cfg = {**_base(ck, "granitemoehybrid"), **_ssm(ck, "mamba_")}
+    cfg["layer_types"] = ["attention" if k else "mamba" for k in _kv_heads(ck)]
+    cfg["mamba_d_ssm"] = ck.get(f"{a}.ssm.inner_size")
+    cfg["position_embedding_type"] = "rope" if ck.get(f"{a}.rope.scaling.finetuned") else None
+    pairs = (("embedding_multiplier", "embedding_scale"), ("residual_multiplier", "residual_scale"),
+             ("attention_multiplier", "attention.scale"), ("logits_scaling", "logit_scale"),
+             ("num_local_experts", "expert_count"), ("num_experts_per_tok", "expert_used_count"),
+             ("shared_intermediate_size", "expert_shared_feed_forward_length"))  # fmt: skip
+    for hf_key, key in pairs:
+        if ck.get(f"{a}.{key}") is not None:
+            cfg[hf_key] = ck.get(f"{a}.{key}")
+    return cfg
+
+
+def _falcon_h1(ck: GGUFCheckpoint) -> dict:
+    """The converter multiplies every muP multiplier into the weights: all stay 1 here."""
+    cfg = {**_base(ck, "falcon_h1"), **_ssm(ck, "mamba_")}
+    cfg["mamba_d_ssm"] = ck.get(f"{ck.arch}.ssm.inner_size")
+    cfg["mamba_rms_norm"] = "blk.0.ssm_norm.weight" in ck.tensors
+    cfg["projectors_bias"] = "blk.0.ssm_out.bias" in ck.tensors
+    return cfg
+
+
+def _every(layers: list[int], n: int) -> tuple[int, int]:
+    """(period, offset) of a regular set of layer indices."""
+    if not layers:
+        return n + 1, n
+    return (layers[1] - layers[0] if len(layers) > 1 else n), layers[0]
+
+
+def _jamba(ck: GGUFCheckpoint) -> dict:
+    a = ck.arch
+    cfg = _base(ck, "jamba")
+    n = cfg["num_hidden_layers"]
+    attn = [i for i, k in enumerate(_kv_heads(ck)) if k]
+    moe = [i for i in range(n) if f"blk.{i}.ffn_gate_exps.weight" in ck.tensors]
+    cfg["attn_layer_period"], cfg["attn_layer_offset"] = _every(attn, n)
+    cfg["expert_layer_period"], cfg["expert_layer_offset"] = _every(moe, n)
+    layer = next(i for i in range(n) if f"blk.{i}.ssm_in.weight" in ck.tensors)
+    cfg.update(
+        num_experts=ck.get(f"{a}.expert_count") or 1,
+        num_experts_per_tok=ck.get(f"{a}.expert_used_count") or 1,
+        mamba_d_state=ck.get(f"{a}.ssm.state_size"),
+        mamba_d_conv=ck.get(f"{a}.ssm.conv_kernel"),
+        mamba_expand=ck.get(f"{a}.ssm.inner_size") // cfg["hidden_size"],
+        mamba_dt_rank=ck.get(f"{a}.ssm.time_step_rank"),
+        mamba_conv_bias=f"blk.{layer}.ssm_conv1d.bias" in ck.tensors,
+        mamba_proj_bias=f"blk.{layer}.ssm_in.bias" in ck.tensors,
+    )
+    return cfg
+
+
+# ---- tensors -------------------------------------------------------------------------
+
+
+def unpermute(w: torch.Tensor, n_head: int) -> torch.Tensor:
+    """llama.cpp's interleaved rotary rows -> Hugging Face's rotate-half rows."""
+    rows = w.shape[0]
+    return w.reshape(n_head, rows // n_head // 2, 2, *w.shape[1:]).transpose(1, 2).reshape(w.shape)
+
+
+def _layer(name: str) -> int:
+    return int(re.search(r"\.(\d+)\.", name).group(1))
+
+
+def _rotary(ck: GGUFCheckpoint, found: str, read: Read) -> torch.Tensor | None:
+    if not found.endswith(("attn_q.weight", "attn_k.weight")):
+        return None
+    heads = ck.get(f"{ck.arch}.attention.head_count")
+    if found.endswith("attn_k.weight"):
+        heads = _kv_heads(ck)[_layer(found)] or heads
+    return unpermute(read(found), heads)
+
+
+def _llama_tensor(ck: GGUFCheckpoint, hf_name: str, found: str, read: Read) -> torch.Tensor | None:
+    return _rotary(ck, found, read)
+
+
+def _gemma_tensor(ck: GGUFCheckpoint, hf_name: str, found: str, read: Read) -> torch.Tensor | None:
+    if hf_name.endswith("norm.weight"):  # stored with the +1 that Gemma's RMSNorm adds
+        return read(found) - 1.0
+    return None
+
+
+def _ssm_tensor(ck: GGUFCheckpoint, hf_name: str, found: str, read: Read) -> torch.Tensor | None:
+    """Mamba tensors: A back to A_log, conv weights to [channels, 1, kernel], the
+    unsqueezed A and D and the grouped norm back to their shapes."""
+    if found.endswith(("ssm_a", "ssm_d")):
+        t = read(found)
+        t = torch.log(-t) if hf_name.endswith(".A_log") else t  # stored as -exp(A_log)
+        return t.squeeze(1) if t.dim() == 2 and t.shape[1] == 1 else t  # Mamba2's [heads, 1] -> [heads]
+    if found.endswith("ssm_conv1d.weight"):
+        return read(found).unsqueeze(1)
+    if found.endswith("ssm_norm.weight"):
+        return read(found).reshape(-1)  # [groups, inner / groups] -> [inner]
+    return None
+
+
+def _granite_tensor(ck: GGUFCheckpoint, hf_name: str, found: str, read: Read) -> torch.Tensor | None:
+    i = _layer(hf_name) if ".layers." in hf_name else -1
+    if hf_name.endswith("block_sparse_moe.input_linear.weight"):
+        return torch.cat([read(f"blk.{i}.ffn_gate_exps.weight"), read(f"blk.{i}.ffn_up_exps.weight")], dim=1)
+    if hf_name.endswith("shared_mlp.input_linear.weight"):
+        shared = "shexp" if f"blk.{i}.ffn_gate_shexp.weight" in ck.tensors else ""
+        gate, up = (f"blk.{i}.ffn_{p}{'_' + shared if shared else ''}.weight" for p in ("gate", "up"))
+        return torch.cat([read(gate), read(up)], dim=0)
+    ssm = _ssm_tensor(ck, hf_name, found, read)
+    return ssm if ssm is not None else _rotary(ck, found, read)
+
+
+def _gemma3n_tensor(ck: GGUFCheckpoint, hf_name: str, found: str, read: Read) -> torch.Tensor | None:
+    stacked = re.match(r"model\.altup_(unembed_)?projections\.(\d+)\.weight$", hf_name)
+    if stacked:  # the converter stacks the three projections into one tensor
+        return read("altup_unembd_proj.weight" if stacked.group(1) else "altup_proj.weight")[int(stacked.group(2))]
+    return None
+
+
+def _jamba_tensor(ck: GGUFCheckpoint, hf_name: str, found: str, read: Read) -> torch.Tensor | None:
+    expert = re.search(r"\.(\d+)\.feed_forward\.experts\.(\d+)\.(gate|up|down)_proj\.weight$", hf_name)
+    if expert:
+        layer, x, kind = expert.groups()
+        return read(f"blk.{layer}.ffn_{kind}_exps.weight")[int(x)]
+    return _ssm_tensor(ck, hf_name, found, read)
+
+
+def gguf_name(ck: GGUFCheckpoint, names: Any, hf_name: str) -> str | None:
+    """The GGUF tensor the converter wrote for ``hf_name`` (None: none matches)."""
+    lookup = re.sub(r"\.dt_bias$", ".dt_proj.bias", hf_name)  # the converter renames these first
+    lookup = re.sub(r"_scale$", "_scale.weight", lookup)
+    found = names.get_name(lookup, try_suffixes=(".weight", ".bias"))
+    if found is not None and found not in ck.tensors and found.endswith(".weight") and found[:-7] in ck.tensors:
+        return found[:-7]  # a few names are written without ".weight" (Falcon-H1's ffn_norm)
+    return found
+
+
+ARCHITECTURES: dict[str, GGUFArch] = {
+    "llama": GGUFArch("LlamaForCausalLM", _llama_like("llama"), _llama_tensor),
+    "qwen2": GGUFArch("Qwen2ForCausalLM", _llama_like("qwen2")),
+    "qwen3": GGUFArch("Qwen3ForCausalLM", _llama_like("qwen3")),
+    "gemma2": GGUFArch("Gemma2ForCausalLM", _gemma("gemma2"), _gemma_tensor),
+    "gemma3": GGUFArch("Gemma3ForCausalLM", _gemma("gemma3_text"), _gemma_tensor),
+    "gemma3n": GGUFArch("Gemma3nForCausalLM", _gemma3n, _gemma3n_tensor),
+    "mamba2": GGUFArch("Mamba2ForCausalLM", _mamba2, _ssm_tensor),
+    "granitehybrid": GGUFArch("GraniteMoeHybridForCausalLM", _granite_hybrid, _granite_tensor),
+    "falcon-h1": GGUFArch("FalconH1ForCausalLM", _falcon_h1, _ssm_tensor),
+    "jamba": GGUFArch("JambaForCausalLM", _jamba, _jamba_tensor),
+}
