@@ -7,6 +7,7 @@ loading."""
 from __future__ import annotations
 
 import json
+import os
 import random
 import shutil
 import subprocess
@@ -271,3 +272,70 @@ def test_a_gguf_serves_over_http(f32):
         assert httpx.get(srv.url + "/v1/models").json()["data"][0]["id"] == "demo-f32.gguf"
         body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
         assert httpx.post(srv.url + "/v1/chat/completions", json=body, timeout=60).status_code == 200
+
+
+def _q4_k_blocks(rng: np.random.Generator, n_blocks: int) -> tuple[bytes, np.ndarray]:
+    """Q4_K blocks packed by hand from random integers, and the values they stand for
+    (llama.cpp's layout: d, dmin, 12 bytes of 6-bit scales and mins, 128 of nibbles)."""
+    raw, values = b"", []
+    for _ in range(n_blocks):
+        d, dmin = np.float16(rng.uniform(0.01, 0.1)), np.float16(rng.uniform(0.01, 0.1))
+        sc, mn = rng.integers(0, 64, 8), rng.integers(0, 64, 8)
+        q = rng.integers(0, 16, (8, 32))  # 8 sub-blocks of 32
+        scales = np.zeros(12, dtype=np.uint8)
+        for j in range(4):
+            scales[j] = (sc[j] & 63) | ((sc[j + 4] >> 4) << 6)
+            scales[j + 4] = (mn[j] & 63) | ((mn[j + 4] >> 4) << 6)
+            scales[j + 8] = (sc[j + 4] & 15) | ((mn[j + 4] & 15) << 4)
+        qs = np.concatenate([q[2 * i] | (q[2 * i + 1] << 4) for i in range(4)]).astype(np.uint8)
+        raw += d.tobytes() + dmin.tobytes() + scales.tobytes() + qs.tobytes()
+        values.append((float(d) * sc[:, None] * q - float(dmin) * mn[:, None]).reshape(-1))
+    return raw, np.concatenate(values)
+
+
+def _q6_k_blocks(rng: np.random.Generator, n_blocks: int) -> tuple[bytes, np.ndarray]:
+    """Q6_K blocks: 128 bytes of low nibbles, 64 of high 2-bit pairs, 16 int8 scales, d."""
+    raw, values = b"", []
+    for _ in range(n_blocks):
+        d = np.float16(rng.uniform(0.01, 0.1))
+        sc = rng.integers(-128, 128, 16)
+        q = rng.integers(0, 64, 256)  # stored with +32
+        ql, qh = np.zeros(128, dtype=np.uint8), np.zeros(64, dtype=np.uint8)
+        for half in range(2):
+            y = q[128 * half : 128 * half + 128]
+            for i in range(32):
+                ql[64 * half + i] = (y[i] & 15) | ((y[i + 64] & 15) << 4)
+                ql[64 * half + i + 32] = (y[i + 32] & 15) | ((y[i + 96] & 15) << 4)
+                qh[32 * half + i] = (
+                    (y[i] >> 4) | ((y[i + 32] >> 4) << 2) | ((y[i + 64] >> 4) << 4) | ((y[i + 96] >> 4) << 6)
+                )
+        raw += ql.tobytes() + qh.tobytes() + sc.astype(np.int8).tobytes() + d.tobytes()
+        values.append(float(d) * np.repeat(sc, 16) * (q - 32))
+    return raw, np.concatenate(values)
+
+
+def test_k_quants_dequantize_to_the_values_packed_by_hand(tmp_path):
+    rng = np.random.default_rng(0)
+    w = gguf.GGUFWriter(str(tmp_path / "k.gguf"), "llama")
+    expected = {}
+    for name, qtype, pack, shape in [
+        ("q4k.weight", gguf.GGMLQuantizationType.Q4_K, _q4_k_blocks, (3, 512)),
+        ("q6k.weight", gguf.GGMLQuantizationType.Q6_K, _q6_k_blocks, (2, 768)),
+    ]:
+        raw, values = pack(rng, shape[0] * shape[1] // 256)
+        data = np.frombuffer(raw, dtype=np.uint8).reshape(shape[0], -1)
+        w.add_tensor(name, data, raw_dtype=qtype)
+        expected[name] = values.reshape(shape)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    ck = GGUFCheckpoint(tmp_path / "k.gguf")
+    fd = os.open(ck.path, os.O_RDONLY)
+    try:
+        for name, values in expected.items():
+            got = ck.tensor(name, fd)
+            assert tuple(got.shape) == values.shape
+            torch.testing.assert_close(got.double(), torch.from_numpy(values), rtol=1e-5, atol=1e-5)
+    finally:
+        os.close(fd)
