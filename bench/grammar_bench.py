@@ -50,7 +50,7 @@ def bench_llguidance(tok_json: str, vocab: int, eos: list[int], ids: list[int]) 
     t0 = time.perf_counter()
     lltok = llg.LLTokenizer(tok_json, n_vocab=vocab, eos_token=eos)
     t1 = time.perf_counter()
-    from engine.grammar import JSON_OPTIONS
+    from engine.sampling.grammar import JSON_OPTIONS
 
     grammar = llg.LLMatcher.grammar_from_json_schema(SCHEMA, defaults=JSON_OPTIONS)
     matcher = llg.LLMatcher(lltok, grammar)
@@ -114,11 +114,11 @@ def bench_outlines(tokenizer, eos: int, ids: list[int]) -> dict:
 
 def libraries() -> None:
     from engine import DEMO_MODEL
-    from engine.model_config import load_model_config
-    from engine.tokenizer import Tokenizer
+    from engine.models.config import load_model_config
+    from engine.text.tokenizer import Tokenizer
 
     cfg = load_model_config(Path(DEMO_MODEL))
-    tok = Tokenizer(Path(DEMO_MODEL), cfg.eos_token_ids)
+    tok = Tokenizer.from_folder(Path(DEMO_MODEL), cfg.eos_token_ids)
     ids = tok.encode(OUTPUT, add_special=False)
     eos = sorted(tok.eos_ids)
     runs = {

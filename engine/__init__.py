@@ -1,23 +1,82 @@
-"""The engine: checkpoint loading, models, scheduling of tokens, sampling."""
+"""The engine, and its one door: ``server/`` imports these names and nothing deeper.
+
+Rooms: ``scheduling/`` (requests on slots, the engine thread), ``core/`` (one step:
+plan, forward, sample), ``sampling/`` (sampler, parameters, grammars), ``text/``
+(tokenizer, detokenizer, chat templates), ``loading/`` (HF folders and GGUF files),
+``models/`` (one file per architecture), ``kernels/`` (compute kernels). At the top:
+``service`` (the facade the server drives), ``config``, ``errors`` and ``slot_files``.
+"""
 
 from engine.config import DEMO_MODEL, EngineConfig
-from engine.engine import Engine, Generation
-from engine.errors import CheckpointError, EngineError, StepFailed, UnsupportedArchitecture
-from engine.sampling_params import GREEDY, SamplingParams
-from engine.sequence import FinishReason, Sequence, StepEvent
+from engine.core.engine import Engine, Generation
+from engine.core.sequence import FinishReason, Sequence, StepEvent, TokenLogprob
+from engine.errors import (
+    BadSlotFile,
+    CheckpointError,
+    EngineError,
+    EngineStopped,
+    NoRoom,
+    QueueFull,
+    RequestError,
+    SlotBusy,
+    SlotError,
+    SlotFileMissing,
+    SlotFilesOff,
+    SlotWriteFailed,
+    StepFailed,
+    UnsupportedArchitecture,
+    check_token_ids,
+)
+from engine.sampling.grammar import ANY_JSON_OBJECT, JSON_OPTIONS, Constraint
+from engine.sampling.params import GREEDY, SamplingParams
+from engine.scheduling.request import Admitted, Delta, Failed, Progress, Request, RequestEnd, RequestEvent
+from engine.service import EngineService, SlotInfo
+from engine.slot_files import MAX_NAME_CHARS, NAME_PATTERN, SlotFiles
+from engine.text.chat_template import ChatTemplate, ChatTemplateError
+from engine.text.tokenizer import TokenizeError
 
 __all__ = [
+    "ANY_JSON_OBJECT",
     "DEMO_MODEL",
     "GREEDY",
+    "JSON_OPTIONS",
+    "MAX_NAME_CHARS",
+    "NAME_PATTERN",
+    "Admitted",
+    "BadSlotFile",
+    "ChatTemplate",
+    "ChatTemplateError",
     "CheckpointError",
+    "Constraint",
+    "Delta",
     "Engine",
     "EngineConfig",
     "EngineError",
+    "EngineService",
+    "EngineStopped",
+    "Failed",
     "FinishReason",
     "Generation",
+    "NoRoom",
+    "Progress",
+    "QueueFull",
+    "Request",
+    "RequestEnd",
+    "RequestError",
+    "RequestEvent",
     "SamplingParams",
     "Sequence",
+    "SlotBusy",
+    "SlotError",
+    "SlotFileMissing",
+    "SlotFiles",
+    "SlotFilesOff",
+    "SlotInfo",
+    "SlotWriteFailed",
     "StepEvent",
     "StepFailed",
+    "TokenLogprob",
+    "TokenizeError",
     "UnsupportedArchitecture",
+    "check_token_ids",
 ]

@@ -1,4 +1,5 @@
-"""Engine error types (the server maps them to HTTP statuses)."""
+"""Engine error types (the server maps them to HTTP statuses), and the one range check
+of client token ids."""
 
 
 class EngineError(Exception):
@@ -73,3 +74,23 @@ class SlotWriteFailed(SlotError):
 
 class NoRoom(SlotError):
     """Not enough free cache, even after dropping idle slots' caches; retry later."""
+
+
+class RequestError(ValueError):
+    """A request the scheduler refuses before queueing it (a client error)."""
+
+    def __init__(self, message: str, type_: str = "invalid_request_error", **extra):
+        super().__init__(message)
+        self.type = type_
+        self.extra = extra
+
+
+def check_token_ids(ids: list[int], vocab: int, field: str = "prompt") -> None:
+    """The one range check of client token ids: RequestError (a 400) naming the field."""
+    bad = next((t for t in ids if not 0 <= t < vocab), None)
+    if bad is not None:
+        raise RequestError(f"{field}: token ids must be in [0, {vocab}), got {bad}", code="invalid_token_id")
+
+
+class QueueFull(RuntimeError):
+    """The waiting queue is at ``max_queue``: retry later."""

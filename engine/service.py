@@ -11,19 +11,20 @@ event loop. What reads or changes memory runs on the engine thread between two s
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from dataclasses import dataclass
 
-from engine import slot_io
 from engine.config import EngineConfig
-from engine.engine import Engine
+from engine.core.engine import Engine
 from engine.errors import BadSlotFile, NoRoom, SlotError, SlotFilesOff
-from engine.grammar import Constraint
-from engine.request import Request
-from engine.sampling_params import SamplingParams
-from engine.scheduler import Health, Scheduler, SlotInfo
+from engine.sampling.grammar import Constraint
+from engine.sampling.params import SamplingParams
+from engine.scheduling import slot_io
+from engine.scheduling.request import Request, RequestEnd
+from engine.scheduling.scheduler import Health, Scheduler, SlotInfo
+from engine.scheduling.task_board import Sink
 from engine.slot_files import SlotFiles
-from engine.task_board import Sink
-from engine.tokenizer import Tokenizer
+from engine.text.tokenizer import Tokenizer
 from memory import CacheFull, MemoryUsage, StateMismatch
 
 
@@ -69,9 +70,12 @@ class EngineService:
         similarity: float = 0.1,
         max_queue: int = 256,
         stall_timeout: float = 60.0,
+        on_request_end: Callable[[RequestEnd], None] | None = None,
     ) -> None:
-        """Start the engine thread; events go to sinks on ``loop``."""
-        self._scheduler = Scheduler(self._engine, similarity, max_queue, stall_timeout, loop)
+        """Start the engine thread; events go to sinks on ``loop``. ``on_request_end``
+        is called on the engine thread as each request ends, before its slot is released
+        (so it must be quick and thread-safe: a metrics counter)."""
+        self._scheduler = Scheduler(self._engine, similarity, max_queue, stall_timeout, loop, on_request_end)
         self._scheduler.start()
 
     def stop(self, timeout: float | None = 30.0) -> bool:

@@ -8,8 +8,7 @@ import asyncio
 import json
 from typing import Any
 
-from engine.chat_template import ChatTemplate, ChatTemplateError
-from engine.service import EngineService
+from engine import ChatTemplate, ChatTemplateError, EngineService
 from server.errors import APIError
 from server.schemas import ChatFields, Message
 from server.tool_calls import tools_system_prompt

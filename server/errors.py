@@ -10,18 +10,18 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from engine.errors import (
+from engine import (
     BadSlotFile,
     EngineStopped,
     NoRoom,
+    RequestError,
     SlotBusy,
     SlotError,
     SlotFileMissing,
     SlotFilesOff,
     SlotWriteFailed,
+    TokenizeError,
 )
-from engine.request import RequestError
-from engine.tokenizer import TokenizeError
 
 log = logging.getLogger("slotserve")
 

@@ -5,13 +5,7 @@ from __future__ import annotations
 
 import asyncio
 
-from engine import SamplingParams
-from engine.grammar import Constraint
-from engine.request import (
-    Request,
-    check_token_ids,
-)
-from engine.service import EngineService
+from engine import Constraint, EngineService, Request, SamplingParams, check_token_ids
 from server.errors import APIError
 from server.schemas import SamplingFields
 from server.state import ServerState

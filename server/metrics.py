@@ -1,7 +1,8 @@
 """Prometheus metrics (prometheus-client), one registry per app.
 
-Counters and histograms are updated on the event loop when a request ends (and per
-token for inter-token latency); gauges are read at scrape time from the engine, so an
+Counters and histograms of a request's end are updated on the engine thread as it ends,
+before its slot is released (so "slot idle" implies "counted"); inter-token latency on
+the event loop per token; gauges are read at scrape time from the engine, so an
 idle server always shows idle values. Names follow the Prometheus naming guide: prefix
 ``slotserve_``, base units (seconds, bytes), ``_total`` on counters, no request ids,
 slot ids or text in labels. docs/metrics.md lists every metric.
@@ -15,7 +16,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, Info, disab
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from engine.service import EngineService
+from engine import EngineService, RequestEnd
 
 LATENCY = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 80, 160)
 TOKEN_GAP = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 1, 2.5)
@@ -73,23 +74,22 @@ class Metrics:
     def describe_cache(self, config: dict[str, str]) -> None:
         self.cache_config.info(config)
 
-    def request_ended(
-        self, reason: str, n_prompt: int, n_cached: int, n_generated: int, t0: float, t_admit, t_first, t_end
-    ) -> None:
-        """One request that was submitted; times are time.monotonic() values (None: not reached)."""
-        self.requests.labels(reason).inc()
-        self.prompt_len.observe(n_prompt)
-        self.generation_len.observe(n_generated)
-        self.generation_tokens.inc(n_generated)
-        self.e2e.observe(t_end - t0)
-        if t_admit is not None:
-            self.prompt_tokens_computed.inc(n_prompt - n_cached)
-            self.prompt_tokens_cached.inc(n_cached)
-            self.queue_time.observe(max(0.0, t_admit - t0))
-        if t_first is not None:
-            self.ttft.observe(max(0.0, t_first - t0))
-            if t_admit is not None:
-                self.prefill_time.observe(max(0.0, t_first - t_admit))
+    def request_ended(self, end: RequestEnd) -> None:
+        """One submitted request ended (called on the engine thread before its slot is
+        released: prometheus-client's metrics are thread-safe)."""
+        self.requests.labels(end.outcome).inc()
+        self.prompt_len.observe(end.n_prompt)
+        self.generation_len.observe(end.n_generated)
+        self.generation_tokens.inc(end.n_generated)
+        self.e2e.observe(max(0.0, end.t_end - end.t_arrival))
+        if end.t_admit is not None:
+            self.prompt_tokens_computed.inc(end.n_prompt - end.n_cached)
+            self.prompt_tokens_cached.inc(end.n_cached)
+            self.queue_time.observe(max(0.0, end.t_admit - end.t_arrival))
+        if end.t_first is not None:
+            self.ttft.observe(max(0.0, end.t_first - end.t_arrival))
+            if end.t_admit is not None:
+                self.prefill_time.observe(max(0.0, end.t_first - end.t_admit))
 
     def http_status(self, status: int) -> None:
         if status >= 400:

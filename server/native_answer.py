@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 
-from engine.request import Delta, Progress
+from engine import Delta, Progress
 from server.run import Run
 from server.schemas import NativeCompletionRequest
 

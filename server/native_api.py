@@ -10,8 +10,7 @@ from fastapi import APIRouter
 from fastapi import Request as HTTPRequest
 from fastapi.responses import JSONResponse, Response
 
-from engine.request import check_token_ids
-from engine.service import SlotInfo
+from engine import SlotInfo, check_token_ids
 from server.chat_prompt import render_chat
 from server.errors import APIError
 from server.generation import (

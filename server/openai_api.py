@@ -11,9 +11,7 @@ from fastapi import APIRouter
 from fastapi import Request as HTTPRequest
 from fastapi.responses import JSONResponse, Response
 
-from engine import Engine
-from engine.request import Delta
-from engine.sequence import TokenLogprob
+from engine import Delta, Engine, TokenLogprob
 from server import __version__
 from server.chat_output import ChatAnswer
 from server.chat_prompt import chat_template, render_chat, uses_tools

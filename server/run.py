@@ -5,15 +5,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 from fastapi import Request as HTTPRequest
 
-from engine.request import Admitted, Delta, Failed, QueueFull, Request, RequestError, RequestEvent
-from engine.sequence import TokenLogprob
-from engine.service import EngineService
+from engine import Admitted, Delta, EngineService, Failed, QueueFull, Request, RequestError, RequestEvent, TokenLogprob
 from server.errors import APIError
 from server.state import ServerState
 
@@ -65,7 +62,7 @@ class Run:
         self._watch: asyncio.Task | None = None
         self._n_done = 0
         self._open = False
-        self.t0 = time.monotonic()  # arrival (same clock as the engine's event times)
+        self.t0 = req.t_arrival  # same clock as the engine's event times
         self._failed = False
         self._overflowed = False
         self._last_t: dict[int, float] = {}  # per choice: time of its last token
@@ -166,17 +163,6 @@ class Run:
         self.state.n_inflight -= 1
         if self.state.settings.log_prompts:
             self._log_text()
-        a = self.admitted
-        self.state.metrics.request_ended(
-            self.outcome,
-            len(self.req.prompt_ids),
-            a.n_cached if a else 0,
-            self.n_generated,
-            self.t0,
-            a.t if a else None,
-            self.t_first,
-            time.monotonic(),
-        )
 
     def _log_text(self) -> None:
         """--log-prompts: the request's text in the log (off by default: prompts and

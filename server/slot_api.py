@@ -18,9 +18,7 @@ from fastapi import APIRouter, Path, Query
 from fastapi import Request as HTTPRequest
 from pydantic import BaseModel, ConfigDict, Field
 
-from engine.errors import SlotBusy
-from engine.service import EngineService
-from engine.slot_files import MAX_NAME_CHARS, NAME_PATTERN, SlotFiles
+from engine import MAX_NAME_CHARS, NAME_PATTERN, EngineService, SlotBusy, SlotFiles
 from server import progress
 from server.errors import APIError
 from server.progress import ProgressLine

@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator
 
 from fastapi.responses import StreamingResponse
 
-from engine.request import Failed, RequestEvent
+from engine import Failed, RequestEvent
 from server.run import Run
 
 log = logging.getLogger("slotserve")

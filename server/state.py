@@ -8,10 +8,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from engine import EngineConfig
-from engine.errors import CheckpointError
-from engine.service import EngineService
-from engine.slot_files import SlotFiles
+from engine import CheckpointError, EngineConfig, EngineService, SlotFiles
 from server.errors import APIError
 from server.metrics import Metrics
 from server.progress import ProgressLine
@@ -38,6 +35,7 @@ class ServerState:
         self.slot_files = SlotFiles(settings.slot_save_path) if settings.slot_save_path is not None else None
         self._loader = threading.Thread(target=self._load, name="slotserve-loader", daemon=True)
         self._closing = threading.Event()
+        self._starting = threading.Lock()  # the loader's start of the engine thread vs close()
         self.load_progress = ProgressLine(f"loading {settings.model_name}")
         self.on_failed: Callable[[], None] | None = None  # serve(): end the process (the load cannot be retried)
 
@@ -66,9 +64,13 @@ class ServerState:
                 chat_template=s.template_spec,
             )
             engine = EngineService(config, self.slot_files, self.load_progress)
-            if self._closing.is_set():  # shut down while loading: start no engine thread
-                return
-            engine.start(self.loop, s.slot_prompt_similarity, s.max_queue, s.stall_timeout)
+            with self._starting:  # close() either sees this engine or stops the start
+                if self._closing.is_set():  # shut down while loading: start no engine thread
+                    return
+                engine.start(
+                    self.loop, s.slot_prompt_similarity, s.max_queue, s.stall_timeout, self.metrics.request_ended
+                )
+                self.engine = engine
         except Exception as exc:  # a bad checkpoint or setting: one clear line, then the process ends
             if s.verbose:
                 log.exception("loading the model failed")
@@ -78,7 +80,6 @@ class ServerState:
             if self.on_failed is not None:
                 self.on_failed()
             return
-        self.engine = engine
         self.metrics.describe_cache(engine.cache_config())
         if self.status == "loading":
             self.status = "ready"
@@ -96,8 +97,10 @@ class ServerState:
     def close(self, timeout: float = 30.0) -> bool:
         """Stop the engine thread at a step boundary and join it. True when no thread
         of ours is left inside torch (False: a load or a step is still running)."""
-        self._closing.set()
-        if self.engine is not None and not self.engine.stop(timeout):
+        with self._starting:
+            self._closing.set()
+            engine = self.engine
+        if engine is not None and not engine.stop(timeout):
             return False
         return not self._loader.is_alive()
 

@@ -4,9 +4,7 @@ llama-server's ``grammar`` and ``json_schema``, OpenAI's ``response_format``, vL
 
 from __future__ import annotations
 
-from engine.grammar import ANY_JSON_OBJECT, Constraint
-from engine.request import RequestError
-from engine.service import EngineService
+from engine import ANY_JSON_OBJECT, Constraint, EngineService, RequestError
 from server.schemas import SamplingFields
 
 

@@ -15,7 +15,7 @@ import json
 import uuid
 from dataclasses import dataclass
 
-from engine.grammar import JSON_OPTIONS
+from engine import JSON_OPTIONS
 from server.reasoning import held
 
 HERMES_OPEN, HERMES_CLOSE = "<tool_call>", "</tool_call>"

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from checkpoints import write_byte_tokenizer
 
-from engine.detokenizer import IncrementalDetokenizer, StopMatcher
-from engine.tokenizer import Tokenizer
+from engine.text.detokenizer import IncrementalDetokenizer, StopMatcher
+from engine.text.tokenizer import Tokenizer
 
 
 def test_never_emits_half_a_character(tmp_path):
     write_byte_tokenizer(tmp_path)
-    tok = Tokenizer(tmp_path)
+    tok = Tokenizer.from_folder(tmp_path)
     text = "a€b😀c"
     ids = tok.encode(text)
     assert len(ids) == len(text.encode())  # one token per byte

@@ -24,7 +24,7 @@ from safetensors.torch import load_file, save_file
 
 from engine import DEMO_MODEL, Engine, SamplingParams
 from engine.errors import CheckpointError
-from engine.gguf_checkpoint import GGUFCheckpoint
+from engine.loading.gguf.checkpoint import GGUFCheckpoint
 
 PROMPTS = ["def fibonacci(n):", "import os\n\n", "class Stack:\n    def push(self, item):"]
 N_NEW = 24
@@ -161,7 +161,7 @@ def test_what_cannot_be_served_is_a_clear_error(tmp_path):
 RSS_PROBE = """
 import gc, math, sys
 from engine import DEMO_MODEL, Engine
-from engine.gguf_checkpoint import GGUFCheckpoint
+from engine.loading.gguf.checkpoint import GGUFCheckpoint
 def status(key):
     with open("/proc/self/status") as f:
         return next(int(line.split()[1]) * 1024 for line in f if line.startswith(key + ":"))

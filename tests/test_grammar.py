@@ -11,7 +11,7 @@ import jsonschema
 import pytest
 
 from engine import DEMO_MODEL, Engine, SamplingParams
-from engine.request import RequestError
+from engine.errors import RequestError
 
 PERSON = {
     "type": "object",

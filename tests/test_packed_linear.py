@@ -8,8 +8,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine.models import packed_linear
-from engine.models.packed_linear import CHUNK_ROWS, EXACT_ROWS, PackedLinear, onednn_available
+from engine.kernels import packed_linear
+from engine.kernels.packed_linear import CHUNK_ROWS, EXACT_ROWS, PackedLinear, onednn_available
 
 pytestmark = pytest.mark.skipif(not onednn_available(), reason="oneDNN linear not in this torch build")
 

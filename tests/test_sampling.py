@@ -8,7 +8,7 @@ import torch
 from checkpoints import make_checkpoint
 
 from engine import Engine, SamplingParams
-from engine.sampler import SampleRow, sample, uniform
+from engine.sampling.sampler import SampleRow, sample, uniform
 
 V = 50
 

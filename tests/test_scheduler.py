@@ -10,8 +10,8 @@ import pytest
 from checkpoints import make_checkpoint
 
 from engine import Engine, SamplingParams
-from engine.request import Admitted, Delta, Failed, Request
-from engine.scheduler import Scheduler
+from engine.scheduling.request import Admitted, Delta, Failed, Request
+from engine.scheduling.scheduler import Scheduler
 
 
 class Collector:

@@ -14,8 +14,8 @@ import httpx
 import pytest
 from server_proc import InProcessServer, metric, wait_for
 
-from engine import slot_io
-from engine.runner import ModelRunner
+from engine.core.runner import ModelRunner
+from engine.scheduling import slot_io
 
 FAULT = [3, 1, 4, 1, 5, 9, 2, 6]  # a prompt (token ids) whose steps the patched forward fails
 STALL = [2, 7, 1, 8, 2, 8]  # ... whose step the patched forward holds until released

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from engine.slots import SlotTable, common_prefix
+from engine.scheduling.slots import SlotTable, common_prefix
 
 
 def test_common_prefix():

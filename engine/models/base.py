@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from engine.errors import CheckpointError
-from engine.model_config import ModelConfig
+from engine.models.config import ModelConfig
 from engine.models.layers import AttentionShape, DecoderLayer, RMSNorm
 from engine.models.rope import Rotary, rotate
 from memory import ForwardView, FullAttentionSpec, LayerSpec, SlidingWindowSpec

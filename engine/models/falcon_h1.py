@@ -18,11 +18,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine.model_config import ModelConfig
 from engine.models.base import DecoderLM
+from engine.models.config import ModelConfig
 from engine.models.layers import RMSNorm
 from engine.models.mamba2 import Mamba2Mixer, SSMShape
-from engine.models.registry import register
 from engine.models.rope import Rotary, rotate
 from memory import ForwardView, FullAttentionSpec, LayerSpec
 
@@ -85,7 +84,6 @@ class FalconH1Layer(nn.Module):
         return x + self.feed_forward(self.pre_ff_layernorm(x))
 
 
-@register("FalconH1ForCausalLM")
 class FalconH1ForCausalLM(DecoderLM):
     def __init__(self, cfg: ModelConfig):
         nn.Module.__init__(self)

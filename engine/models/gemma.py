@@ -17,10 +17,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine.model_config import ModelConfig
 from engine.models.base import DecoderLM
+from engine.models.config import ModelConfig
 from engine.models.layers import AttentionShape
-from engine.models.registry import register
 from engine.models.rope import Rotary, rotate
 from memory import ForwardView
 
@@ -148,11 +147,9 @@ class GemmaLM(DecoderLM):
         return logits
 
 
-@register("Gemma2ForCausalLM")
 class Gemma2ForCausalLM(GemmaLM):
     pass
 
 
-@register("Gemma3ForCausalLM")
 class Gemma3ForCausalLM(GemmaLM):
     qk_norm = True

@@ -27,9 +27,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine.model_config import ModelConfig
 from engine.models.base import DecoderLM
-from engine.models.registry import register
+from engine.models.config import ModelConfig
 from engine.models.rope import Rotary, rotate
 from memory import ForwardView, FullAttentionSpec, LayerSpec, ReuseSpec, SlidingWindowSpec
 
@@ -185,7 +184,6 @@ def sharing_targets(layer_types: tuple[str, ...], n_shared: int) -> dict[int, in
     return {i: last[layer_types[i]] for i in range(first, len(layer_types))}
 
 
-@register("Gemma3nForCausalLM")
 class Gemma3nForCausalLM(DecoderLM):
     def __init__(self, cfg: ModelConfig):
         nn.Module.__init__(self)

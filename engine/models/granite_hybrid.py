@@ -17,12 +17,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.errors import CheckpointError
-from engine.model_config import ModelConfig
 from engine.models.base import DecoderLM
+from engine.models.config import ModelConfig
 from engine.models.layers import RMSNorm
 from engine.models.mamba2 import Mamba2Mixer, SSMShape
 from engine.models.moe import SparseMoE
-from engine.models.registry import register
 from engine.models.rope import Rotary, rotate
 from memory import ForwardView, FullAttentionSpec, LayerSpec
 
@@ -89,7 +88,6 @@ class GraniteHybridLayer(nn.Module):
         return x + mlp * self.residual
 
 
-@register("GraniteMoeHybridForCausalLM")
 class GraniteMoeHybridForCausalLM(DecoderLM):
     def __init__(self, cfg: ModelConfig):
         nn.Module.__init__(self)

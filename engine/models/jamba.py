@@ -21,10 +21,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.errors import CheckpointError
-from engine.model_config import ModelConfig
 from engine.models.base import DecoderLM
+from engine.models.config import ModelConfig
 from engine.models.layers import RMSNorm
-from engine.models.registry import register
 from engine.models.ssm import conv_step, conv_window, each_sequence, selective_scan, selective_step
 from memory import ForwardView, FullAttentionSpec, LayerSpec
 from memory.spec import RecurrentSpec
@@ -170,7 +169,6 @@ class JambaLayer(nn.Module):
         return x + self.feed_forward(self.pre_ff_layernorm(x))
 
 
-@register("JambaForCausalLM")
 class JambaForCausalLM(DecoderLM):
     def __init__(self, cfg: ModelConfig):
         nn.Module.__init__(self)

@@ -17,10 +17,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.errors import CheckpointError
-from engine.model_config import ModelConfig
 from engine.models.base import DecoderLM
+from engine.models.config import ModelConfig
 from engine.models.layers import RMSNorm
-from engine.models.registry import register
 from engine.models.ssm import conv_step, conv_window, each_sequence, gated_group_rms_norm, ssd_scan, ssd_step
 from memory import ForwardView, LayerSpec
 from memory.spec import RecurrentSpec
@@ -174,7 +173,6 @@ class Mamba2Block(nn.Module):
         return x + self.mixer(self.norm(x), view)
 
 
-@register("Mamba2ForCausalLM")
 class Mamba2ForCausalLM(DecoderLM):
     def __init__(self, cfg: ModelConfig):
         nn.Module.__init__(self)

@@ -2,9 +2,7 @@
 memory gives those layers a sliding-window cache, see memory/sliding_kv.py)."""
 
 from engine.models.base import DecoderLM
-from engine.models.registry import register
 
 
-@register("MistralForCausalLM")
 class MistralForCausalLM(DecoderLM):
     qkv_bias = False

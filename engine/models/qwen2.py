@@ -1,9 +1,7 @@
 """Qwen2: Llama with a bias on the q, k and v projections (none on o)."""
 
 from engine.models.base import DecoderLM
-from engine.models.registry import register
 
 
-@register("Qwen2ForCausalLM")
 class Qwen2ForCausalLM(DecoderLM):
     qkv_bias = True

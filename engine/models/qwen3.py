@@ -1,9 +1,7 @@
 """Qwen3: Llama with per-head RMSNorm on queries and keys before rotation."""
 
 from engine.models.base import DecoderLM
-from engine.models.registry import register
 
 
-@register("Qwen3ForCausalLM")
 class Qwen3ForCausalLM(DecoderLM):
     qk_norm = True

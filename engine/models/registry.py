@@ -1,16 +1,37 @@
-"""``architectures[0]`` -> model class. Model files register themselves on import."""
+"""``architectures[0]`` (or ``model_type``) -> model class: one table, read by loading."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from engine.errors import UnsupportedArchitecture
+from engine.models.base import DecoderLM
+from engine.models.falcon_h1 import FalconH1ForCausalLM
+from engine.models.gemma import Gemma2ForCausalLM, Gemma3ForCausalLM
+from engine.models.gemma3n import Gemma3nForCausalLM
+from engine.models.granite_hybrid import GraniteMoeHybridForCausalLM
+from engine.models.jamba import JambaForCausalLM
+from engine.models.llama import LlamaForCausalLM
+from engine.models.mamba2 import Mamba2ForCausalLM
+from engine.models.mistral import MistralForCausalLM
+from engine.models.qwen2 import Qwen2ForCausalLM
+from engine.models.qwen3 import Qwen3ForCausalLM
 
-if TYPE_CHECKING:
-    from engine.models.base import DecoderLM
-
-MODELS: dict[str, type[DecoderLM]] = {}
-MODEL_TYPES = {
+MODELS: dict[str, type[DecoderLM]] = {
+    cls.__name__: cls
+    for cls in (
+        LlamaForCausalLM,
+        Qwen2ForCausalLM,
+        Qwen3ForCausalLM,
+        MistralForCausalLM,
+        Gemma2ForCausalLM,
+        Gemma3ForCausalLM,
+        Gemma3nForCausalLM,
+        Mamba2ForCausalLM,
+        GraniteMoeHybridForCausalLM,
+        FalconH1ForCausalLM,
+        JambaForCausalLM,
+    )
+}
+MODEL_TYPES = {  # config.json's model_type -> the class name
     "llama": "LlamaForCausalLM",
     "qwen2": "Qwen2ForCausalLM",
     "qwen3": "Qwen3ForCausalLM",
@@ -25,17 +46,8 @@ MODEL_TYPES = {
 }
 
 
-def register(name: str):
-    def deco(cls):
-        MODELS[name] = cls
-        return cls
-
-    return deco
-
-
 def model_class(architecture: str, source: str = "config.json") -> type[DecoderLM]:
-    import engine.models  # noqa: F401  (registers every architecture)
-
+    """Raises UnsupportedArchitecture naming the supported ones."""
     name = MODEL_TYPES.get(architecture, architecture)
     if name not in MODELS:
         raise UnsupportedArchitecture(

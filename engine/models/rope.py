@@ -8,7 +8,7 @@ import math
 
 import torch
 
-from engine.model_config import RopeConfig
+from engine.models.config import RopeConfig
 
 
 def _default_inv_freq(theta: float, dim: int) -> torch.Tensor:

@@ -165,7 +165,7 @@ def test_built_in_templates_props_and_template_variables(srv):
 
 
 def test_named_templates_render_their_family(tmp_path):
-    from engine.chat_template import ChatTemplate, builtin_names, resolve_template
+    from engine.text.chat_template import ChatTemplate, builtin_names, resolve_template
 
     markers = {"llama3": "<|start_header_id|>", "mistral": "[INST]", "gemma": "<start_of_turn>", "phi3": "<|user|>"}
     for name, marker in markers.items():

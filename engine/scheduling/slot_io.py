@@ -5,7 +5,7 @@ a step boundary and restore/erase run while the slot is idle."""
 from __future__ import annotations
 
 from engine.errors import SlotBusy
-from engine.task_board import TaskBoard
+from engine.scheduling.task_board import TaskBoard
 from memory import CacheFull, SeqState
 
 

@@ -11,8 +11,8 @@ from typing import Any
 
 from tokenizers import Tokenizer as HFTokenizer
 
-from engine.chat_template import ChatTemplate
 from engine.errors import CheckpointError
+from engine.text.chat_template import ChatTemplate
 
 
 def _read_json(path: Path, required: bool) -> dict[str, Any]:
@@ -67,7 +67,29 @@ class TokenizeError(ValueError):
 
 
 class Tokenizer:
-    def __init__(self, folder: Path, config_eos: tuple[int, ...] = ()):
+    def __init__(
+        self,
+        hf: HFTokenizer,
+        bos_token: str | None = None,
+        eos_token: str | None = None,
+        add_bos: bool = False,
+        eos_ids: set[int] | frozenset[int] = frozenset(),
+        template: str | None = None,
+    ):
+        """``eos_ids``: the ids that end generation (``eos_token``'s id is added)."""
+        self.hf = hf
+        self.bos_token, self.eos_token, self.add_bos = bos_token, eos_token, add_bos
+        self.bos_id = self.hf.token_to_id(self.bos_token) if self.bos_token else None
+        eos = set(eos_ids)
+        if self.eos_token and self.hf.token_to_id(self.eos_token) is not None:
+            eos.add(self.hf.token_to_id(self.eos_token))
+        self.eos_ids = frozenset(int(x) for x in eos)
+        self.chat_template = ChatTemplate(template, self._specials) if template else None
+
+    @classmethod
+    def from_folder(cls, folder: Path, config_eos: tuple[int, ...] = ()) -> Tokenizer:
+        """A Hugging Face folder's tokenizer.json, with tokenizer_config.json's special
+        tokens and template and generation_config.json's EOS ids. Raises CheckpointError."""
         path = folder / "tokenizer.json"
         if not path.is_file():
             raise CheckpointError(f"{path}: file not found")
@@ -82,38 +104,7 @@ class Tokenizer:
         eos.update([gen_eos] if isinstance(gen_eos, int) else (gen_eos or []))
         bos_token, eos_token = _token_text(tok_cfg.get("bos_token")), _token_text(tok_cfg.get("eos_token"))
         add_bos = bool(tok_cfg.get("add_bos_token", False))
-        self._setup(hf, bos_token, eos_token, add_bos, eos, _template_source(folder, tok_cfg))
-
-    @classmethod
-    def from_gguf(cls, checkpoint) -> Tokenizer:
-        """The tokenizer of a GGUF file (engine.gguf_checkpoint.GGUFCheckpoint): rebuilt
-        from its metadata, with its special tokens, ``add_bos`` and chat template."""
-        from engine.gguf_tokenizer import build_tokenizer
-
-        fields = checkpoint.fields
-        hf = build_tokenizer(fields, str(checkpoint.path))
-        tokens = fields.get("tokenizer.ggml.tokens") or []
-
-        def text(key: str) -> str | None:
-            i = fields.get(key)
-            return tokens[i] if isinstance(i, int) and 0 <= i < len(tokens) else None
-
-        keys = ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id")
-        eos = {fields[k] for k in keys if isinstance(fields.get(k), int)}
-        self = cls.__new__(cls)
-        add_bos = bool(fields.get("tokenizer.ggml.add_bos_token", False))
-        bos, eos_text = text("tokenizer.ggml.bos_token_id"), text("tokenizer.ggml.eos_token_id")
-        self._setup(hf, bos, eos_text, add_bos, eos, fields.get("tokenizer.chat_template"))
-        return self
-
-    def _setup(self, hf: HFTokenizer, bos_token: str | None, eos_token: str | None, add_bos: bool, eos, template):
-        self.hf = hf
-        self.bos_token, self.eos_token, self.add_bos = bos_token, eos_token, add_bos
-        self.bos_id = self.hf.token_to_id(self.bos_token) if self.bos_token else None
-        if self.eos_token and self.hf.token_to_id(self.eos_token) is not None:
-            eos.add(self.hf.token_to_id(self.eos_token))
-        self.eos_ids = frozenset(int(x) for x in eos)
-        self.chat_template = ChatTemplate(template, self._specials) if template else None
+        return cls(hf, bos_token, eos_token, add_bos, eos, _template_source(folder, tok_cfg))
 
     @property
     def _specials(self) -> dict[str, str | None]:

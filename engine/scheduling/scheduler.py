@@ -22,11 +22,11 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from engine.engine import Engine
-from engine.errors import EngineStopped, SlotBusy, StepFailed
-from engine.request import Failed, QueueFull, Request, RequestError, RequestEvent, check_token_ids
-from engine.slots import SlotTable
-from engine.task_board import Sink, Task, TaskBoard
+from engine.core.engine import Engine
+from engine.errors import EngineStopped, QueueFull, RequestError, SlotBusy, StepFailed, check_token_ids
+from engine.scheduling.request import Failed, Request, RequestEnd, RequestEvent
+from engine.scheduling.slots import SlotTable
+from engine.scheduling.task_board import Sink, Task, TaskBoard
 from memory import CacheFull
 
 log = logging.getLogger("slotserve.scheduler")
@@ -86,7 +86,10 @@ class Scheduler:
         max_queue: int = 256,
         stall_timeout: float = 60.0,
         loop: asyncio.AbstractEventLoop | None = None,
+        on_end: Callable[[RequestEnd], None] | None = None,
     ):
+        """``on_end``: told of every request's end, on the engine thread, before its last
+        slot is released (see TaskBoard)."""
         self.engine = engine
         self.loop = loop
         self._outbox: list[tuple[Sink, RequestEvent]] = []  # engine thread only
@@ -100,7 +103,7 @@ class Scheduler:
         self._calls: deque[_Call] = deque()  # guarded by _cv
         self._deferred: list[_Call] = []  # calls waiting for their slot to be idle (engine thread only)
         self._n_waiting = 0  # queued, not yet in a slot (guarded by _cv)
-        self.board = TaskBoard(engine, self.table, self._emit)  # engine thread only
+        self.board = TaskBoard(engine, self.table, self._emit, on_end)  # engine thread only
         self._stop = False
         self._busy_since: float | None = None
         self.n_faults = 0

@@ -15,7 +15,7 @@ from typing import NamedTuple
 
 import torch
 
-from engine.sampling_params import SamplingParams
+from engine.sampling.params import SamplingParams
 
 _M32 = 0xFFFFFFFF
 

@@ -10,10 +10,10 @@ import torch
 from safetensors import SafetensorError, safe_open
 
 from engine.errors import CheckpointError
-from engine.gguf_checkpoint import GGUFCheckpoint
-from engine.model_config import ModelConfig
-from engine.models import model_class
+from engine.loading.gguf.checkpoint import GGUFCheckpoint
 from engine.models.base import DecoderLM
+from engine.models.config import ModelConfig
+from engine.models.registry import model_class
 
 INDEX = "model.safetensors.index.json"
 

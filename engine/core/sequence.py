@@ -5,8 +5,8 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
-from engine.detokenizer import IncrementalDetokenizer, StopMatcher
-from engine.sampling_params import SamplingParams
+from engine.sampling.params import SamplingParams
+from engine.text.detokenizer import IncrementalDetokenizer, StopMatcher
 
 
 class FinishReason(enum.StrEnum):

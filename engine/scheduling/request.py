@@ -2,18 +2,18 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
-from engine.sampling_params import SamplingParams
-from engine.sequence import TokenLogprob
+from engine.core.sequence import TokenLogprob
+from engine.sampling.params import SamplingParams
 
 
 @dataclass(eq=False)
 class Request:
     """``n`` choices of one prompt. ``id_slot``: pin the (first) choice to that slot.
     ``cache_prompt``: reuse a cached prefix. ``n_keep``: prompt tokens a context shift
-    never drops. ``max_tokens_given``: False when the client left the limit open (the
-    context check then covers the prompt only)."""
+    never drops. ``t_arrival``: when the server received it (``time.monotonic``)."""
 
     prompt_ids: list[int]
     params: SamplingParams
@@ -21,29 +21,9 @@ class Request:
     id_slot: int | None = None
     cache_prompt: bool = True
     n_keep: int = 0
-    max_tokens_given: bool = True
     progress: bool = False  # send Progress events while the prompt is computed
+    t_arrival: float = field(default_factory=time.monotonic)
     id: int = -1  # set by the scheduler
-
-
-class RequestError(ValueError):
-    """A request the scheduler refuses before queueing it (a client error)."""
-
-    def __init__(self, message: str, type_: str = "invalid_request_error", **extra):
-        super().__init__(message)
-        self.type = type_
-        self.extra = extra
-
-
-def check_token_ids(ids: list[int], vocab: int, field: str = "prompt") -> None:
-    """The one range check of client token ids: RequestError (a 400) naming the field."""
-    bad = next((t for t in ids if not 0 <= t < vocab), None)
-    if bad is not None:
-        raise RequestError(f"{field}: token ids must be in [0, {vocab}), got {bad}", code="invalid_token_id")
-
-
-class QueueFull(RuntimeError):
-    """The waiting queue is at ``max_queue``: retry later."""
 
 
 @dataclass
@@ -96,3 +76,20 @@ class Failed:
 
 
 RequestEvent = Admitted | Progress | Delta | Failed
+
+
+@dataclass(frozen=True)
+class RequestEnd:
+    """A submitted request ended, told on the engine thread before its last slot is
+    released (so a slot seen idle means its request was counted). ``outcome``: stop or
+    length (the first choice's reason), abort (cancelled, or the client left) or error.
+    Times are ``time.monotonic`` values; None where the request never got that far."""
+
+    outcome: str
+    n_prompt: int
+    n_cached: int
+    n_generated: int
+    t_arrival: float
+    t_admit: float | None
+    t_first: float | None
+    t_end: float

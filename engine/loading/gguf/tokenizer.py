@@ -13,6 +13,7 @@ from typing import Any
 from tokenizers import Tokenizer as HFTokenizer
 
 from engine.errors import CheckpointError
+from engine.text.tokenizer import Tokenizer
 
 NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6  # llama.cpp's token types
 
@@ -141,3 +142,21 @@ def _sentencepiece_spec(fields: dict[str, Any], tokens: list[str], types: list[i
     }
     added = _added(tokens, types, (UNKNOWN, CONTROL, USER_DEFINED))
     return _spec(added, metaspace, {"type": "Sequence", "decoders": steps}, model)
+
+
+def gguf_tokenizer(checkpoint) -> Tokenizer:
+    """The tokenizer of a GGUF file (``GGUFCheckpoint``): rebuilt from its metadata,
+    with its special tokens, ``add_bos`` and chat template."""
+    fields = checkpoint.fields
+    hf = build_tokenizer(fields, str(checkpoint.path))
+    tokens = fields.get("tokenizer.ggml.tokens") or []
+
+    def text(key: str) -> str | None:
+        i = fields.get(key)
+        return tokens[i] if isinstance(i, int) and 0 <= i < len(tokens) else None
+
+    keys = ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id")
+    eos = {fields[k] for k in keys if isinstance(fields.get(k), int)}
+    add_bos = bool(fields.get("tokenizer.ggml.add_bos_token", False))
+    bos, eos_text = text("tokenizer.ggml.bos_token_id"), text("tokenizer.ggml.eos_token_id")
+    return Tokenizer(hf, bos, eos_text, add_bos, eos, fields.get("tokenizer.chat_template"))

@@ -8,7 +8,7 @@ import hashlib
 import torch
 from torch import nn
 
-from engine.model_config import ModelConfig
+from engine.models.config import ModelConfig
 
 _SAMPLE = 512  # elements read from the start, middle and end of each parameter
 

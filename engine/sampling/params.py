@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from engine.grammar import Constraint
+    from engine.sampling.grammar import Constraint
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from engine.errors import CheckpointError
-from engine.gguf_archs import ARCHITECTURES, gguf_name
+from engine.loading.gguf.archs import ARCHITECTURES, gguf_name
 
 DEQUANTIZED = {
     gguf.GGMLQuantizationType.F32,

@@ -14,10 +14,10 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from engine.engine import Engine
-from engine.request import Admitted, Delta, Failed, Progress, Request, RequestEvent
-from engine.sequence import Sequence, StepEvent
-from engine.slots import Slot, SlotTable, common_prefix
+from engine.core.engine import Engine
+from engine.core.sequence import Sequence, StepEvent
+from engine.scheduling.request import Admitted, Delta, Failed, Progress, Request, RequestEnd, RequestEvent
+from engine.scheduling.slots import Slot, SlotTable, common_prefix
 from memory import CacheFull
 
 log = logging.getLogger("slotserve.scheduler")
@@ -32,13 +32,25 @@ class Task:
     seqs: list[Sequence | None] = dataclasses.field(default_factory=list)
     n_done: int = 0
     n_cached: int = 0  # prompt tokens reused from the cache
+    t_admit: float | None = None
+    t_first: float | None = None  # the first token of any choice
+    ended: bool = False  # told to ``on_end`` (once)
 
 
 class TaskBoard:
-    def __init__(self, engine: Engine, table: SlotTable, emit: Callable[[Task, RequestEvent], None]):
+    def __init__(
+        self,
+        engine: Engine,
+        table: SlotTable,
+        emit: Callable[[Task, RequestEvent], None],
+        on_end: Callable[[RequestEnd], None] | None = None,
+    ):
+        """``on_end`` hears of every task's end (on this thread), before its last slot
+        is released."""
         self.engine = engine
         self.table = table
         self.emit = emit
+        self.on_end = on_end
         self.waiting: deque[Task] = deque()
         self.active: dict[int, Task] = {}  # by request id
         self._by_seq: dict[Sequence, tuple[Task, int]] = {}
@@ -81,8 +93,8 @@ class TaskBoard:
             self.fail(task, Failed(str(exc), "invalid_request_error", 400))
             return
         self._track(task, 0, seq)
-        task.n_cached = seq.n_computed
-        self.emit(task, Admitted([s.id for s in slots], len(req.prompt_ids), seq.n_computed, time.monotonic()))
+        task.n_cached, task.t_admit = seq.n_computed, time.monotonic()
+        self.emit(task, Admitted([s.id for s in slots], len(req.prompt_ids), seq.n_computed, task.t_admit))
 
     def _reuse_prefix(self, slot: Slot, req: Request) -> int:
         """Tokens of the prompt the slot holds after keeping its own prefix or copying a
@@ -130,7 +142,9 @@ class TaskBoard:
         """Fail every request still waiting for a slot; returns how many."""
         n = len(self.waiting)
         while self.waiting:
-            self.emit(self.waiting.popleft(), failure)
+            task = self.waiting.popleft()
+            self._report(task, "error")
+            self.emit(task, failure)
         return n
 
     def seq_of(self, slot: Slot) -> tuple[Task | None, Sequence | None]:
@@ -154,6 +168,8 @@ class TaskBoard:
         logprob = seq.logprobs[-1] if event.token_id is not None and seq.logprobs else None
         reason = seq.finish_reason.value if event.finished else None
         delta = Delta(index, event.token_id, event.text, logprob, event.finished, time.monotonic(), reason)
+        if event.token_id is not None and task.t_first is None:
+            task.t_first = delta.t
         delta.stop_word, delta.n_generated = seq.stop_string, len(seq.output_ids)
         delta.truncated = seq.n_shifted > 0
         self.emit(task, delta)
@@ -177,10 +193,26 @@ class TaskBoard:
     def _end_choice(self, task: Task, index: int) -> None:
         seq = task.seqs[index]
         self._by_seq.pop(seq, None)
-        self.table.release(task.slots[index], seq.tokens[: seq.n_computed])
         task.n_done += 1
-        if task.n_done == task.req.n:
+        if task.n_done == task.req.n:  # counted before the slot turns idle
             self.active.pop(task.req.id, None)
+            self._report(task, _outcome(task))
+        self.table.release(task.slots[index], seq.tokens[: seq.n_computed])
+
+    def _report(self, task: Task, outcome: str) -> None:
+        if task.ended or self.on_end is None:
+            task.ended = True
+            return
+        task.ended = True
+        n_generated = sum(len(s.output_ids) for s in task.seqs if s is not None)
+        req, t_end = task.req, time.monotonic()
+        end = RequestEnd(
+            outcome, len(req.prompt_ids), task.n_cached, n_generated, req.t_arrival, task.t_admit, task.t_first, t_end
+        )
+        try:
+            self.on_end(end)
+        except Exception:  # a broken listener must not break the board
+            log.exception("request-end listener failed")
 
     def cancel(self, id_task: int) -> int:
         """Drop the task, waiting or running (its slots keep their caches); returns how
@@ -189,9 +221,11 @@ class TaskBoard:
         for task in list(self.waiting):
             if task.req.id == id_task:
                 self.waiting.remove(task)
+                self._report(task, "abort")
                 n += 1
         task = self.active.pop(id_task, None)
         if task is not None:
+            self._report(task, "abort")
             self._release_all(task)
         return n
 
@@ -215,6 +249,7 @@ class TaskBoard:
             self.fail(task, failure)
 
     def fail(self, task: Task, failure: Failed) -> None:
+        self._report(task, "error")
         self._release_all(task)
         for slot in task.slots:  # the cache of a failed request is not trusted for reuse
             if not slot.busy:
@@ -234,3 +269,9 @@ class TaskBoard:
         if newest is not None:
             log.warning("KV cache full: failing request %d", newest.req.id)
             self.fail(newest, Failed("the KV cache is full; retry later", "unavailable_error", 503))
+
+
+def _outcome(task: Task) -> str:
+    """stop or length: the first choice's reason; abort when a choice did not finish."""
+    reasons = [s.finish_reason.value if s is not None and s.finish_reason else None for s in task.seqs]
+    return reasons[0] if None not in reasons and reasons[0] in ("stop", "length") else "abort"

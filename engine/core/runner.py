@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
+from engine.core.planner import Chunk
 from engine.models.base import DecoderLM
-from engine.planner import Chunk
 from memory import Memory, MemoryBatch
 
 

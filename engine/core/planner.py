@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from engine.sequence import Sequence
+from engine.core.sequence import Sequence
 
 
 class Chunk(NamedTuple):

@@ -23,8 +23,8 @@ from typing import Any
 import llguidance as llg
 import torch
 
-from engine.request import RequestError
-from engine.tokenizer import Tokenizer
+from engine.errors import RequestError
+from engine.text.tokenizer import Tokenizer
 
 KINDS = ("gbnf", "lark", "json_schema", "regex", "choice")
 JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}

@@ -11,12 +11,22 @@ import math
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 
-if TYPE_CHECKING:
-    from engine.gguf_checkpoint import GGUFCheckpoint
+
+class GGUFMetadata(Protocol):
+    """What an architecture reads of a GGUF file (``GGUFCheckpoint`` is one)."""
+
+    arch: str
+    tensors: dict[str, tuple]  # name -> (type, row-major shape, offset, bytes)
+
+    def get(self, key: str, default: Any = None) -> Any: ...
+
+    @property
+    def vocab_size(self) -> int: ...
+
 
 Read = Callable[[str], torch.Tensor]  # GGUF tensor name -> tensor (row-major, float)
 
@@ -24,13 +34,13 @@ Read = Callable[[str], torch.Tensor]  # GGUF tensor name -> tensor (row-major, f
 @dataclass(frozen=True)
 class GGUFArch:
     hf_class: str
-    config: Callable[[GGUFCheckpoint], dict]
+    config: Callable[[GGUFMetadata], dict]
     # (checkpoint, HF name, GGUF name the table gives, read) -> the HF tensor, or None
     # where the plain renamed tensor is right
-    tensor: Callable[[GGUFCheckpoint, str, str, Read], torch.Tensor | None] | None = None
+    tensor: Callable[[GGUFMetadata, str, str, Read], torch.Tensor | None] | None = None
 
 
-def _kv_heads(ck: GGUFCheckpoint) -> list[int]:
+def _kv_heads(ck: GGUFMetadata) -> list[int]:
     """Per-layer KV head count (hybrids write 0 for recurrent layers)."""
     n = ck.get(f"{ck.arch}.attention.head_count_kv")
     heads = ck.get(f"{ck.arch}.attention.head_count") or 0
@@ -40,7 +50,7 @@ def _kv_heads(ck: GGUFCheckpoint) -> list[int]:
     return [int(n if n is not None else heads)] * layers
 
 
-def _base(ck: GGUFCheckpoint, model_type: str) -> dict:
+def _base(ck: GGUFMetadata, model_type: str) -> dict:
     a = ck.arch
     n_head = ck.get(f"{a}.attention.head_count") or 0
     hidden = ck.get(f"{a}.embedding_length")
@@ -70,8 +80,8 @@ def _base(ck: GGUFCheckpoint, model_type: str) -> dict:
     return {k: v for k, v in cfg.items() if v is not None}
 
 
-def _llama_like(model_type: str) -> Callable[[GGUFCheckpoint], dict]:
-    def config(ck: GGUFCheckpoint) -> dict:
+def _llama_like(model_type: str) -> Callable[[GGUFMetadata], dict]:
+    def config(ck: GGUFMetadata) -> dict:
         cfg = _base(ck, model_type)
         window = ck.get(f"{ck.arch}.attention.sliding_window")
         if window:
@@ -81,13 +91,13 @@ def _llama_like(model_type: str) -> Callable[[GGUFCheckpoint], dict]:
     return config
 
 
-def _gemma(model_type: str) -> Callable[[GGUFCheckpoint], dict]:
+def _gemma(model_type: str) -> Callable[[GGUFMetadata], dict]:
     """Gemma 2 and 3. The file does not say which layers slide nor the query scale:
     llama.cpp's rules stand in (Gemma 2 alternates, Gemma 3 makes every 6th layer
     global unless a pattern is given; the scale is 1/sqrt(head_dim), or
     1/sqrt(hidden/heads) for the 27B models, 46 and 62 layers)."""
 
-    def config(ck: GGUFCheckpoint) -> dict:
+    def config(ck: GGUFMetadata) -> dict:
         a = ck.arch
         cfg = _base(ck, model_type)
         n = cfg["num_hidden_layers"]
@@ -114,7 +124,7 @@ def _gemma(model_type: str) -> Callable[[GGUFCheckpoint], dict]:
     return config
 
 
-def _gemma3n(ck: GGUFCheckpoint) -> dict:
+def _gemma3n(ck: GGUFMetadata) -> dict:
     a = ck.arch
     cfg = _gemma("gemma3n_text")(ck)
     del cfg["query_pre_attn_scalar"]  # Gemma 3n does not scale queries (its q/k norms do)
@@ -132,7 +142,7 @@ def _gemma3n(ck: GGUFCheckpoint) -> dict:
     return cfg
 
 
-def _ssm(ck: GGUFCheckpoint, prefix: str) -> dict:
+def _ssm(ck: GGUFMetadata, prefix: str) -> dict:
     """Mamba2 mixer fields (``prefix``: "" for Mamba2, "mamba_" for the hybrids)."""
     a = ck.arch
     inner, heads = ck.get(f"{a}.ssm.inner_size"), ck.get(f"{a}.ssm.time_step_rank")
@@ -149,7 +159,7 @@ def _ssm(ck: GGUFCheckpoint, prefix: str) -> dict:
     }
 
 
-def _mamba2(ck: GGUFCheckpoint) -> dict:
+def _mamba2(ck: GGUFMetadata) -> dict:
     a = ck.arch
     return {
         "architectures": ["Mamba2ForCausalLM"],
@@ -164,7 +174,7 @@ def _mamba2(ck: GGUFCheckpoint) -> dict:
     }
 
 
-def _granite_hybrid(ck: GGUFCheckpoint) -> dict:
+def _granite_hybrid(ck: GGUFMetadata) -> dict:
     a = ck.arch
     cfg = {**_base(ck, "granitemoehybrid"), **_ssm(ck, "mamba_")}
     cfg["layer_types"] = ["attention" if k else "mamba" for k in _kv_heads(ck)]
@@ -180,7 +190,7 @@ def _granite_hybrid(ck: GGUFCheckpoint) -> dict:
     return cfg
 
 
-def _falcon_h1(ck: GGUFCheckpoint) -> dict:
+def _falcon_h1(ck: GGUFMetadata) -> dict:
     """The converter multiplies every muP multiplier into the weights: all stay 1 here."""
     cfg = {**_base(ck, "falcon_h1"), **_ssm(ck, "mamba_")}
     cfg["mamba_d_ssm"] = ck.get(f"{ck.arch}.ssm.inner_size")
@@ -196,7 +206,7 @@ def _every(layers: list[int], n: int) -> tuple[int, int]:
     return (layers[1] - layers[0] if len(layers) > 1 else n), layers[0]
 
 
-def _jamba(ck: GGUFCheckpoint) -> dict:
+def _jamba(ck: GGUFMetadata) -> dict:
     a = ck.arch
     cfg = _base(ck, "jamba")
     n = cfg["num_hidden_layers"]
@@ -231,7 +241,7 @@ def _layer(name: str) -> int:
     return int(re.search(r"\.(\d+)\.", name).group(1))
 
 
-def _rotary(ck: GGUFCheckpoint, found: str, read: Read) -> torch.Tensor | None:
+def _rotary(ck: GGUFMetadata, found: str, read: Read) -> torch.Tensor | None:
     if not found.endswith(("attn_q.weight", "attn_k.weight")):
         return None
     heads = ck.get(f"{ck.arch}.attention.head_count")
@@ -240,17 +250,17 @@ def _rotary(ck: GGUFCheckpoint, found: str, read: Read) -> torch.Tensor | None:
     return unpermute(read(found), heads)
 
 
-def _llama_tensor(ck: GGUFCheckpoint, hf_name: str, found: str, read: Read) -> torch.Tensor | None:
+def _llama_tensor(ck: GGUFMetadata, hf_name: str, found: str, read: Read) -> torch.Tensor | None:
     return _rotary(ck, found, read)
 
 
-def _gemma_tensor(ck: GGUFCheckpoint, hf_name: str, found: str, read: Read) -> torch.Tensor | None:
+def _gemma_tensor(ck: GGUFMetadata, hf_name: str, found: str, read: Read) -> torch.Tensor | None:
     if hf_name.endswith("norm.weight"):  # stored with the +1 that Gemma's RMSNorm adds
         return read(found) - 1.0
     return None
 
 
-def _ssm_tensor(ck: GGUFCheckpoint, hf_name: str, found: str, read: Read) -> torch.Tensor | None:
+def _ssm_tensor(ck: GGUFMetadata, hf_name: str, found: str, read: Read) -> torch.Tensor | None:
     """Mamba tensors: A back to A_log, conv weights to [channels, 1, kernel], the
     unsqueezed A and D and the grouped norm back to their shapes."""
     if found.endswith(("ssm_a", "ssm_d")):
@@ -264,7 +274,7 @@ def _ssm_tensor(ck: GGUFCheckpoint, hf_name: str, found: str, read: Read) -> tor
     return None
 
 
-def _granite_tensor(ck: GGUFCheckpoint, hf_name: str, found: str, read: Read) -> torch.Tensor | None:
+def _granite_tensor(ck: GGUFMetadata, hf_name: str, found: str, read: Read) -> torch.Tensor | None:
     i = _layer(hf_name) if ".layers." in hf_name else -1
     if hf_name.endswith("block_sparse_moe.input_linear.weight"):
         return torch.cat([read(f"blk.{i}.ffn_gate_exps.weight"), read(f"blk.{i}.ffn_up_exps.weight")], dim=1)
@@ -276,14 +286,14 @@ def _granite_tensor(ck: GGUFCheckpoint, hf_name: str, found: str, read: Read) ->
     return ssm if ssm is not None else _rotary(ck, found, read)
 
 
-def _gemma3n_tensor(ck: GGUFCheckpoint, hf_name: str, found: str, read: Read) -> torch.Tensor | None:
+def _gemma3n_tensor(ck: GGUFMetadata, hf_name: str, found: str, read: Read) -> torch.Tensor | None:
     stacked = re.match(r"model\.altup_(unembed_)?projections\.(\d+)\.weight$", hf_name)
     if stacked:  # the converter stacks the three projections into one tensor
         return read("altup_unembd_proj.weight" if stacked.group(1) else "altup_proj.weight")[int(stacked.group(2))]
     return None
 
 
-def _jamba_tensor(ck: GGUFCheckpoint, hf_name: str, found: str, read: Read) -> torch.Tensor | None:
+def _jamba_tensor(ck: GGUFMetadata, hf_name: str, found: str, read: Read) -> torch.Tensor | None:
     expert = re.search(r"\.(\d+)\.feed_forward\.experts\.(\d+)\.(gate|up|down)_proj\.weight$", hf_name)
     if expert:
         layer, x, kind = expert.groups()
@@ -291,7 +301,7 @@ def _jamba_tensor(ck: GGUFCheckpoint, hf_name: str, found: str, read: Read) -> t
     return _ssm_tensor(ck, hf_name, found, read)
 
 
-def gguf_name(ck: GGUFCheckpoint, names: Any, hf_name: str) -> str | None:
+def gguf_name(ck: GGUFMetadata, names: Any, hf_name: str) -> str | None:
     """The GGUF tensor the converter wrote for ``hf_name`` (None: none matches)."""
     lookup = re.sub(r"\.dt_bias$", ".dt_proj.bias", hf_name)  # the converter renames these first
     lookup = re.sub(r"_scale$", "_scale.weight", lookup)

@@ -13,23 +13,18 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.chat_template import resolve_template
-from engine.checkpoint import Progress, load_model
 from engine.config import EngineConfig
-from engine.detokenizer import IncrementalDetokenizer, StopMatcher
-from engine.errors import StepFailed
-from engine.fingerprint import model_fingerprint
-from engine.gguf_checkpoint import GGUFCheckpoint, is_gguf
-from engine.grammar import BatchMasker, GrammarCompiler
-from engine.model_config import load_model_config, parse_model_config
-from engine.models.packed_linear import onednn_available, pack_linears
-from engine.planner import plan_step
-from engine.request import check_token_ids
-from engine.runner import ModelRunner
-from engine.sampler import SampleOutput, SampleRow, sample
-from engine.sampling_params import SamplingParams
-from engine.sequence import FinishReason, Sequence, StepEvent, TokenLogprob
-from engine.tokenizer import Tokenizer
+from engine.core.planner import plan_step
+from engine.core.runner import ModelRunner
+from engine.core.sequence import FinishReason, Sequence, StepEvent, TokenLogprob
+from engine.errors import StepFailed, check_token_ids
+from engine.kernels.packed_linear import onednn_available, pack_linears
+from engine.loading.checkpoint import Progress
+from engine.loading.loaded import load
+from engine.sampling.grammar import BatchMasker, GrammarCompiler
+from engine.sampling.params import SamplingParams
+from engine.sampling.sampler import SampleOutput, SampleRow, sample
+from engine.text.detokenizer import IncrementalDetokenizer, StopMatcher
 from memory import CacheFull, FullAttentionSpec, LayerSpec, MemoryConfig, MemoryError_, build_memory
 
 
@@ -49,17 +44,9 @@ class Engine:
         if config.n_threads:
             torch.set_num_threads(config.n_threads)
         self.device = config.torch_device
-        gguf = GGUFCheckpoint(config.model) if is_gguf(config.model) else None
-        if gguf is not None:
-            self.model_config = parse_model_config(gguf.hf_config(), config.model)
-            self.tokenizer = Tokenizer.from_gguf(gguf)
-        else:
-            self.model_config = load_model_config(config.model)
-            self.tokenizer = Tokenizer(config.model, self.model_config.eos_token_ids)
-        if config.chat_template is not None:
-            self.tokenizer.use_chat_template(*resolve_template(config.chat_template))
-        self.model = load_model(config.model, self.model_config, config.torch_dtype, self.device, gguf, progress)
-        self.fingerprint = model_fingerprint(self.model_config, self.model, config.dtype)
+        loaded = load(config, progress)
+        self.model_config, self.tokenizer, self.model = loaded.model_config, loaded.tokenizer, loaded.model
+        self.fingerprint = loaded.fingerprint
         if self._use_onednn():
             pack_linears(self.model)
         layout = "unified" if config.kv_unified else "stream"

@@ -1,0 +1,40 @@
+"""A checkpoint loaded: its config, tokenizer, model and fingerprint, from a Hugging
+Face folder or a GGUF file, with ``--chat-template`` applied."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from engine.config import EngineConfig
+from engine.loading.checkpoint import Progress, load_model
+from engine.loading.fingerprint import model_fingerprint
+from engine.loading.gguf.checkpoint import GGUFCheckpoint, is_gguf
+from engine.loading.gguf.tokenizer import gguf_tokenizer
+from engine.models.base import DecoderLM
+from engine.models.config import ModelConfig, load_model_config, parse_model_config
+from engine.text.chat_template import resolve_template
+from engine.text.tokenizer import Tokenizer
+
+
+@dataclass
+class LoadedModel:
+    model_config: ModelConfig
+    tokenizer: Tokenizer
+    model: DecoderLM
+    fingerprint: dict[str, str]  # for slot files: taken before any kernel repacks the weights
+
+
+def load(config: EngineConfig, progress: Progress | None = None) -> LoadedModel:
+    """Raises CheckpointError (or UnsupportedArchitecture) naming the file and field;
+    ValueError for a ``--chat-template`` that is neither a built-in name nor a template."""
+    gguf = GGUFCheckpoint(config.model) if is_gguf(config.model) else None
+    if gguf is not None:
+        model_config = parse_model_config(gguf.hf_config(), config.model)
+        tokenizer = gguf_tokenizer(gguf)
+    else:
+        model_config = load_model_config(config.model)
+        tokenizer = Tokenizer.from_folder(config.model, model_config.eos_token_ids)
+    if config.chat_template is not None:
+        tokenizer.use_chat_template(*resolve_template(config.chat_template))
+    model = load_model(config.model, model_config, config.torch_dtype, config.torch_device, gguf, progress)
+    return LoadedModel(model_config, tokenizer, model, model_fingerprint(model_config, model, config.dtype))

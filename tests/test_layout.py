@@ -1,0 +1,124 @@
+"""The house's layout, checked from the code's own imports: no import circles inside
+the package, doors that point one way (server -> engine -> memory), ``server/`` going
+through ``engine``'s one door, and every engine room a package with its docstring.
+
+Every import counts, wherever it stands: at the top, inside a function, or under
+``TYPE_CHECKING`` (a circle hidden in a function is still a circle)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGES = ("server", "engine", "memory")
+ROOMS = ("core", "scheduling", "sampling", "text", "loading", "models", "kernels")
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _modules() -> dict[str, Path]:
+    return {_module_name(p): p for pkg in PACKAGES for p in (ROOT / pkg).rglob("*.py")}
+
+
+def _imports(path: Path, modules: dict[str, Path]) -> set[str]:
+    """The package's modules this file imports (``from a.b import c`` is ``a.b.c``
+    when that is a module, else ``a.b``)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            for alias in node.names:
+                sub = f"{node.module}.{alias.name}"
+                found.add(sub if sub in modules else node.module)
+    return {m for m in found if m in modules}
+
+
+@pytest.fixture(scope="module")
+def graph() -> dict[str, set[str]]:
+    modules = _modules()
+    return {name: _imports(path, modules) for name, path in modules.items()}
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan), plus self-loops."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    out: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1 or v in graph[v]:
+                out.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_the_cycle_finder_finds_a_circle():
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert _cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_no_import_circles(graph):
+    cycles = _cycles(graph)
+    assert not cycles, "import circles: " + "; ".join(" <-> ".join(c) for c in cycles)
+
+
+def test_doors_point_one_way(graph):
+    wrong = []
+    for module, imported in graph.items():
+        top = module.split(".")[0]
+        for target in imported:
+            to = target.split(".")[0]
+            if top == "memory" and to != "memory":
+                wrong.append(f"{module} -> {target} (memory imports no engine or server code)")
+            if top == "engine" and to == "server":
+                wrong.append(f"{module} -> {target} (the engine knows no HTTP)")
+            if top == "server" and to == "memory":
+                wrong.append(f"{module} -> {target} (server reaches memory only through the engine)")
+            if top == "server" and to == "engine" and target != "engine":
+                wrong.append(f"{module} -> {target} (server goes through engine's one door: `from engine import`)")
+    assert not wrong, "\n".join(sorted(wrong))
+
+
+def test_nothing_inside_engine_goes_through_its_door(graph):
+    """``engine/__init__`` is the door for ``server/``; modules inside the engine import
+    each other directly (through the door they would import the whole engine)."""
+    inside = [m for m, imported in graph.items() if m.startswith("engine.") and "engine" in imported]
+    assert not inside, inside
+
+
+def test_engine_rooms_are_packages_that_say_what_they_own():
+    for room in ROOMS:
+        init = ROOT / "engine" / room / "__init__.py"
+        assert init.is_file(), f"engine/{room}/ is not a package"
+        assert ast.get_docstring(ast.parse(init.read_text())), f"engine/{room}/__init__.py has no docstring"
+    flat = sorted(p.name for p in (ROOT / "engine").glob("*.py"))
+    assert len(flat) <= 8, f"engine/ holds {len(flat)} modules at its top: {flat}"
