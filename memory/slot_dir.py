@@ -9,6 +9,7 @@ start with a dot, which no slot file name may, so they are never listed or resto
 
 from __future__ import annotations
 
+import mmap
 import os
 import re
 import secrets
@@ -104,21 +105,20 @@ class SlotDirectory:
         return len(data)
 
     def read(self, filename: str, progress: Callable[[int, int], None] | None = None) -> bytes:
-        """The file's bytes; ``progress(bytes done, of total)`` hears of each chunk."""
+        """The file's bytes, read once into one buffer (the file is mapped; its pages
+        are read chunk by chunk so ``progress(bytes done, of total)`` hears of each)."""
         path = self.path(filename)
         try:
             with open(path, "rb") as f:
                 total = os.fstat(f.fileno()).st_size
-                data, view, done = bytearray(total), None, 0
-                view = memoryview(data)
-                while done < total:
-                    n = f.readinto(view[done : done + _CHUNK])
-                    if not n:
-                        break
-                    done += n
-                    if progress is not None:
-                        progress(done, total)
-                return bytes(data[:done]) if done < total else bytes(data)
+                if total == 0:
+                    return b""
+                with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
+                    for start in range(0, total, _CHUNK) if progress is not None else ():
+                        end = min(start + _CHUNK, total)
+                        mapped[start:end]  # brings that chunk's pages in (a transient chunk-sized copy)
+                        progress(end, total)
+                    return mapped[:]
         except (FileNotFoundError, IsADirectoryError):
             raise FileMissing(f"slot file {filename!r} does not exist") from None
 

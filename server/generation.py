@@ -29,19 +29,20 @@ async def build_request(
     (kind, source) of a constraint the route imposes, e.g. a required tool call), the
     sampling parameters completed from the server's and the route's defaults."""
     engine = state.require_ready()
-    n_tokens, given = resolve_max_tokens(max_tokens, state.settings.n_predict, len(ids), engine)
+    n_tokens = resolve_max_tokens(max_tokens, state.settings.n_predict, len(ids), engine)
     constraint = await constraint_of(engine, body, forced)
     bias = await asyncio.to_thread(logit_bias, engine, body.logit_bias) if body.logit_bias else {}
     all_defaults = defaults | state.settings.sampling_defaults
     params = sampling_params(body, n_tokens, logprobs, all_defaults, constraint, bias)
     n = getattr(body, "n", 1)
-    return Request(ids, params, n, body.id_slot, body.cache_prompt, body.n_keep, given)
+    return Request(ids, params, n, body.id_slot, body.cache_prompt, body.n_keep)
 
 
 def logit_bias(engine: EngineService, given: dict | list) -> dict[int, float]:
     """Each token's bias: ids as given, text on each of its tokens (llama-server's
     ``[["text", bias]]`` and ``{"text": bias}``), ``false`` as -inf (never sampled),
-    ``true`` as no bias. Raises RequestError for an id outside the vocabulary."""
+    ``true`` as no bias, ``"-inf"`` as a ban too. Raises RequestError for an id outside
+    the vocabulary."""
     out: dict[int, float] = {}
     for key, value in given.items() if isinstance(given, dict) else given:
         if value is True:
@@ -51,7 +52,7 @@ def logit_bias(engine: EngineService, given: dict | list) -> dict[int, float]:
         else:
             ids = engine.tokenizer.encode(key, add_special=False) if key else []
         check_token_ids(ids, engine.vocab_size, "logit_bias")
-        out.update(dict.fromkeys(ids, float("-inf") if value is False else float(value)))
+        out.update(dict.fromkeys(ids, float("-inf") if value is False or value == "-inf" else float(value)))
     return out
 
 
@@ -89,14 +90,14 @@ def _seed(seed: int | None) -> int | None:
     return None if seed in (None, -1) else seed
 
 
-def resolve_max_tokens(requested: int | None, default: int, n_prompt: int, engine: EngineService) -> tuple[int, bool]:
-    """(max_tokens, given): an open limit runs to the end of the slot's context."""
+def resolve_max_tokens(requested: int | None, default: int, n_prompt: int, engine: EngineService) -> int:
+    """The token limit; an open one runs to the end of the slot's context."""
     if requested is None and default >= 0:
         requested = default
     if requested is not None:
-        return requested, True
+        return requested
     room = engine.n_ctx - n_prompt
-    return (1 << 30 if engine.context_shift else max(room, 0)), False
+    return 1 << 30 if engine.context_shift else max(room, 0)
 
 
 def check_text_fits(engine: EngineService, n_chars: int) -> None:

@@ -20,12 +20,13 @@ from server.generation import (
     encode,
     prompt_ids,
 )
-from server.native_answer import NativeAnswer
+from server.native_answer import NativeAnswer, generation_settings
 from server.responses import (
     ApplyTemplateResult,
     DetokenizeResult,
     NativeCompletion,
     Props,
+    SlotState,
     TokenizeResult,
     documented,
 )
@@ -131,10 +132,20 @@ async def props(http: HTTPRequest) -> dict:
     }
 
 
-@router.get("/slots", response_model=None, responses=documented(list[SlotInfo], 501, 503))
+@router.get("/slots", response_model=None, responses=documented(list[SlotState], 501, 503))
 async def slots(http: HTTPRequest) -> list[dict]:
     state = http.app.state.slotserve
     if not state.settings.slots:
         raise APIError(501, "this server does not serve slot monitoring: start it with --slots", "not_supported_error")
     engine = state.require_ready()
-    return [dataclasses.asdict(s) for s in engine.slots()]
+    return [_slot_json(s, engine.tokenizer.eos_ids, state.settings.slots_debug) for s in engine.slots()]
+
+
+def _slot_json(slot: SlotInfo, eos_ids, debug: bool) -> dict:
+    """A slot as /slots shows it: the running request's sampling params only with
+    --slots-debug (LLAMA_SERVER_SLOTS_DEBUG), as llama-server, in /completion's
+    ``generation_settings`` form (bans as ``false``: valid JSON)."""
+    out = {f.name: getattr(slot, f.name) for f in dataclasses.fields(slot) if f.name != "params"}
+    if debug:
+        out["params"] = generation_settings(slot.params, eos_ids) if slot.params is not None else {}
+    return out

@@ -161,6 +161,21 @@ class Props(_Out):
     memory: dict[str, Any]
 
 
+class SlotState(_Out):
+    """One slot of GET /slots; ``params`` only with --slots-debug."""
+
+    id: int
+    n_ctx: int
+    is_processing: bool
+    id_task: int | None
+    n_prompt_tokens: int
+    n_cached: int
+    n_decoded: int
+    cache: list[dict[str, Any]]
+    checkpoints: list[int]
+    params: dict[str, Any] | None = None
+
+
 class SlotActionResult(_Out):
     """save: n_saved, n_written; restore: n_restored, n_read; erase: n_erased."""
 

@@ -26,9 +26,16 @@ def _integral(v):
     return int(v) if isinstance(v, float) and v.is_integer() else v
 
 
+INT64 = 2**63 - 1
+
+
 def Int(**constraints):  # noqa: N802 (a type)
     """An integer field with its constraints (before the validator, so the JSON schema
-    states them), taking integral floats too."""
+    states them), taking integral floats too. Every one is bounded (int64 unless the
+    field says less): a larger number is a 400 naming the field, never an overflow
+    deep in the engine."""
+    constraints.setdefault("ge", -INT64 - 1)
+    constraints.setdefault("le", INT64)
     return Annotated[int, Field(**constraints), BeforeValidator(_integral)]
 
 
@@ -36,7 +43,7 @@ TokenId = Int(ge=0, **_limit("token"))  # < the vocabulary size
 TokenIds = Annotated[list[TokenId], Field(min_length=1)]
 NonEmpty = Annotated[str, Field(min_length=1)]
 SlotId = Int(ge=-1, description="a slot (-1: any)", **_limit("slot"))
-Bias = Annotated[float, Field(ge=-100, le=100)] | bool  # false: never this token (llama-server)
+Bias = Annotated[float, Field(ge=-100, le=100)] | bool | Literal["-inf"]  # false or "-inf": never this token
 BiasPair = Annotated[tuple[TokenId | str, Bias], Strict(False)]  # a JSON array is a list: let it be the pair
 
 

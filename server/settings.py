@@ -75,6 +75,7 @@ class ServerSettings(BaseSettings):
     metrics: bool = Field(True, description="serve Prometheus metrics on /metrics")
     metrics_public: bool = Field(False, description="/metrics without the API key")
     slots: bool = Field(True, description="serve the slot monitoring endpoint GET /slots (off: 501)")
+    slots_debug: bool = Field(False, description="GET /slots shows each running request's sampling params")
     temp: float | None = Field(None, ge=0, description="default temperature of requests that set none")
     top_k: int | None = Field(None, ge=0, description="default top-k of requests that set none")
     top_p: float | None = Field(None, gt=0, le=1, description="default top-p of requests that set none")
@@ -220,6 +221,7 @@ LLAMA_ENV = {  # setting -> the variable llama-server reads for the same flag (l
     "context_shift": "LLAMA_ARG_CONTEXT_SHIFT",
     "metrics": "LLAMA_ARG_ENDPOINT_METRICS",
     "slots": "LLAMA_ARG_ENDPOINT_SLOTS",
+    "slots_debug": "LLAMA_SERVER_SLOTS_DEBUG",
     "cors_origins": "LLAMA_ARG_CORS_ORIGINS",
     "cors_methods": "LLAMA_ARG_CORS_METHODS",
     "cors_headers": "LLAMA_ARG_CORS_HEADERS",
@@ -297,6 +299,7 @@ SWITCHES: dict[str, tuple[str | tuple[str, ...], str | tuple[str, ...]]] = {
     "verbose": (("-v", "--verbose"), "--no-verbose"),
     "cors_credentials": ("--cors-credentials", "--no-cors-credentials"),
     "slots": ("--slots", "--no-slots"),
+    "slots_debug": ("--slots-debug", "--no-slots-debug"),
     "jinja": ("--jinja", "--no-jinja"),
     "webui": (("--webui", "--ui"), ("--no-webui", "--no-ui")),
     "prefill_assistant": ("--prefill-assistant", "--no-prefill-assistant"),

@@ -1,6 +1,7 @@
 """Which structured-output constraint a request asks for, whatever its spelling:
 llama-server's ``grammar`` and ``json_schema``, OpenAI's ``response_format``, vLLM's
-``structured_outputs`` and ``guided_*``. At most one may be given."""
+``structured_outputs`` and ``guided_*``. At most one may be given; an empty string
+(``"grammar": ""``) means none, as in llama-server."""
 
 from __future__ import annotations
 
@@ -31,12 +32,12 @@ def _requested(body: SamplingFields) -> list[tuple[str, str, object, bool]]:
         "gbnf": so.grammar if so else None,
     }
     for kind, source in vllm.items():
-        if source is not None:
+        if source is not None and source != "":  # an empty text means none (llama-server)
             found.append(("structured_outputs", kind, source, False))
     guided = {"json_schema": body.guided_json, "regex": body.guided_regex, "choice": body.guided_choice}
     guided["gbnf"] = body.guided_grammar
     for kind, source in guided.items():
-        if source is not None:
+        if source is not None and source != "":  # an empty text means none (llama-server)
             found.append((f"guided_{'json' if kind == 'json_schema' else kind}", kind, source, False))
     return found
 

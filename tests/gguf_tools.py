@@ -44,6 +44,47 @@ def converter_tree() -> Path:
     if (tree / "convert_hf_to_gguf.py").is_file():
         return tree
     CACHE.mkdir(parents=True, exist_ok=True)
+    archive = _download_sdist()
+    prefix = archive.name.removesuffix(".tar.gz") + "/vendor/llama.cpp/"
+    wanted = ("convert_hf_to_gguf.py", "conversion/", "gguf-py/")
+    staging = CACHE / "staging"
+    with tarfile.open(archive) as tar:
+        members = [
+            m for m in tar.getmembers() if m.name.startswith(prefix) and m.name[len(prefix) :].startswith(wanted)
+        ]
+        for m in members:
+            m.name = m.name[len(prefix) :]
+        tar.extractall(staging, members=members, filter="data")
+    staging.rename(tree)
+    archive.unlink()
+    return tree
+
+
+def _download_sdist() -> Path:
+    """The source archive, straight from the index's file list (PEP 691 JSON), its
+    sha256 checked; ``pip download`` (which prepares a build environment first: slow)
+    only where that fails. Raises RuntimeError when neither works."""
+    import hashlib
+
+    import httpx
+
+    name, version = PACKAGE.split("==")
+    filename = f"{name.replace('-', '_')}-{version}.tar.gz"
+    try:
+        index = httpx.get(
+            f"https://pypi.org/simple/{name}/",
+            headers={"Accept": "application/vnd.pypi.simple.v1+json"},
+            timeout=60,
+            follow_redirects=True,
+        )
+        entry = next(f for f in index.raise_for_status().json()["files"] if f["filename"] == filename)
+        data = httpx.get(entry["url"], timeout=600, follow_redirects=True).raise_for_status().content
+        if hashlib.sha256(data).hexdigest() != entry["hashes"]["sha256"]:
+            raise ValueError(f"{filename}: sha256 mismatch")
+        (CACHE / filename).write_bytes(data)
+        return CACHE / filename
+    except (httpx.HTTPError, StopIteration, KeyError, ValueError):
+        pass
     cmd = [
         sys.executable,
         "-m",
@@ -61,19 +102,7 @@ def converter_tree() -> Path:
     archives = sorted(CACHE.glob("llama_cpp_python-*.tar.gz"))
     if done.returncode != 0 or not archives:
         raise RuntimeError(f"cannot download {PACKAGE}: {done.stderr[-500:]}")
-    prefix = archives[-1].name.removesuffix(".tar.gz") + "/vendor/llama.cpp/"
-    wanted = ("convert_hf_to_gguf.py", "conversion/", "gguf-py/")
-    staging = CACHE / "staging"
-    with tarfile.open(archives[-1]) as tar:
-        members = [
-            m for m in tar.getmembers() if m.name.startswith(prefix) and m.name[len(prefix) :].startswith(wanted)
-        ]
-        for m in members:
-            m.name = m.name[len(prefix) :]
-        tar.extractall(staging, members=members, filter="data")
-    staging.rename(tree)
-    archives[-1].unlink()
-    return tree
+    return archives[-1]
 
 
 def convert(folder: Path, out: Path, outtype: str = "f32") -> Path:

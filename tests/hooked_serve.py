@@ -17,7 +17,7 @@ from pathlib import Path
 
 
 def _hook_loading(control: Path) -> None:
-    from engine import engine as engine_module
+    from engine.core import engine as engine_module
 
     real_init = engine_module.Engine.__init__
 

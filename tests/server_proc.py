@@ -13,17 +13,6 @@ from pathlib import Path
 import httpx
 
 
-def wait_for(predicate, timeout: float = 30, what: str = "condition"):
-    """Poll ``predicate`` until it returns something truthy (and return that); fail
-    after ``timeout`` s. Tests synchronise this way, never with fixed sleeps."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if result := predicate():
-            return result
-        time.sleep(0.01)
-    raise TimeoutError(f"{what} not reached in {timeout} s")
-
-
 def metric(url: str, name: str, headers: dict | None = None, **labels) -> float:
     """One sample of the server's /metrics, read with the Prometheus parser."""
     from prometheus_client.parser import text_string_to_metric_families

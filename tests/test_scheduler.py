@@ -4,10 +4,10 @@ n > 1 sharing one prefill, cancelling a queued request."""
 from __future__ import annotations
 
 import threading
-import time
 
 import pytest
 from checkpoints import make_checkpoint
+from waiting import wait_for
 
 from engine import Engine, SamplingParams
 from engine.scheduling.request import Admitted, Delta, Failed, Request
@@ -98,10 +98,7 @@ def test_cancel_a_queued_request(folder):
     try:
         busy, queued = Collector(), Collector()
         sched.submit(Request([1, 2, 3], SamplingParams(temperature=0, max_tokens=200, ignore_eos=True)), busy)
-        deadline = time.monotonic() + 30
-        while not busy.events:  # admitted: the only slot is taken
-            assert time.monotonic() < deadline
-            time.sleep(0.001)
+        wait_for(lambda: busy.events, what="admitted")  # the only slot is taken
         id_queued = sched.submit(Request([4, 5, 6], SamplingParams(temperature=0, max_tokens=5)), queued)
         assert sched.health().n_waiting == 1
         sched.cancel(id_queued)

@@ -9,7 +9,8 @@ import socket
 import httpx
 import pytest
 from checkpoints import make_checkpoint
-from server_proc import ServerProcess, metric, wait_for
+from server_proc import ServerProcess, metric
+from waiting import wait_for
 
 
 def http_request(method: str, path: str, body: bytes = b"") -> bytes:

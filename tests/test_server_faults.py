@@ -12,7 +12,8 @@ import threading
 
 import httpx
 import pytest
-from server_proc import InProcessServer, metric, wait_for
+from server_proc import InProcessServer, metric
+from waiting import wait_for
 
 from engine.core.runner import ModelRunner
 from engine.scheduling import slot_io

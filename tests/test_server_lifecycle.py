@@ -11,7 +11,8 @@ import threading
 
 import httpx
 import pytest
-from server_proc import ServerProcess, wait_for
+from server_proc import ServerProcess
+from waiting import wait_for
 
 
 def data_lines(lines) -> list[str]:
@@ -72,9 +73,11 @@ def _cut_drain(tmp_path, second_signal: int | None) -> None:
     """4 streams in flight, SIGTERM with a 0.5 s drain (or a second signal at once):
     every stream ends with an error event and a clean end; the process exits 0."""
     timeout = "0.5" if second_signal is None else "60"
-    with ServerProcess("-np", "4", "-t", "1", "--drain-timeout", timeout, log=tmp_path / "log") as srv:
+    args = ("-np", "4", "-t", "1", "-c", "512", "--context-shift", "--drain-timeout", timeout)
+    with ServerProcess(*args, log=tmp_path / "log") as srv:
         srv.wait_ready()
-        body = {"prompt": "def f():", "max_tokens": 1000, "ignore_eos": True, "stream": True}
+        # no max_tokens and context shifts: the streams never end on their own
+        body = {"prompt": "def f():", "ignore_eos": True, "stream": True}
         ends: list[list[str]] = []
         started = threading.Barrier(5)
 

@@ -13,6 +13,7 @@ import httpx
 import pytest
 import torch
 from server_proc import ServerProcess
+from waiting import wait_for
 
 from engine import Engine
 from memory import SeqState
@@ -161,10 +162,8 @@ def test_saving_a_busy_slot_snapshots_at_a_step_boundary(server, save_dir, token
     result: dict = {}
     worker = threading.Thread(target=lambda: result.update(complete(server, prompt, n_gen, id_slot=2)))
     worker.start()
-    deadline = time.monotonic() + 30
-    while httpx.get(server.url + "/slots").json()[2]["n_decoded"] < 10:
-        assert time.monotonic() < deadline and worker.is_alive()
-        time.sleep(0.005)
+    wait_for(lambda: httpx.get(server.url + "/slots").json()[2]["n_decoded"] >= 10 or not worker.is_alive())
+    assert worker.is_alive()
     saved = ok(action(server, 2, "save", "busy.slot"))
     worker.join(60)
     assert result["tokens_predicted"] == n_gen  # the generation went on
@@ -183,10 +182,7 @@ def test_restore_and_erase_wait_for_a_busy_slot(server, save_dir):
     saved = ok(action(server, 0, "save", "wait.slot"))
     done = threading.Event()
     threading.Thread(target=lambda: (complete(server, "Busy busy busy", 300, id_slot=2), done.set())).start()
-    deadline = time.monotonic() + 30
-    while not httpx.get(server.url + "/slots").json()[2]["is_processing"]:
-        assert time.monotonic() < deadline
-        time.sleep(0.005)
+    wait_for(lambda: httpx.get(server.url + "/slots").json()[2]["is_processing"])
     for r in (action(server, 2, "restore", "wait.slot", nowait=1), action(server, 2, "erase", nowait=1)):
         assert r.status_code == 409 and r.json()["error"]["code"] == "slot_busy"
     restored = ok(action(server, 2, "restore", "wait.slot"))  # waits for the generation to end

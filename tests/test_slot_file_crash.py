@@ -8,10 +8,10 @@ from __future__ import annotations
 import os
 import signal
 import threading
-import time
 
 import httpx
 from server_proc import ServerProcess
+from waiting import wait_for
 
 from memory.slot_dir import TMP_PREFIX
 from memory.slot_file import decode
@@ -39,10 +39,8 @@ def test_sigkill_during_save_keeps_the_old_file(tmp_path):
 
         (control / "write.hold").touch()  # the next save stops half-way through its write
         threading.Thread(target=lambda: _ignore_errors(post, srv, 1, "save", "session.slot"), daemon=True).start()
-        deadline = time.monotonic() + 60
-        while not any(n.startswith(TMP_PREFIX) and os.path.getsize(slots / n) for n in os.listdir(slots)):
-            assert time.monotonic() < deadline, "the save never started writing"
-            time.sleep(0.005)
+        started = lambda: any(n.startswith(TMP_PREFIX) and os.path.getsize(slots / n) for n in os.listdir(slots))  # noqa: E731
+        wait_for(started, 60, "the save writing")
         srv.proc.send_signal(signal.SIGKILL)
         srv.proc.wait(10)
 

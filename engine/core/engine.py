@@ -8,13 +8,14 @@ it (``memory.seq_rm``). ``generate`` is the offline convenience built on the sam
 
 from __future__ import annotations
 
+import concurrent.futures
 import random
 from dataclasses import dataclass
 
 import torch
 
 from engine.config import EngineConfig
-from engine.core.planner import plan_step
+from engine.core.planner import Chunk, plan_step
 from engine.core.runner import ModelRunner
 from engine.core.sequence import FinishReason, Sequence, StepEvent, TokenLogprob
 from engine.errors import StepFailed, check_token_ids
@@ -26,6 +27,12 @@ from engine.sampling.params import SamplingParams
 from engine.sampling.sampler import SampleOutput, SampleRow, sample
 from engine.text.detokenizer import IncrementalDetokenizer, StopMatcher
 from memory import CacheFull, FullAttentionSpec, LayerSpec, MemoryConfig, MemoryError_, build_memory
+
+
+def _settle(masks) -> None:
+    """Wait for a mask computation whose result is no longer wanted (its error too)."""
+    if masks is not None:
+        concurrent.futures.wait([masks])
 
 
 @dataclass
@@ -195,29 +202,49 @@ class Engine:
         All or nothing: everything that may need room (context shifts, then
         ``memory.prepare``) happens before the forward. ``CacheFull`` leaves every
         sequence and the memory as they were, except that sequences shifted before the
-        one that failed keep their (complete) shift. Any other exception becomes
-        ``StepFailed`` naming the planned sequences, which leave the running set."""
-        self._shift_full_contexts()
-        plan = plan_step(self.running, self.config.max_batch_tokens, self.memory.checkpoint_every)
-        if not plan:
-            return []
+        one that failed keep their (complete) shift.
+
+        Faults stay with their sequence: an exception while shifting, planning, masking,
+        sampling or accepting for one sequence ends that one alone, with an event that
+        carries ``error`` (it leaves the running set); the others go on token for token
+        as if it had not been there. Faults found before the forward are this step's
+        only events (the rest run in the next step). A failing forward cannot be laid
+        at one sequence's door: it raises ``StepFailed`` naming every planned sequence,
+        which leave the running set."""
+        faults = self._shift_full_contexts()
+        plan = self._plan(faults)
+        if faults or not plan:
+            return faults
         self.last_step_decode_only = all(c.n_tokens == 1 for c in plan)
         constrained = [c.seq.matcher for c in plan if c.samples and c.seq.matcher is not None]
         masks = self.masker.start(constrained) if constrained else None  # computed during the forward
         try:
             logits = self.runner.run(plan)  # [S, V]
         except CacheFull:
-            masks and masks.result()  # the matchers are free again before anyone retries
+            _settle(masks)  # the matchers are free again before anyone retries
             raise
         except Exception as exc:
-            masks and masks.result()
-            raise self._step_failed(plan, exc) from exc
-        try:
-            events = self._sample_and_accept(plan, logits, keep_logits, masks)
-        except Exception as exc:
-            raise self._step_failed(plan, exc) from exc
+            _settle(masks)
+            raise self._step_failed([c.seq for c in plan], exc) from exc
+        events = self._sample_and_accept(plan, logits, keep_logits, masks)
         self.running = [s for s in self.running if not s.finished]
         return events
+
+    def _plan(self, faults: list[StepEvent]) -> list[Chunk]:
+        """The step's plan; when planning raises, each sequence is planned alone to
+        find the ones it raises for (they become faults)."""
+        budget, align = self.config.max_batch_tokens, self.memory.checkpoint_every
+        try:
+            return plan_step(self.running, budget, align)
+        except Exception as exc:
+            for seq in list(self.running):
+                try:
+                    plan_step([seq], budget, align)
+                except Exception as own:
+                    faults.append(self._fault(seq, own))
+            if not faults:  # no one sequence is to blame: every running one fails
+                raise self._step_failed(list(self.running), exc) from exc
+            return []
 
     @property
     def masker(self) -> BatchMasker:
@@ -228,28 +255,71 @@ class Engine:
     def _sample_and_accept(self, plan: list, logits: torch.Tensor, keep_logits: bool, masks=None) -> list[StepEvent]:
         samplers = [c.seq for c in plan if c.samples]
         kept = logits.clone() if keep_logits else None
-        if masks is not None:
-            constrained = [i for i, s in enumerate(samplers) if s.matcher is not None]
-            sub = logits[constrained]  # [R, V]
-            self.masker.apply(masks, sub)
-            logits[constrained] = sub
-        rows = [SampleRow(s.params, s.seed, s.prompt_ids, s.output_ids) for s in samplers]
-        out = sample(logits, rows) if samplers else SampleOutput(tokens=[])
+        broken = self._apply_masks(samplers, logits, masks)
+        outputs = self._sample(logits, [SampleRow(s.params, s.seed, s.prompt_ids, s.output_ids) for s in samplers])
         events = [StepEvent(c.seq, None, "", False) for c in plan if not c.samples]
         for i, seq in enumerate(samplers):
-            event = self._accept(seq, i, out)
+            out = broken.get(i) or outputs[i]
+            if isinstance(out, BaseException):
+                events.append(self._fault(seq, out))
+                continue
+            try:
+                event = self._accept(seq, *out)
+            except Exception as exc:
+                events.append(self._fault(seq, exc))
+                continue
             if kept is not None:
                 event.logits = kept[i]
             events.append(event)
         return events
 
-    def _step_failed(self, plan: list, exc: Exception) -> StepFailed:
-        seqs = [c.seq for c in plan]
+    def _apply_masks(self, samplers: list[Sequence], logits: torch.Tensor, masks) -> dict[int, BaseException]:
+        """Grammar masks on the constrained rows; when computing them failed, those rows
+        fail (returned by row) and the others go on."""
+        if masks is None:
+            return {}
+        constrained = [i for i, s in enumerate(samplers) if s.matcher is not None]
+        try:
+            sub = logits[constrained]  # [R, V]
+            self.masker.apply(masks, sub)
+        except Exception as exc:
+            return dict.fromkeys(constrained, exc)
+        logits[constrained] = sub
+        return {}
+
+    @staticmethod
+    def _sample(logits: torch.Tensor, rows: list[SampleRow]) -> list[tuple[SampleOutput, int] | BaseException]:
+        """(output, its row) per row; when the batch raises, each row is sampled alone:
+        the same tokens (a row's draw depends on that row only), and the rows that
+        raise get their exception."""
+        if not rows:
+            return []
+        try:
+            out = sample(logits, rows)
+            return [(out, i) for i in range(len(rows))]
+        except Exception:
+            pass
+        results: list[tuple[SampleOutput, int] | BaseException] = []
+        for i, row in enumerate(rows):
+            try:
+                results.append((sample(logits[i : i + 1].clone(), [row]), 0))
+            except Exception as exc:
+                results.append(exc)
+        return results
+
+    def _fault(self, seq: Sequence, exc: BaseException) -> StepEvent:
+        """``seq`` leaves the running set; its event carries the error."""
+        if seq in self.running:
+            self.running.remove(seq)
+        seq.finish_reason = seq.finish_reason or FinishReason.ABORT
+        return StepEvent(seq, None, "", True, error=exc)
+
+    def _step_failed(self, seqs: list[Sequence], exc: Exception) -> StepFailed:
         for seq in seqs:
             self.abort(seq)
         return StepFailed(seqs, exc)
 
-    def _accept(self, seq: Sequence, row: int, out: SampleOutput) -> StepEvent:
+    def _accept(self, seq: Sequence, out: SampleOutput, row: int) -> StepEvent:
         if len(seq.output_ids) >= seq.params.max_tokens:
             return self._finish(seq, None, "", FinishReason.LENGTH)
         tok = out.tokens[row]
@@ -282,22 +352,32 @@ class Engine:
         n_keep = min(seq.n_keep, seq.n_computed - 2)
         return (seq.n_computed - n_keep) // 2 if n_keep >= 0 else 0
 
-    def _shift_full_contexts(self) -> None:
+    def _shift_full_contexts(self) -> list[StepEvent]:
         """Before the forward: every sequence whose tokens fill the slot's context drops
         half of the tokens after ``n_keep`` and moves the rest down (llama-server's
         context shift). Each shift is atomic: ``seq_rm`` of the middle is the only call
         that may need blocks (it raises CacheFull with nothing changed), and ``seq_add``
         then moves cells that the removal just rewrote into private blocks."""
-        for seq in self.running:
+        faults = []
+        for seq in list(self.running):
             if len(seq.tokens) < self.n_ctx_seq:
                 continue
-            n_discard = self._n_discard(seq)
-            n_keep = min(seq.n_keep, seq.n_computed - 2)
-            self.memory.seq_rm(seq.seq_id, n_keep, n_keep + n_discard)
-            self.memory.seq_add(seq.seq_id, n_keep + n_discard, None, -n_discard)
-            del seq.tokens[n_keep : n_keep + n_discard]
-            seq.n_computed -= n_discard
-            seq.n_shifted += n_discard
+            try:
+                self._shift(seq)
+            except CacheFull:
+                raise
+            except Exception as exc:  # this sequence's cache is not to be trusted: it ends
+                faults.append(self._fault(seq, exc))
+        return faults
+
+    def _shift(self, seq: Sequence) -> None:
+        n_discard = self._n_discard(seq)
+        n_keep = min(seq.n_keep, seq.n_computed - 2)
+        self.memory.seq_rm(seq.seq_id, n_keep, n_keep + n_discard)
+        self.memory.seq_add(seq.seq_id, n_keep + n_discard, None, -n_discard)
+        del seq.tokens[n_keep : n_keep + n_discard]
+        seq.n_computed -= n_discard
+        seq.n_shifted += n_discard
 
     def _finish(self, seq: Sequence, tok: int | None, text: str, reason: FinishReason, flush: bool = True) -> StepEvent:
         if flush:

@@ -60,10 +60,13 @@ class Sequence:
 
 @dataclass
 class StepEvent:
-    """What one step produced for one sequence."""
+    """What one step produced for one sequence. ``error``: the step failed for this
+    sequence alone (it has left the running set; its request fails, its cache is not
+    to be trusted)."""
 
     seq: Sequence
     token_id: int | None  # None: a prefill chunk that sampled nothing
     text: str
     finished: bool
     logits: object = None  # [V] tensor when the step was asked to keep logits
+    error: BaseException | None = None

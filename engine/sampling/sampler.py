@@ -59,7 +59,9 @@ def _apply_bias(logits: torch.Tensor, rows: list[SampleRow]) -> None:
             if 0 <= tok < logits.shape[1]:
                 r.append(i), c.append(tok), v.append(bias)
     if r:
-        logits.index_put_((torch.tensor(r), torch.tensor(c)), torch.tensor(v, dtype=logits.dtype), accumulate=True)
+        dev = logits.device
+        index = (torch.tensor(r, device=dev), torch.tensor(c, device=dev))
+        logits.index_put_(index, torch.tensor(v, dtype=logits.dtype, device=dev), accumulate=True)
 
 
 def _apply_penalties(logits: torch.Tensor, rows: list[SampleRow]) -> None:
@@ -92,7 +94,7 @@ def _truncate_and_draw(logits: torch.Tensor, rows: list[SampleRow]) -> torch.Ten
     dev, vocab = logits.device, logits.shape[1]
     p = [r.params for r in rows]
     temp = torch.tensor([x.temperature for x in p], device=dev)[:, None]
-    top_k = torch.tensor([x.top_k if x.top_k > 0 else vocab for x in p], device=dev)[:, None]
+    top_k = torch.tensor([min(x.top_k, vocab) if x.top_k > 0 else vocab for x in p], device=dev)[:, None]
     top_p = torch.tensor([x.top_p for x in p], device=dev)[:, None]
     min_p = torch.tensor([x.min_p for x in p], device=dev)[:, None]
     sorted_logits, order = (logits / temp).clamp_(-_FINITE, _FINITE).sort(dim=-1, descending=True)  # [R, V]
@@ -115,7 +117,10 @@ _FINITE = 1e30  # logits stay within +-this, so probabilities and logprobs are n
 
 
 def sample(logits: torch.Tensor, rows: list[SampleRow]) -> SampleOutput:
-    """logits: [S, V] float32 (modified in place) -> one token per row."""
+    """logits: [S, V] float32 -> one token per row. The caller's logits change only by
+    clamping to finite values (so sampling them again, row by row, gives the same)."""
+    if any(r.params.logit_bias or r.params.penalized for r in rows):
+        logits = logits.clone()
     _apply_bias(logits, rows)
     _apply_penalties(logits, rows)
     logits.nan_to_num_(nan=-_FINITE).clamp_(-_FINITE, _FINITE)  # a tiny penalty divides to inf: keep it finite

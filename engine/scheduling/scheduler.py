@@ -24,9 +24,10 @@ from dataclasses import dataclass
 
 from engine.core.engine import Engine
 from engine.errors import EngineStopped, QueueFull, RequestError, SlotBusy, StepFailed, check_token_ids
+from engine.sampling.params import SamplingParams
 from engine.scheduling.request import Failed, Request, RequestEnd, RequestEvent
 from engine.scheduling.slots import SlotTable
-from engine.scheduling.task_board import Sink, Task, TaskBoard
+from engine.scheduling.task_board import STEP_FAULT, Sink, Task, TaskBoard
 from memory import CacheFull
 
 log = logging.getLogger("slotserve.scheduler")
@@ -41,7 +42,7 @@ class SlotInfo:
     n_prompt_tokens: int
     n_cached: int
     n_decoded: int
-    params: dict
+    params: SamplingParams | None  # the running request's (None when idle)
     cache: list[dict]  # per layer group: kind, blocks it holds, of those shared with other slots
     checkpoints: list[int]  # positions the slot's cache can be put back to (recurrent / sliding-window kinds)
 
@@ -200,7 +201,6 @@ class Scheduler:
             groups = memory.usage(held_by=[slot.id]).groups
             cache = [{"kind": g.kind, "n_blocks": g.n_blocks_held, "n_shared": g.n_blocks_shared} for g in groups]
             task, seq = self.board.seq_of(slot)
-            params = dataclasses.asdict(task.req.params) if task else {}
             out.append(
                 SlotInfo(
                     id=slot.id,
@@ -210,7 +210,7 @@ class Scheduler:
                     n_prompt_tokens=len(task.req.prompt_ids) if task else 0,
                     n_cached=seq.n_computed if seq else len(slot.cached),
                     n_decoded=len(seq.output_ids) if seq else 0,
-                    params=params,
+                    params=task.req.params if task else None,
                     cache=cache,
                     checkpoints=memory.checkpoints(slot.id),
                 )
@@ -326,18 +326,25 @@ class Scheduler:
         except StepFailed as exc:  # a bug or a device fault, not client input: fail that step's requests
             log.error("engine step failed (%d sequences): %s", len(exc.seqs), exc, exc_info=exc.cause)
             self._count_fault()
-            self.board.fail_seqs(exc.seqs, Failed("internal error in the engine step", "server_error", 500))
+            self.board.fail_seqs(exc.seqs, STEP_FAULT)
             return
-        self.n_faults_in_row = 0
-        clock, wall = self.clock, time.perf_counter() - wall
-        clock.n, clock.wall_s, clock.cpu_s = clock.n + 1, clock.wall_s + wall, clock.cpu_s + time.thread_time() - cpu
+        self._time_step(time.perf_counter() - wall, time.thread_time() - cpu)
+        n_failed = self.board.dispatch(events)  # a fault of one sequence fails its request alone
+        if n_failed:
+            self._count_fault(n_failed, in_row=n_failed == len(events))
+        else:
+            self.n_faults_in_row = 0
+
+    def _time_step(self, wall: float, cpu: float) -> None:
+        clock = self.clock
+        clock.n, clock.wall_s, clock.cpu_s = clock.n + 1, clock.wall_s + wall, clock.cpu_s + cpu
         if self.engine.last_step_decode_only:
             clock.n_decode, clock.decode_wall_s = clock.n_decode + 1, clock.decode_wall_s + wall
-        self.board.dispatch(events)
 
-    def _count_fault(self) -> None:
-        self.n_faults += 1
-        self.n_faults_in_row += 1
+    def _count_fault(self, n: int = 1, in_row: bool = True) -> None:
+        """``in_row``: nothing in that step went right (else the run of faults ends)."""
+        self.n_faults += n
+        self.n_faults_in_row = self.n_faults_in_row + 1 if in_row else 0
 
 
 def _deliver(batch: list[tuple[Sink, RequestEvent]]) -> None:

@@ -22,6 +22,7 @@ from memory import CacheFull
 
 log = logging.getLogger("slotserve.scheduler")
 Sink = Callable[[RequestEvent], None]
+STEP_FAULT = Failed("internal error in the engine step", "server_error", 500)
 
 
 @dataclass(eq=False)
@@ -128,10 +129,25 @@ class TaskBoard:
         task.seqs[index] = seq
         self._by_seq[seq] = (task, index)
 
-    def dispatch(self, events: list[StepEvent]) -> None:
-        """Turn one step's events into request events (and fan-outs, slot releases)."""
+    def dispatch(self, events: list[StepEvent]) -> int:
+        """Turn one step's events into request events (and fan-outs, slot releases).
+        A sequence the step failed for, or whose event raises here, fails its request
+        alone (500); returns how many requests failed so."""
+        n_failed = 0
         for event in events:
-            self._dispatch(event)
+            task, _ = self._by_seq.get(event.seq, (None, 0))
+            error = event.error
+            if error is None:
+                try:
+                    self._dispatch(event)
+                    continue
+                except Exception as exc:
+                    error = exc
+            n_failed += 1
+            log.error("a request failed in its engine step: %s: %s", type(error).__name__, error, exc_info=error)
+            if task is not None and not task.ended:
+                self.fail(task, STEP_FAULT)
+        return n_failed
 
     def fail_all(self, failure: Failed) -> None:
         """Fail every running request."""

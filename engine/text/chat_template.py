@@ -4,6 +4,7 @@ or one of the built-in templates chosen by name (llama-server's ``--chat-templat
 from __future__ import annotations
 
 import json
+import re
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -32,9 +33,16 @@ def builtin_names() -> list[str]:
     return sorted([p.stem for p in TEMPLATES.glob("*.jinja")] + list(ALIASES))
 
 
+_NAME = re.compile(r"[A-Za-z0-9_.\-]{1,64}")
+
+
 def builtin_source(name: str) -> str | None:
-    """A built-in template's jinja source by name (or alias); None for an unknown name."""
-    path = TEMPLATES / f"{ALIASES.get(name, name)}.jinja"
+    """A built-in template's jinja source by name (or alias); None for anything else,
+    template text included (never looked up as a file name)."""
+    name = ALIASES.get(name, name)
+    if not _NAME.fullmatch(name) or name.startswith("."):
+        return None
+    path = TEMPLATES / f"{name}.jinja"
     return path.read_text(encoding="utf-8") if path.is_file() else None
 
 
