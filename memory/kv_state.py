@@ -14,6 +14,9 @@ import torch
 from memory.protocol import SeqState, StateMismatch
 from memory.spec import LayerSpec
 
+FAR = 2**62  # a position past every real one: padded queries see everything, padded keys nothing
+NO_POS = -FAR  # position of a cell no sequence holds, before every real one
+
 KVRopeShift = Callable[[int, torch.Tensor, torch.Tensor], torch.Tensor]
 """rope_shift(layer, k [N, kv_heads, head_dim], delta [N]) -> k rotated by delta."""
 

@@ -22,10 +22,9 @@ from functools import cached_property
 import torch
 import torch.nn.functional as F
 
+from memory.kv_state import FAR
 from memory.paged_store import PagedStore
 from memory.protocol import ForwardView, MemoryBatch
-
-FAR = 2**62  # position of padding: padded queries see everything, padded keys nothing
 
 
 @dataclass

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import torch
 
-from memory.kv_state import KVRopeShift, kv_state, validate_kv_state
+from memory.kv_state import NO_POS, KVRopeShift, kv_state, validate_kv_state
 from memory.kv_view import PagedKVView
-from memory.paged_store import NO_POS, PagedStore, n_blocks_for
+from memory.paged_store import PagedStore, n_blocks_for
 from memory.protocol import (
     CacheFull,
     GroupUsage,

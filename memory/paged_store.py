@@ -13,11 +13,10 @@ from __future__ import annotations
 import torch
 
 from memory.block_pool import BlockPool
+from memory.kv_state import NO_POS
 from memory.lazy_zeros import lazy_zeros
 from memory.protocol import CacheFull
-from memory.spec import LayerSpec, window_of
-
-NO_POS = -(2**62)  # position of a cell no sequence holds
+from memory.spec import LayerSpec, bytes_per_cell, window_of
 
 
 def n_blocks_for(n_cells: int, bs: int) -> int:
@@ -52,7 +51,7 @@ class PagedStore:
 
     @property
     def bytes_per_block(self) -> int:
-        return self.block_size * sum(s.bytes_per_token for s in self.specs.values())
+        return self.block_size * bytes_per_cell(self.specs.values())
 
     # ---- helpers -------------------------------------------------------------------
 

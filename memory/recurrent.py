@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 import torch
 
+from memory.checkpoints import Checkpoints
 from memory.protocol import (
     ForwardView,
     GroupUsage,
@@ -74,7 +75,7 @@ class RecurrentMemory(Memory):
             la: torch.zeros((n_seq_max, *s.ssm_shape), dtype=s.dtype, device=dev) for la, s in self.specs.items()
         }
         self.n = [0] * n_seq_max  # positions consumed
-        self.snaps: list[list[Snapshot]] = [[] for _ in range(n_seq_max)]  # by increasing end
+        self.snaps: Checkpoints[Snapshot] = Checkpoints(n_seq_max, n_checkpoints)
 
     @property
     def bytes_per_seq(self) -> int:
@@ -98,10 +99,7 @@ class RecurrentMemory(Memory):
             self.conv[la][seq].zero_()
             self.ssm[la][seq].zero_()
         self.n[seq] = 0
-        self.snaps[seq] = []
-
-    def _snap_at(self, seq: int, p: int) -> Snapshot | None:
-        return next((s for s in self.snaps[seq] if s.end == p), None)
+        self.snaps.clear(seq)
 
     # ---- protocol ------------------------------------------------------------------
 
@@ -126,7 +124,7 @@ class RecurrentMemory(Memory):
         self._check_seq(seq)
         if p >= self.n[seq]:
             return self.n[seq]
-        return max((s.end for s in self.snaps[seq] if s.end <= p), default=0)
+        return self.snaps.latest(seq, p)
 
     def seq_rm(self, seq: int, p0: int = 0, p1: int | None = None) -> bool:
         if seq < 0:
@@ -145,8 +143,8 @@ class RecurrentMemory(Memory):
             self._clear(seq)
             return True
         if p0 < n:  # a checkpoint at p0 exists (checked)
-            self._restore(seq, self._snap_at(seq, p0))
-            self.snaps[seq] = [s for s in self.snaps[seq] if s.end <= p0]
+            self._restore(seq, self.snaps.at(seq, p0))
+            self.snaps.cut(seq, p0)
         return True
 
     def can_rm(self, seq: int, p0: int, p1: int | None) -> bool:
@@ -156,7 +154,7 @@ class RecurrentMemory(Memory):
             return True  # nothing held in the range
         if p1 is not None and p1 < n:
             return False  # positions from the middle: a state cannot forget them
-        return p0 <= 0 or self._snap_at(seq, p0) is not None
+        return p0 <= 0 or self.snaps.at(seq, p0) is not None
 
     def check_cp(self, src: int, dst: int, p0: int = 0, p1: int | None = None) -> None:
         """ValueError unless ``seq_cp(src, dst, p0, p1)`` can be done (no change)."""
@@ -167,7 +165,7 @@ class RecurrentMemory(Memory):
         if p0 > 0:
             raise ValueError("a recurrent state copies prefixes only")
         q = self.n[src] if p1 is None else min(p1, self.n[src])
-        if q != self.n[src] and self._snap_at(src, q) is None:
+        if q != self.n[src] and self.snaps.at(src, q) is None:
             raise ValueError(f"sequence {src} cannot be cut at {q} (see seq_cut_point)")
 
     def seq_cp(self, src: int, dst: int, p0: int = 0, p1: int | None = None) -> None:
@@ -175,19 +173,17 @@ class RecurrentMemory(Memory):
         if src == dst:
             return
         q = self.n[src] if p1 is None else min(p1, self.n[src])
-        snap = self._snapshot(src) if q == self.n[src] else self._snap_at(src, q)
-        kept = [s for s in self.snaps[src] if s.end <= q]  # snapshots are never written: sharing is safe
+        snap = self._snapshot(src) if q == self.n[src] else self.snaps.at(src, q)
         self._clear(dst)
         if q > 0:
             self._restore(dst, snap)
-        self.snaps[dst] = kept
+        self.snaps.copy(src, dst, q)
 
     def checkpoint(self, seq: int) -> None:
         self._check_seq(seq)
         end = self.n[seq]
-        if end <= 0 or self.n_checkpoints <= 0 or self._snap_at(seq, end) is not None:
-            return
-        self.snaps[seq] = [*self.snaps[seq], self._snapshot(seq)][-self.n_checkpoints :]
+        if end > 0 and self.snaps.keep and self.snaps.at(seq, end) is None:
+            self.snaps.add(seq, self._snapshot(seq))
 
     def seq_keep(self, seq: int) -> None:
         self._check_seq(seq)
@@ -214,7 +210,7 @@ class RecurrentMemory(Memory):
     def checkpoints(self, seq: int) -> list[int]:
         """Positions ``seq`` can be put back to (its snapshots' ends), oldest first."""
         self._check_seq(seq)
-        return [s.end for s in self.snaps[seq]]
+        return self.snaps.ends(seq)
 
     def save_seq(self, seq: int) -> SeqState:
         """The current state and every checkpoint: ``conv.<layer>`` / ``ssm.<layer>``,
@@ -222,15 +218,16 @@ class RecurrentMemory(Memory):
         ``meta["checkpoints"]``). ``positions`` is 0..n-1 (one per consumed token)."""
         self._check_seq(seq)
         tensors: dict[str, torch.Tensor] = {}
-        for i, snap in enumerate([*self.snaps[seq], self._snapshot(seq)]):
-            prefix = f"ckpt{i}." if i < len(self.snaps[seq]) else ""
+        kept = self.snaps.of(seq)
+        for i, snap in enumerate([*kept, self._snapshot(seq)]):
+            prefix = f"ckpt{i}." if i < len(kept) else ""
             for la in self.specs:
                 tensors[f"{prefix}conv.{la}"] = snap.conv[la].to("cpu", copy=True)
                 tensors[f"{prefix}ssm.{la}"] = snap.ssm[la].to("cpu", copy=True)
         meta = {
             "memory_kind": self.kind,
             "layers": ",".join(str(la) for la in self.specs),
-            "checkpoints": ",".join(str(s.end) for s in self.snaps[seq]),
+            "checkpoints": ",".join(str(e) for e in self.snaps.ends(seq)),
         }
         return SeqState(positions=torch.arange(self.n[seq]), tensors=tensors, meta=meta)
 
@@ -279,7 +276,7 @@ class RecurrentMemory(Memory):
         current = snap("", n)
         self._clear(seq)
         self._restore(seq, current)
-        self.snaps[seq] = snaps[-self.n_checkpoints :] if self.n_checkpoints else []
+        self.snaps.put(seq, snaps)
 
     @property
     def can_shift(self) -> bool:
@@ -288,7 +285,7 @@ class RecurrentMemory(Memory):
     def usage(self, held_by: list[int] | tuple[int, ...] = ()) -> MemoryUsage:
         """A block is one sequence's whole state; checkpoints count as blocks too."""
         held = set(held_by)
-        per_seq = lambda s: (1 if self.n[s] else 0) + len(self.snaps[s])  # noqa: E731
+        per_seq = lambda s: (1 if self.n[s] else 0) + len(self.snaps.of(s))  # noqa: E731
         group = GroupUsage(
             kind="recurrent",
             n_layers=len(self.specs),
@@ -302,11 +299,9 @@ class RecurrentMemory(Memory):
 
     def integrity_check(self) -> None:
         for seq in range(self.n_seq_max):
-            ends = [s.end for s in self.snaps[seq]]
-            if self.n[seq] < 0 or any(not 0 < e <= self.n[seq] for e in ends) or ends != sorted(set(ends)):
-                raise IntegrityError(f"sequence {seq}: checkpoints {ends} do not fit its {self.n[seq]} positions")
-            if len(ends) > self.n_checkpoints:
-                raise IntegrityError(f"sequence {seq}: {len(ends)} checkpoints, at most {self.n_checkpoints}")
+            problem = "a negative length" if self.n[seq] < 0 else self.snaps.problem(seq, self.n[seq])
+            if problem:
+                raise IntegrityError(f"sequence {seq}: {problem}")
 
 
 class RecurrentView(ForwardView):

@@ -23,9 +23,10 @@ from dataclasses import dataclass
 
 import torch
 
+from memory.checkpoints import Checkpoints
 from memory.kv_state import validate_kv_state
 from memory.protocol import GroupUsage, IntegrityError, Memory, MemoryBatch, MemoryUsage, SeqState, StateMismatch
-from memory.spec import LayerSpec, window_of
+from memory.spec import LayerSpec, bytes_per_cell, window_of
 from memory.stream_kv import UNUSED, StreamKVView
 
 
@@ -69,7 +70,7 @@ class SlidingKVCache(Memory):
         self.cell_pos = torch.full((n_seq_max, self.ring), UNUSED, dtype=torch.long)  # [S, R]
         self.n = [0] * n_seq_max  # next position
         self.lo = [0] * n_seq_max  # lowest position held
-        self.snaps: list[list[_Checkpoint]] = [[] for _ in range(n_seq_max)]
+        self.snaps: Checkpoints[_Checkpoint] = Checkpoints(n_seq_max, n_checkpoints)
 
     # ---- helpers -------------------------------------------------------------------
 
@@ -88,14 +89,14 @@ class SlidingKVCache(Memory):
     def _clear(self, seq: int) -> None:
         self.cell_pos[seq] = UNUSED
         self.n[seq] = self.lo[seq] = 0
-        self.snaps[seq] = []
+        self.snaps.clear(seq)
 
     def _truncate(self, seq: int, p: int) -> None:
         """Drop positions >= p (the ring holds the window before p)."""
         self.cell_pos[seq][self.cell_pos[seq] >= p] = UNUSED
         self.n[seq] = p
         self.lo[seq] = min(self.lo[seq], p)
-        self.snaps[seq] = [c for c in self.snaps[seq] if c.end <= p]
+        self.snaps.cut(seq, p)
 
     def _write(self, seq: int, positions: torch.Tensor, k: dict, v: dict) -> None:
         """Put cells (positions [m], per layer [m, KVH, D]) into ``seq``'s ring."""
@@ -115,14 +116,14 @@ class SlidingKVCache(Memory):
 
     def checkpoints(self, seq: int) -> list[int]:
         self._check_seq(seq)
-        return [c.end for c in self.snaps[seq]]
-
-    def _checkpoint_at(self, seq: int, p: int) -> _Checkpoint | None:
-        return next((c for c in self.snaps[seq] if c.end == p), None)
+        return self.snaps.ends(seq)
 
     # ---- protocol ------------------------------------------------------------------
 
-    def prepare(self, batch: MemoryBatch) -> StreamKVView:
+    def check_batch(self, batch: MemoryBatch) -> list[int]:
+        """ValueError unless ``prepare(batch)`` can take it (no change): at most
+        ``max_step`` tokens per sequence, each following its last position. Returns
+        where each sequence's rows start in the batch (and the end)."""
         batch.check()
         positions = batch.positions.cpu()
         starts = [0]
@@ -134,6 +135,11 @@ class SlidingKVCache(Memory):
             if n_new and not torch.equal(mine, torch.arange(self.n[seq], self.n[seq] + n_new)):
                 raise ValueError(f"sequence {seq}: new positions must follow its last one ({self.n[seq] - 1})")
             starts.append(starts[-1] + n_new)
+        return starts
+
+    def prepare(self, batch: MemoryBatch) -> StreamKVView:
+        starts = self.check_batch(batch)
+        positions = batch.positions.cpu()
         rows = []
         for i, (seq, n_new) in enumerate(zip(batch.seq_ids, batch.n_tokens)):
             new = positions[starts[i] : starts[i + 1]]
@@ -149,19 +155,19 @@ class SlidingKVCache(Memory):
         p = min(p, self.n[seq])
         if p <= 0 or self._holds_window(seq, p):
             return max(p, 0)
-        return max((c.end for c in self.snaps[seq] if c.end <= p), default=0)
+        return self.snaps.latest(seq, p)
 
     def seq_rm(self, seq: int, p0: int = 0, p1: int | None = None) -> bool:
         """Whole sequences and suffixes only, and a suffix only back to a cut point
         (``seq_cut_point``); anything else returns False, unchanged."""
         if seq < 0:
-            if any(not self._can_rm(s, p0, p1) for s in range(self.n_seq_max)):
+            if any(not self.can_rm(s, p0, p1) for s in range(self.n_seq_max)):
                 return False
             for s in range(self.n_seq_max):
                 self.seq_rm(s, p0, p1)
             return True
         self._check_seq(seq)
-        if not self._can_rm(seq, p0, p1):
+        if not self.can_rm(seq, p0, p1):
             return False
         end = self.n[seq] if p1 is None else min(p1, self.n[seq])
         if end <= max(p0, 0):
@@ -169,34 +175,42 @@ class SlidingKVCache(Memory):
         if p0 <= 0:
             self._clear(seq)
             return True
-        ckpt = None if self._holds_window(seq, p0) else self._checkpoint_at(seq, p0)
+        ckpt = None if self._holds_window(seq, p0) else self.snaps.at(seq, p0)
         self._truncate(seq, p0)
         if ckpt is not None:
             self._write(seq, ckpt.positions, ckpt.k, ckpt.v)
             self.lo[seq] = int(ckpt.positions[0]) if len(ckpt.positions) else p0
         return True
 
-    def _can_rm(self, seq: int, p0: int, p1: int | None) -> bool:
+    def can_rm(self, seq: int, p0: int, p1: int | None) -> bool:
+        """Whether ``seq_rm(seq, p0, p1)`` would succeed (no change)."""
         n = self.n[seq]
         end = n if p1 is None else min(p1, n)
         if end <= max(p0, 0):
             return True
         if end < n:
             return False  # positions from the middle: the window would have a hole
-        return p0 <= 0 or self._holds_window(seq, p0) or self._checkpoint_at(seq, p0) is not None
+        return p0 <= 0 or self._holds_window(seq, p0) or self.snaps.at(seq, p0) is not None
 
-    def seq_cp(self, src: int, dst: int, p0: int = 0, p1: int | None = None) -> None:
+    def check_cp(self, src: int, dst: int, p0: int = 0, p1: int | None = None) -> None:
+        """ValueError unless ``seq_cp(src, dst, p0, p1)`` can be done (no change): a
+        prefix, up to a cut point (``seq_cut_point``)."""
         self._check_seq(src)
         self._check_seq(dst)
         if src == dst:
             return
-        q = self.n[src] if p1 is None else min(p1, self.n[src])
         if p0 > 0:
             raise ValueError("a sliding-window cache copies prefixes only")
-        ckpt = None if self._holds_window(src, q) else self._checkpoint_at(src, q)
-        if q > 0 and ckpt is None and not self._holds_window(src, q):
+        q = self.n[src] if p1 is None else min(p1, self.n[src])
+        if q > 0 and not self._holds_window(src, q) and self.snaps.at(src, q) is None:
             raise ValueError(f"sequence {src} cannot be cut at {q} (see seq_cut_point)")
-        kept = [c for c in self.snaps[src] if c.end <= q]
+
+    def seq_cp(self, src: int, dst: int, p0: int = 0, p1: int | None = None) -> None:
+        self.check_cp(src, dst, p0, p1)
+        if src == dst:
+            return
+        q = self.n[src] if p1 is None else min(p1, self.n[src])
+        ckpt = None if self._holds_window(src, q) else self.snaps.at(src, q)
         self._clear(dst)
         if q > 0:
             if ckpt is None:
@@ -205,7 +219,7 @@ class SlidingKVCache(Memory):
             self._write(dst, ckpt.positions, ckpt.k, ckpt.v)
             self.n[dst] = q
             self.lo[dst] = int(ckpt.positions[0]) if len(ckpt.positions) else q
-        self.snaps[dst] = list(kept)  # snapshots are never written in place: sharing is safe
+        self.snaps.copy(src, dst, q)
 
     def seq_keep(self, seq: int) -> None:
         self._check_seq(seq)
@@ -220,10 +234,8 @@ class SlidingKVCache(Memory):
     def checkpoint(self, seq: int) -> None:
         self._check_seq(seq)
         end = self.n[seq]
-        if end <= 0 or self.n_checkpoints <= 0 or self._checkpoint_at(seq, end) is not None:
-            return
-        ckpt = self._snapshot(seq, max(self.lo[seq], end - self.window + 1), end)
-        self.snaps[seq] = [*self.snaps[seq], ckpt][-self.n_checkpoints :]
+        if end > 0 and self.snaps.keep and self.snaps.at(seq, end) is None:
+            self.snaps.add(seq, self._snapshot(seq, max(self.lo[seq], end - self.window + 1), end))
 
     def seq_pos_min(self, seq: int) -> int:
         self._check_seq(seq)
@@ -284,7 +296,7 @@ class SlidingKVCache(Memory):
             n_blocks_total=self.n_seq_max * -(-self.ring // bs),
             n_blocks_used=sum(blocks(s) for s in range(self.n_seq_max)),
             n_blocks_held=sum(blocks(s) for s in set(held_by)),
-            bytes_per_block=bs * sum(s.bytes_per_token for s in self.specs.values()),
+            bytes_per_block=bs * bytes_per_cell(self.specs.values()),
         )
         return MemoryUsage(kind=self.kind, groups=(group,), n_cells_used=sum(self.n))
 
@@ -299,3 +311,5 @@ class SlidingKVCache(Memory):
                 raise IntegrityError(f"sequence {seq}: ring positions are not [{lo}, {n})")
             if bool((held % self.ring != used.nonzero().flatten()).any()):
                 raise IntegrityError(f"sequence {seq}: a position sits in the wrong ring cell")
+            if problem := self.snaps.problem(seq, n):
+                raise IntegrityError(f"sequence {seq}: {problem}")

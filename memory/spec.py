@@ -8,6 +8,7 @@ its own byte size per token, so sizing sums specs.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import torch
@@ -87,6 +88,11 @@ class RecurrentSpec:
 
 LayerSpec = FullAttentionSpec | SlidingWindowSpec | ReuseSpec | NoCacheSpec | RecurrentSpec
 NO_STORAGE = ("reuse", "none")
+
+
+def bytes_per_cell(specs: Iterable[LayerSpec]) -> int:
+    """Bytes one cell (one token's entry) takes across the layers of ``specs``."""
+    return sum(s.bytes_per_token for s in specs)
 
 
 def window_of(spec: LayerSpec) -> int | None:

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import torch
 
-from memory.kv_state import KVRopeShift, kv_state, validate_kv_state
-from memory.kv_view import FAR, GroupedKVView
+from memory.kv_state import FAR, NO_POS, KVRopeShift, kv_state, validate_kv_state
+from memory.kv_view import GroupedKVView
 from memory.lazy_zeros import lazy_zeros
 from memory.protocol import (
     CacheFull,
@@ -28,7 +28,7 @@ from memory.protocol import (
     SeqState,
     StateMismatch,
 )
-from memory.spec import LayerSpec, window_of
+from memory.spec import LayerSpec, bytes_per_cell, window_of
 
 UNUSED = FAR + 1  # position of a cell past a stream's end: no query attends to it
 
@@ -149,7 +149,7 @@ class StreamKVCache(Memory):
             self.k[layer][seq].index_copy_(1, dev_idx, self.rope_shift(layer, k, deltas).transpose(0, 1))
         self.cell_pos[seq, idx] += delta
         if delta < 0:
-            self.seq_rm(seq, -(2**62), 0)
+            self.seq_rm(seq, NO_POS, 0)
 
     def seq_pos_min(self, seq: int) -> int:
         self._check_seq(seq)
@@ -196,7 +196,7 @@ class StreamKVCache(Memory):
             n_blocks_total=self.n_seq_max * (self.stream_cells // bs),
             n_blocks_used=sum(blocks(s) for s in range(self.n_seq_max)),
             n_blocks_held=sum(blocks(s) for s in set(held_by)),
-            bytes_per_block=bs * sum(s.bytes_per_token for s in self.specs.values()),
+            bytes_per_block=bs * bytes_per_cell(self.specs.values()),
         )
         return MemoryUsage(kind=self.kind, groups=(group,), n_cells_used=sum(self.n))
 

@@ -76,8 +76,8 @@ def _cut_drain(tmp_path, second_signal: int | None) -> None:
     args = ("-np", "4", "-t", "1", "-c", "512", "--context-shift", "--drain-timeout", timeout)
     with ServerProcess(*args, log=tmp_path / "log") as srv:
         srv.wait_ready()
-        # no max_tokens and context shifts: the streams never end on their own
-        body = {"prompt": "def f():", "ignore_eos": True, "stream": True}
+        # context shifts and a limit far away: the streams do not end on their own
+        body = {"prompt": "def f():", "max_tokens": 10**9, "ignore_eos": True, "stream": True}
         ends: list[list[str]] = []
         started = threading.Barrier(5)
 

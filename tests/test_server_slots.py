@@ -102,8 +102,8 @@ def test_prefix_reuse_and_cold_equality(server, tokenizer):
 def test_prefix_copied_from_busy_slot(server, tokenizer):
     text = "".join(f"class Widget{i}:\n    size = {i}\n\n" for i in range(30))
     prefix = tokenizer.encode(text)[:150]
-    # no max_tokens: slot 0 runs to its context's end (~870 tokens) unless the stream is left
-    body = {"prompt": prefix + tokenizer.encode("x = 1"), "max_tokens": None, "ignore_eos": True, "id_slot": 0}
+    # more tokens than the context holds: slot 0 runs to its end (~870 tokens) unless the stream is left
+    body = {"prompt": prefix + tokenizer.encode("x = 1"), "max_tokens": 100_000, "ignore_eos": True, "id_slot": 0}
     with httpx.stream("POST", server.url + "/v1/completions", json={**body, "stream": True}, timeout=60) as r:
         lines = r.iter_lines()
         next(line for line in lines if line.startswith("data: "))  # slot 0 is now busy with the prefix
