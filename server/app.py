@@ -23,6 +23,8 @@ from server.state import ServerState
 
 
 def create_app(settings: ServerSettings) -> FastAPI:
+    """The app: the routers, the probes, /metrics and /openapi.json, then the middleware
+    (outermost last). The model loads in the background once the app starts."""
     state = ServerState(settings)
 
     @asynccontextmanager
@@ -41,6 +43,14 @@ def create_app(settings: ServerSettings) -> FastAPI:
     if settings.webui:
         webui.mount(app)
         public |= webui.PUBLIC_PATHS
+    _add_probes(app, state)
+    _add_metrics(app, state)
+    _add_openapi(app, state, public)
+    _add_middleware(app, state, public)
+    return app
+
+
+def _add_probes(app: FastAPI, state: ServerState) -> None:
     probe = documented(Status) | {503: {"model": Status, "description": "not alive / not ready (the body says why)"}}
 
     @app.get("/health", response_model=None, responses=probe)
@@ -53,17 +63,21 @@ def create_app(settings: ServerSettings) -> FastAPI:
         code, body = state.ready()
         return JSONResponse(body, status_code=code)
 
+
+def _add_metrics(app: FastAPI, state: ServerState) -> None:
     started = str(int(time.time()))
 
     @app.get("/metrics", response_class=PlainTextResponse, responses=documented(None, 501, text=True))
     async def metrics() -> Response:
         """Prometheus text; ``Process-Start-Time-Unix`` says when this process started (as
         llama-server's). 501 with ``--no-metrics``."""
-        if not settings.metrics:
+        if not state.settings.metrics:
             raise APIError(501, "this server does not serve metrics: start it with --metrics", "not_supported_error")
         body = generate_latest(state.metrics.registry)
         return Response(body, media_type=CONTENT_TYPE_LATEST, headers={"Process-Start-Time-Unix": started})
 
+
+def _add_openapi(app: FastAPI, state: ServerState, public: set[str]) -> None:
     document: dict = {}
 
     @app.get("/openapi.json", include_in_schema=False)
@@ -71,10 +85,14 @@ def create_app(settings: ServerSettings) -> FastAPI:
         """The document, with the limits of the loaded model (503 while it loads)."""
         if not document:
             engine = state.require_ready()
-            limits = {"vocab": engine.vocab_size, "n_slots": settings.parallel}
-            document.update(build_openapi(app, limits, bool(settings.api_keys), public))
+            limits = {"vocab": engine.vocab_size, "n_slots": state.settings.parallel}
+            document.update(build_openapi(app, limits, bool(state.settings.api_keys), public))
         return JSONResponse(document)
 
+
+def _add_middleware(app: FastAPI, state: ServerState, public: set[str]) -> None:
+    """Added innermost first: JSON bodies, the body limit, API keys, CORS, the status counter."""
+    settings = state.settings
     app.add_middleware(JSONBodyMiddleware)
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_size)
     prefix = webui.PUBLIC_PREFIX if settings.webui else None
@@ -84,4 +102,3 @@ def create_app(settings: ServerSettings) -> FastAPI:
     )
     app.add_middleware(CORSMiddleware, policy=cors)  # outside the key check: preflights carry no credentials
     app.add_middleware(StatusCounter, metrics=state.metrics)  # outermost: sees 401s too
-    return app

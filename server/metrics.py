@@ -111,70 +111,72 @@ class _LiveCollector(Collector):
         engine = self.engine_of()
         if engine is None:
             return
-        health = engine.health()
-        stats = engine.cache_stats()
-        yield CounterMetricFamily(
-            "slotserve_engine_faults", "Engine steps that raised (their requests failed)", value=health.n_faults
-        )
-        if health.steps is not None:
-            yield CounterMetricFamily("slotserve_engine_steps", "Engine steps that completed", value=health.steps.n)
-            yield CounterMetricFamily(
-                "slotserve_engine_step_seconds", "Wall time of the completed engine steps", value=health.steps.wall_s
-            )
-            yield CounterMetricFamily(
-                "slotserve_engine_decode_steps",
-                "Engine steps of one token per sequence (no prefill chunk)",
-                value=health.steps.n_decode,
-            )
-            yield CounterMetricFamily(
-                "slotserve_engine_decode_step_seconds",
-                "Wall time of those steps (per step: the inter-token latency floor)",
-                value=health.steps.decode_wall_s,
-            )
-            yield CounterMetricFamily(
-                "slotserve_engine_step_cpu_seconds",
-                "Engine thread CPU time in those steps (wall - cpu: waiting for the GIL or preempted)",
-                value=health.steps.cpu_s,
-            )
-        yield GaugeMetricFamily("slotserve_requests_running", "Requests in slots", value=health.n_running)
-        yield GaugeMetricFamily("slotserve_requests_waiting", "Requests queued for a slot", value=health.n_waiting)
-        yield GaugeMetricFamily("slotserve_slots_busy", "Slots running a request", value=stats.n_slots_busy)
-        yield GaugeMetricFamily(
-            "slotserve_slots_idle", "Slots free for a request", value=stats.n_slots - stats.n_slots_busy
-        )
-        families = {
-            "ratio": GaugeMetricFamily(
-                "slotserve_kv_cache_usage_ratio",
-                "Share of cache blocks held by running requests (0-1)",
-                labels=["memory_kind"],
-            ),
-            "used": GaugeMetricFamily(
-                "slotserve_kv_cache_blocks_used", "Cache blocks in use, idle caches included", labels=["memory_kind"]
-            ),
-            "capacity": GaugeMetricFamily(
-                "slotserve_kv_cache_blocks_capacity", "Cache blocks in the pool", labels=["memory_kind"]
-            ),
-            "bytes_used": GaugeMetricFamily(
-                "slotserve_cache_bytes_used",
-                "Bytes of cache in use (KV cells, or recurrent states and their checkpoints)",
-                labels=["memory_kind"],
-            ),
-            "bytes_capacity": GaugeMetricFamily(
-                "slotserve_cache_bytes_capacity", "Bytes the cache can hold", labels=["memory_kind"]
-            ),
-        }
-        for group in stats.usage.groups:  # one series per kind of layer group
-            families["ratio"].add_metric([group.kind], group.n_blocks_held / max(group.n_blocks_total, 1))
-            families["used"].add_metric([group.kind], group.n_blocks_used)
-            families["capacity"].add_metric([group.kind], group.n_blocks_total)
-            families["bytes_used"].add_metric([group.kind], group.bytes_used)
-            families["bytes_capacity"].add_metric([group.kind], group.bytes_total)
-        yield from families.values()
-        yield CounterMetricFamily(
-            "slotserve_checkpoint_restores",
-            "Prefix reuses that restarted from a kept checkpoint (recurrent or sliding-window caches)",
-            value=stats.n_checkpoint_restores,
-        )
+        health, stats = engine.health(), engine.cache_stats()
+        yield from _step_families(health)
+        yield from _slot_families(health, stats)
+        yield from _cache_families(stats)
+
+
+def _step_families(health) -> Iterable:
+    """The engine thread's clock: faults, steps, their wall and CPU time."""
+    yield CounterMetricFamily(
+        "slotserve_engine_faults", "Engine steps that raised (their requests failed)", value=health.n_faults
+    )
+    steps = health.steps
+    if steps is None:
+        return
+    yield CounterMetricFamily("slotserve_engine_steps", "Engine steps that completed", value=steps.n)
+    wall = "Wall time of the completed engine steps"
+    yield CounterMetricFamily("slotserve_engine_step_seconds", wall, value=steps.wall_s)
+    decode = "Engine steps of one token per sequence (no prefill chunk)"
+    yield CounterMetricFamily("slotserve_engine_decode_steps", decode, value=steps.n_decode)
+    yield CounterMetricFamily(
+        "slotserve_engine_decode_step_seconds",
+        "Wall time of those steps (per step: the inter-token latency floor)",
+        value=steps.decode_wall_s,
+    )
+    yield CounterMetricFamily(
+        "slotserve_engine_step_cpu_seconds",
+        "Engine thread CPU time in those steps (wall - cpu: waiting for the GIL or preempted)",
+        value=steps.cpu_s,
+    )
+
+
+def _slot_families(health, stats) -> Iterable:
+    """Requests running and waiting, slots busy and idle."""
+    yield GaugeMetricFamily("slotserve_requests_running", "Requests in slots", value=health.n_running)
+    yield GaugeMetricFamily("slotserve_requests_waiting", "Requests queued for a slot", value=health.n_waiting)
+    yield GaugeMetricFamily("slotserve_slots_busy", "Slots running a request", value=stats.n_slots_busy)
+    n_idle = stats.n_slots - stats.n_slots_busy
+    yield GaugeMetricFamily("slotserve_slots_idle", "Slots free for a request", value=n_idle)
+
+
+def _cache_families(stats) -> Iterable:
+    """The cache by kind of layer group (one series per group), and checkpoint restores."""
+    kind = ["memory_kind"]
+    ratio = GaugeMetricFamily(
+        "slotserve_kv_cache_usage_ratio", "Share of cache blocks held by running requests (0-1)", labels=kind
+    )
+    used = GaugeMetricFamily("slotserve_kv_cache_blocks_used", "Cache blocks in use, idle caches included", labels=kind)
+    capacity = GaugeMetricFamily("slotserve_kv_cache_blocks_capacity", "Cache blocks in the pool", labels=kind)
+    bytes_used = GaugeMetricFamily(
+        "slotserve_cache_bytes_used",
+        "Bytes of cache in use (KV cells, or recurrent states and their checkpoints)",
+        labels=kind,
+    )
+    bytes_capacity = GaugeMetricFamily("slotserve_cache_bytes_capacity", "Bytes the cache can hold", labels=kind)
+    for group in stats.usage.groups:
+        ratio.add_metric([group.kind], group.n_blocks_held / max(group.n_blocks_total, 1))
+        used.add_metric([group.kind], group.n_blocks_used)
+        capacity.add_metric([group.kind], group.n_blocks_total)
+        bytes_used.add_metric([group.kind], group.bytes_used)
+        bytes_capacity.add_metric([group.kind], group.bytes_total)
+    yield from (ratio, used, capacity, bytes_used, bytes_capacity)
+    yield CounterMetricFamily(
+        "slotserve_checkpoint_restores",
+        "Prefix reuses that restarted from a kept checkpoint (recurrent or sliding-window caches)",
+        value=stats.n_checkpoint_restores,
+    )
 
 
 class StatusCounter:
