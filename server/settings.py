@@ -55,6 +55,11 @@ class ServerSettings(BaseSettings):
     )
     block_size: int = Field(16, gt=0, description="KV cells per block")
     dtype: str = Field("float32", pattern="^(float32|bfloat16|float16)$", description="weights and activations")
+    quantization: str | None = Field(
+        None,
+        pattern="^q8_0$",
+        description="quantize a float checkpoint's linear layers at load (vLLM's flag): q8_0 (float32 activations)",
+    )
     slot_save_path: Path | None = Field(None, description="folder for slot files (slot save/restore off without it)")
     api_key: str | None = Field(None, description="comma-separated API keys (Bearer or X-Api-Key)")
     api_key_file: Path | None = Field(None, description="file with one API key per line")
@@ -264,6 +269,7 @@ FLAGS: dict[str, tuple[str, ...]] = {
     "ubatch_size": ("-ub", "--ubatch-size"),
     "block_size": ("--block-size",),
     "dtype": ("--dtype",),
+    "quantization": ("-q", "--quantization"),
     "slot_save_path": ("--slot-save-path",),
     "api_key": ("--api-key",),
     "api_key_file": ("--api-key-file",),

@@ -49,6 +49,7 @@ class ServerState:
             config = EngineConfig(
                 model=s.model,
                 dtype=s.dtype,
+                quantization=s.quantization,
                 block_size=s.block_size,
                 n_ctx=s.ctx_size,
                 n_seq_max=s.parallel,

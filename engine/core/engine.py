@@ -20,6 +20,7 @@ from engine.core.runner import ModelRunner
 from engine.core.sequence import FinishReason, Sequence, StepEvent, TokenLogprob
 from engine.errors import StepFailed, check_token_ids
 from engine.kernels.packed_linear import onednn_available, pack_linears
+from engine.kernels.quant import log_kernel_choice, quantize_linears
 from engine.loading.checkpoint import Progress
 from engine.loading.loaded import load
 from engine.sampling.grammar import BatchMasker, GrammarCompiler
@@ -54,6 +55,10 @@ class Engine:
         loaded = load(config, progress)
         self.model_config, self.tokenizer, self.model = loaded.model_config, loaded.tokenizer, loaded.model
         self.fingerprint = loaded.fingerprint
+        if config.quantization:  # before packing: the quantized layers are no nn.Linear any more
+            quantize_linears(self.model)
+            log_kernel_choice()
+            self.fingerprint = {**self.fingerprint, "quantization": config.quantization}
         if self._use_onednn():
             pack_linears(self.model)
         layout = "unified" if config.kv_unified else "stream"

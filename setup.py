@@ -1,0 +1,45 @@
+"""The compiled kernels (engine/kernels/csrc), built by ``pip install -e .`` / ``pip
+install .`` where a C++ compiler exists. Without one, or when the build fails, the
+package installs without them and the server runs its torch-only paths (it says so in
+one log line). ``SLOTSERVE_NO_EXT=1`` skips the build."""
+
+import os
+import sys
+
+from setuptools import setup
+
+ext_modules, cmdclass = [], {}
+if os.environ.get("SLOTSERVE_NO_EXT") != "1":
+    try:
+        from torch.utils.cpp_extension import BuildExtension, CppExtension
+    except ImportError:  # no torch at build time: nothing to compile against
+        BuildExtension = None
+    if BuildExtension is not None:
+
+        class OptionalBuildExtension(BuildExtension):
+            """A failed build leaves the torch-only paths; it never fails the install."""
+
+            def run(self):
+                try:
+                    super().run()
+                except Exception as exc:  # noqa: BLE001 (any compiler trouble)
+                    print(f"slotserve: compiled kernels not built ({exc}); torch-only paths", file=sys.stderr)
+
+            def build_extension(self, ext):
+                try:
+                    super().build_extension(ext)
+                except Exception as exc:  # noqa: BLE001
+                    print(f"slotserve: {ext.name} not built ({exc}); torch-only paths", file=sys.stderr)
+
+        flags = ["-O3", "-fopenmp", "-std=c++17"]
+        ext_modules = [
+            CppExtension(
+                "engine.kernels._quant",
+                ["engine/kernels/csrc/quant.cpp"],
+                extra_compile_args=flags,
+                extra_link_args=["-fopenmp"],
+            )
+        ]
+        cmdclass = {"build_ext": OptionalBuildExtension.with_options(use_ninja=False)}
+
+setup(ext_modules=ext_modules, cmdclass=cmdclass)
