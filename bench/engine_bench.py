@@ -49,7 +49,9 @@ def build_checkpoint(folder: Path, shape: dict) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
-def run_ours(folder: Path, prompts: list[list[int]], n_new: int, linear: str = "auto") -> float:
+def run_ours(
+    folder: Path, prompts: list[list[int]], n_new: int, linear: str = "auto", quantization: str | None = None
+) -> float:
     from engine import Engine, SamplingParams
 
     engine = Engine.from_pretrained(
@@ -57,6 +59,7 @@ def run_ours(folder: Path, prompts: list[list[int]], n_new: int, linear: str = "
         n_ctx=len(prompts) * (len(prompts[0]) + n_new + 16),
         n_seq_max=len(prompts),
         linear=linear,
+        quantization=quantization,
     )
     params = SamplingParams(temperature=0.0, max_tokens=n_new, ignore_eos=True)
     engine.generate([prompts[0][:8]], SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True))  # warm-up
@@ -110,6 +113,7 @@ def main() -> None:
     ap.add_argument("--small", action="store_true")
     ap.add_argument("--profile", action="store_true")
     ap.add_argument("--linear", default="auto", choices=["auto", "torch", "onednn"], help="engine's matmul path")
+    ap.add_argument("--quantization", default=None, choices=["q8_0"], help="quantize the linears at load")
     ap.add_argument("--json", type=Path, default=None, help="also write the figures here (bench/plot.py reads it)")
     args = ap.parse_args()
     rows = []
@@ -121,7 +125,7 @@ def main() -> None:
         gen = torch.Generator().manual_seed(0)
         for batch in [int(b) for b in args.batches.split(",")]:
             prompts = torch.randint(1, 250, (batch, args.prompt), generator=gen).tolist()
-            ours = run_ours(folder, prompts, args.new, args.linear)
+            ours = run_ours(folder, prompts, args.new, args.linear, args.quantization)
             theirs = run_hf(folder, prompts, args.new)
             print(f"{batch:>5} {ours:>16.1f} {theirs:>19.1f} {ours / theirs:>6.2f}x", flush=True)
             rows.append({"batch": batch, "slotserve_tok_s": ours, "transformers_tok_s": theirs})

@@ -148,3 +148,24 @@ def test_quantization_needs_float32():
         Engine.from_pretrained(str(DEMO_MODEL), quantization="q8_0", dtype="bfloat16")
     with pytest.raises(ValueError, match="q8_0"):
         Engine.from_pretrained(str(DEMO_MODEL), quantization="q4_x")
+
+
+def test_a_server_started_with_quantization_serves(caplog):
+    import httpx
+    from server_proc import InProcessServer
+
+    with caplog.at_level(logging.INFO, logger="slotserve.kernels"), InProcessServer(quantization="q8_0") as srv:
+        r = httpx.post(srv.url + "/completion", json={"prompt": "def add(a, b):", "n_predict": 8, "temperature": 0})
+        assert r.status_code == 200 and r.json()["tokens_predicted"] == 8
+        assert httpx.get(srv.url + "/props").json()["memory"]["integrity"] == "ok"
+    assert [r.message for r in caplog.records if r.message.startswith("quantized matmuls:")]
+
+
+def test_the_quantization_flag_is_checked():
+    from pydantic import ValidationError
+
+    from server.settings import ServerSettings
+
+    with pytest.raises(ValidationError, match="quantization"):
+        ServerSettings(quantization="q4_x")
+    assert ServerSettings(quantization="q8_0").quantization == "q8_0"

@@ -22,6 +22,10 @@ from torch import nn
 QK = 32  # values per Q8_0 block
 BLOCK_BYTES = 2 + QK  # float16 scale + 32 int8
 TILE = 256  # output rows dequantized at a time on the torch-only path
+# From bench/quant_bench.py (2-core AMD EPYC, AVX2): the compiled kernel wins below ~128
+# activation rows (decode: 4-8x F.linear at 1-8 rows); above, dequantized tiles through
+# oneDNN's float32 GEMM win (prefill chunks), so those take the tiled path.
+COMPILED_MAX_ROWS = 128
 
 log = logging.getLogger("slotserve.kernels")
 
@@ -82,18 +86,24 @@ def q8_0_dequantize(qs: torch.Tensor, d: torch.Tensor, dtype: torch.dtype = torc
 
 def q8_0_linear(x: torch.Tensor, qs: torch.Tensor, d: torch.Tensor, compiled: bool | None = None) -> torch.Tensor:
     """x [..., K] float32 @ W.T for W = (qs [N, K], d [N, K/32]) -> [..., N].
-    ``compiled``: force the compiled kernel (True) or the torch-only path (False)."""
-    use_compiled = (_quant is not None) if compiled is None else compiled
+    ``compiled``: force the compiled kernel (True) or the tiled torch path (False);
+    default: the compiled kernel for fewer than ``COMPILED_MAX_ROWS`` rows, where built."""
     lead = x.shape[:-1]
     x2 = x.reshape(-1, x.shape[-1])  # [M, K]
+    use_compiled = _quant is not None and x2.shape[0] < COMPILED_MAX_ROWS if compiled is None else compiled
     if use_compiled:
         if _quant is None:
             raise RuntimeError("the compiled kernels are not built")
         y = _quant.q8_0_linear(x2.float(), qs, d)  # [M, N]
     else:
-        y = torch.empty(x2.shape[0], qs.shape[0], dtype=torch.float32)  # [M, N]
-        for r in range(0, qs.shape[0], TILE):
-            y[:, r : r + TILE] = F.linear(x2.float(), q8_0_dequantize(qs[r : r + TILE], d[r : r + TILE]))
+        n, k = qs.shape
+        xf = x2.float()
+        y = torch.empty(x2.shape[0], n, dtype=torch.float32)  # [M, N]
+        tile = torch.empty(min(TILE, n), k // QK, QK)  # one buffer for every tile (in place: ~10x faster)
+        for r in range(0, n, TILE):
+            rows = min(TILE, n - r)
+            w = tile[:rows].copy_(qs[r : r + rows].reshape(rows, k // QK, QK)).mul_(d[r : r + rows, :, None])
+            y[:, r : r + rows] = F.linear(xf, w.reshape(rows, k))
     return y.reshape(*lead, qs.shape[0]).to(x.dtype)
 
 

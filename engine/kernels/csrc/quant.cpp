@@ -69,14 +69,43 @@ __attribute__((target("avx2,fma"))) float row_dot_avx2(const int8_t* w, const fl
   return _mm_cvtss_f32(s1);
 }
 
-using RowDot = float (*)(const int8_t*, const float*, const int8_t*, const float*, int64_t);
-
-RowDot pick_row_dot() {
-  __builtin_cpu_init();
-  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") ? row_dot_avx2 : row_dot_portable;
+// One weight row against 4 activation rows: each weight block is loaded once for all 4.
+__attribute__((target("avx2,fma"))) void row_dot4_avx2(const int8_t* w, const float* dw, const int8_t* q,
+                                                        const float* dq, int64_t nb, int64_t K, float* out) {
+  __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+  const __m256i ones = _mm256_set1_epi16(1);
+  for (int64_t b = 0; b < nb; ++b) {
+    const __m256i vw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + b * QK));
+    const __m256i aw = _mm256_sign_epi8(vw, vw);
+    for (int r = 0; r < 4; ++r) {
+      const __m256i vq = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + r * K + b * QK));
+      const __m256i p32 = _mm256_madd_epi16(_mm256_maddubs_epi16(aw, _mm256_sign_epi8(vq, vw)), ones);
+      acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(dw[b] * dq[r * nb + b]), _mm256_cvtepi32_ps(p32), acc[r]);
+    }
+  }
+  for (int r = 0; r < 4; ++r) {
+    const __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(acc[r]), _mm256_extractf128_ps(acc[r], 1));
+    const __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+    out[r] = _mm_cvtss_f32(_mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1)));
+  }
 }
 
-const RowDot kRowDot = pick_row_dot();
+void row_dot4_portable(const int8_t* w, const float* dw, const int8_t* q, const float* dq, int64_t nb, int64_t K,
+                       float* out) {
+  for (int r = 0; r < 4; ++r) out[r] = row_dot_portable(w, dw, q + r * K, dq + r * nb, nb);
+}
+
+using RowDot = float (*)(const int8_t*, const float*, const int8_t*, const float*, int64_t);
+using RowDot4 = void (*)(const int8_t*, const float*, const int8_t*, const float*, int64_t, int64_t, float*);
+
+bool has_avx2() {
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+}
+
+const bool kAvx2 = has_avx2();
+const RowDot kRowDot = kAvx2 ? row_dot_avx2 : row_dot_portable;
+const RowDot4 kRowDot4 = kAvx2 ? row_dot4_avx2 : row_dot4_portable;
 
 void check(const torch::Tensor& x, const torch::Tensor& qs, const torch::Tensor& d) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat32, "x must be [M, K] float32");
@@ -102,10 +131,16 @@ torch::Tensor q8_0_linear(torch::Tensor x, torch::Tensor qs, torch::Tensor d) {
   float* out = y.data_ptr<float>();
   const int8_t* w = qs.data_ptr<int8_t>();
   const float* dw = d.data_ptr<float>();
-  // each weight row is read once for all M activation rows
+  // each weight row is read once for all M activation rows, 4 rows at a time
   at::parallel_for(0, N, 16, [&](int64_t begin, int64_t end) {
+    float four[4];
     for (int64_t n = begin; n < end; ++n) {
-      for (int64_t m = 0; m < M; ++m) {
+      int64_t m = 0;
+      for (; m + 4 <= M; m += 4) {
+        kRowDot4(w + n * K, dw + n * nb, qx.data() + m * K, dx.data() + m * nb, nb, K, four);
+        for (int r = 0; r < 4; ++r) out[(m + r) * N + n] = four[r];
+      }
+      for (; m < M; ++m) {
         out[m * N + n] = kRowDot(w + n * K, dw + n * nb, qx.data() + m * K, dx.data() + m * nb, nb);
       }
     }
@@ -113,7 +148,7 @@ torch::Tensor q8_0_linear(torch::Tensor x, torch::Tensor qs, torch::Tensor d) {
   return y;
 }
 
-std::string isa() { return kRowDot == row_dot_avx2 ? "avx2" : "portable"; }
+std::string isa() { return kAvx2 ? "avx2" : "portable"; }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("q8_0_linear", &q8_0_linear, "y = x @ W.T for W in Q8_0 blocks (activations quantized to Q8_0)");
