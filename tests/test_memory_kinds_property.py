@@ -244,7 +244,7 @@ def apply(memory, specs, ref, name: str, args: tuple, tag0: int) -> None:
         ref[dst] = list(ref[src])
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=200, deadline=None)
 @given(
     kind=st.sampled_from(sorted(KINDS)),
     layout=st.sampled_from(["unified", "stream"]),

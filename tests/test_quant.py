@@ -133,12 +133,13 @@ def test_a_model_quantized_at_load_agrees_with_its_dequantized_float_model(reque
     layers = [m for m in q8.model.modules() if isinstance(m, quant.Q8Linear)]
     assert layers and not any(isinstance(m, torch.nn.Linear) for m in q8.model.model.layers.modules())
     assert q8.fingerprint["quantization"] == "q8_0"
-    ids = q8.tokenizer.encode(text)[:513]
-    assert len(ids) == 513
+    n = 513 if path == "compiled" else 129  # the torch path must agree everywhere: fewer positions show it
+    ids = q8.tokenizer.encode(text)[:n]
+    assert len(ids) == n
     ours = _teacher_forced_top1(q8, ids)
     reference = _teacher_forced_top1(_dequantized_float_engine(), ids)
     agree = np.mean([a == b for a, b in zip(ours, reference)])
-    assert agree >= 0.99, f"top-1 agrees at {agree:.1%} of 512 positions"
+    assert agree >= 0.99, f"top-1 agrees at {agree:.1%} of {n - 1} positions"
     if path == "torch":  # no activation rounding: the same float arithmetic up to order
         assert agree == 1.0
 

@@ -208,7 +208,8 @@ def test_malformed_oversized_unknown_and_still_serving(server):
     err = r.json()["error"]
     assert r.status_code == 400 and err["type"] == "exceed_context_size_error"
     assert err["n_ctx"] == 1024 and err["n_prompt_tokens"] > 1024
-    body = {"prompt": "x", "max_tokens": 5000, "ignore_eos": True}  # past the context: generation ends there
+    # a prompt of 1,000 tokens and a limit past the context: generation ends at the context's end
+    body = {"prompt": [100] * 1000, "max_tokens": 5000, "ignore_eos": True}
     r = httpx.post(server.url + "/v1/completions", json=body, timeout=120)
     assert r.status_code == 200 and r.json()["choices"][0]["finish_reason"] == "length"
     assert r.json()["usage"]["total_tokens"] == 1024
