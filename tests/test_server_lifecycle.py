@@ -110,11 +110,12 @@ def _cut_drain(tmp_path, second_signal: int | None) -> None:
 
 @pytest.mark.slow
 def test_drain_timeout_cuts_long_requests_every_time(tmp_path):
-    """6 cut-off drains (2 servers at a time): exit code 0 every time, never an abort."""
-    for i in range(6):
+    """4 cut-off drains (2 servers at a time; each stream is still running when the drain
+    ends, by construction): exit code 0 every time, never an abort."""
+    for i in range(4):
         (tmp_path / str(i)).mkdir()
     with concurrent.futures.ThreadPoolExecutor(2) as pool:
-        runs = [pool.submit(_cut_drain, tmp_path / str(i), None) for i in range(6)]
+        runs = [pool.submit(_cut_drain, tmp_path / str(i), None) for i in range(4)]
         for run in runs:
             run.result()
 
