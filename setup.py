@@ -31,11 +31,12 @@ if os.environ.get("SLOTSERVE_NO_EXT") != "1":
                 except Exception as exc:  # noqa: BLE001
                     print(f"slotserve: {ext.name} not built ({exc}); torch-only paths", file=sys.stderr)
 
-        flags = ["-O3", "-fopenmp", "-std=c++17"]
+        flags = ["-O3", "-fopenmp", "-std=c++20"]
         ext_modules = [
             CppExtension(
-                "engine.kernels._quant",
-                ["engine/kernels/csrc/quant.cpp"],
+                "engine.kernels._blocks",
+                [f"engine/kernels/csrc/{f}.cpp" for f in ("binding", "blocks_avx2", "blocks_portable")],
+                depends=["engine/kernels/csrc/blocks.h", "engine/kernels/csrc/blocks_impl.inc"],
                 extra_compile_args=flags,
                 extra_link_args=["-fopenmp"],
             )

@@ -1,8 +1,9 @@
-"""The Q8_0 matmul (engine/kernels/quant.py) beside float32 ``F.linear`` on the
-dequantized weight, per row count: the compiled kernel, the torch-only path, and
-``F.linear``. Prints a markdown table (median of ``--repeat`` calls, ms).
+"""The block matmuls (engine/kernels/blocks.py) beside float32 ``F.linear`` on the
+decoded weight, per type and row count: the compiled kernel on float activations (the
+default), on int8 activations (llama.cpp's way), and ``F.linear``. Prints a markdown
+table (median of ``--repeat`` calls, ms). Weights are random blocks (valid scales).
 
-    python bench/quant_bench.py --shapes 2048x8192,8192x2048 --rows 1,8,32
+    python bench/quant_bench.py --shapes 2048x8192,8192x2048 --rows 1,8,32 --types Q8_0,Q4_K,Q6_K
 """
 
 from __future__ import annotations
@@ -11,10 +12,12 @@ import argparse
 import statistics
 import time
 
+import gguf
+import numpy as np
 import torch
 import torch.nn.functional as F
 
-from engine.kernels import quant
+from engine.kernels import blocks
 
 
 def median_ms(fn, repeat: int) -> float:
@@ -27,35 +30,43 @@ def median_ms(fn, repeat: int) -> float:
     return 1000 * statistics.median(times)
 
 
+def random_blocks(qtype: gguf.GGMLQuantizationType, n: int, k: int) -> blocks.BlockWeight:
+    """Random bytes with every float16 field of the block set to a small valid scale."""
+    values, size = gguf.GGML_QUANT_SIZES[qtype]
+    w = (np.random.default_rng(0).standard_normal((n, k)) * 0.05).astype(np.float32)
+    if qtype in (gguf.GGMLQuantizationType.Q8_0, gguf.GGMLQuantizationType.Q4_0):
+        raw = gguf.quants.quantize(w, qtype)
+    else:
+        raw = np.random.default_rng(1).integers(0, 256, (n, k // values, size), dtype=np.uint8)
+        halves = {"Q2_K": [80, 82], "Q3_K": [108], "Q6_K": [208]}.get(qtype.name, [0, 2] if "K" in qtype.name else [0])
+        for off in halves:
+            raw[:, :, off : off + 2] = np.full((n, k // values, 1), 0.002, np.float16).view(np.uint8)
+    return blocks.BlockWeight(qtype, torch.from_numpy(np.ascontiguousarray(raw).reshape(n, -1)), k)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--shapes", default="2048x8192,8192x2048,2048x2048", help="N x K weights, comma-separated")
+    ap.add_argument("--shapes", default="2048x8192,8192x2048", help="N x K weights, comma-separated")
     ap.add_argument("--rows", default="1,8,32")
+    ap.add_argument("--types", default="Q8_0,Q4_0,Q4_K,Q6_K")
     ap.add_argument("--repeat", type=int, default=20)
     ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    print(f"compiled kernel: {quant.compiled_isa()}, {args.threads} threads")
-    print("| weight N x K | rows | Q8_0 compiled ms | Q8_0 torch-only ms | F.linear f32 ms | f32 / compiled |")
-    print("|---|---:|---:|---:|---:|---:|")
+    print(f"compiled kernels: {blocks.compiled_isa()}, {args.threads} threads")
+    print("| weight N x K | type | rows | float acts ms | int8 acts ms | F.linear f32 ms | f32 / float acts |")
+    print("|---|---|---:|---:|---:|---:|---:|")
     for shape in args.shapes.split(","):
         n, k = (int(v) for v in shape.split("x"))
-        qs, d = quant.q8_0_quantize(torch.randn(n, k) * 0.05)
-        w = quant.q8_0_dequantize(qs, d)
-        for m in (int(r) for r in args.rows.split(",")):
-            print(row(n, k, m, qs, d, w, args.repeat))
-
-
-def row(n: int, k: int, m: int, qs: torch.Tensor, d: torch.Tensor, w: torch.Tensor, repeat: int) -> str:
-    x = torch.randn(m, k)
-    c = None
-    if quant.compiled_isa():
-        c = median_ms(lambda: quant.q8_0_linear(x, qs, d, compiled=True), repeat)
-    t = median_ms(lambda: quant.q8_0_linear(x, qs, d, compiled=False), repeat)
-    f = median_ms(lambda: F.linear(x, w), repeat)
-    cs = f"{c:.2f}" if c is not None else "—"
-    ratio = f"{f / c:.2f}x" if c is not None else "—"
-    return f"| {n} x {k} | {m} | {cs} | {t:.2f} | {f:.2f} | {ratio} |"
+        dense = torch.randn(n, k)
+        for name in args.types.split(","):
+            w = random_blocks(gguf.GGMLQuantizationType[name], n, k)
+            for m in (int(r) for r in args.rows.split(",")):
+                x = torch.randn(m, k)
+                exact = median_ms(lambda x=x, w=w: blocks.block_linear(x, [w], compiled=True, int8=False), args.repeat)
+                int8 = median_ms(lambda x=x, w=w: blocks.block_linear(x, [w], compiled=True, int8=True), args.repeat)
+                f = median_ms(lambda x=x, dense=dense: F.linear(x, dense), args.repeat)
+                print(f"| {n} x {k} | {name} | {m} | {exact:.2f} | {int8:.2f} | {f:.2f} | {f / exact:.2f}x |")
 
 
 if __name__ == "__main__":

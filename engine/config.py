@@ -27,7 +27,9 @@ class EngineConfig:
     max_batch_tokens: int = 512
     n_threads: int | None = None
     linear: str = "auto"  # auto | torch | onednn (prepacked; CPU float32 only)
-    quantization: str | None = None  # q8_0: the linear layers' weights quantized at load (engine/kernels/quant.py)
+    quantization: str | None = (
+        None  # q8_0, q4_0, q4_k: linear weights into GGUF blocks at load (engine/kernels/quantize.py)
+    )
     context_shift: bool = False  # a full sequence drops old tokens instead of stopping
     kv_unified: bool = True  # one block pool for all sequences; False: a contiguous stream per sequence
     swa_full: bool = False  # sliding-window layers keep full-size caches (as llama.cpp's --swa-full)
@@ -53,10 +55,10 @@ class EngineConfig:
             raise ValueError("kv_cache_tokens must be positive")
         if self.linear not in ("auto", "torch", "onednn"):
             raise ValueError("linear must be auto, torch or onednn")
-        if self.quantization not in (None, "q8_0"):
-            raise ValueError(f"quantization must be q8_0, got '{self.quantization}'")
+        if self.quantization not in (None, "q8_0", "q4_0", "q4_k"):
+            raise ValueError(f"quantization must be q8_0, q4_0 or q4_k, got '{self.quantization}'")
         if self.quantization and self.dtype != "float32":
-            raise ValueError("--quantization q8_0 runs float32 activations: use it with --dtype float32")
+            raise ValueError("--quantization runs float32 activations: use it with --dtype float32")
         if self.ssm_checkpoints < 0 or (self.ssm_checkpoint_every is not None and self.ssm_checkpoint_every <= 0):
             raise ValueError("ssm_checkpoints must be >= 0 and ssm_checkpoint_every positive")
         if self.n_threads is not None and self.n_threads <= 0:

@@ -115,6 +115,11 @@ class EngineService:
     def fingerprint(self) -> dict[str, str]:
         return self._engine.fingerprint
 
+    @property
+    def weight_bytes(self) -> dict[str, int]:
+        """Resident weight bytes by type ("Q4_K", "Q6_K", "F32", ...), fixed at load."""
+        return dict(self._engine.weight_bytes)
+
     def cache_config(self) -> dict[str, str]:
         """The cache's fixed shape, for /metrics' info series."""
         usage = self._engine.memory.usage()

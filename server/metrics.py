@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, Info, disable_created_metrics
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, disable_created_metrics
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -58,6 +58,9 @@ class Metrics:
         self.prompt_len = histogram("request_prompt_tokens", "Prompt length of a request", LENGTHS)
         self.generation_len = histogram("request_generation_tokens", "Tokens generated for a request", LENGTHS)
         self.cache_config = Info("slotserve_cache_config", "Cache layout and sizes", registry=r)
+        self.weight_bytes = Gauge(
+            "slotserve_model_weight_bytes", "Resident model weight bytes, by stored type", ("type",), registry=r
+        )
         for reason in FINISH_REASONS:
             self.requests.labels(reason)
         for cls in ("4xx", "5xx"):
@@ -73,6 +76,10 @@ class Metrics:
 
     def describe_cache(self, config: dict[str, str]) -> None:
         self.cache_config.info(config)
+
+    def describe_weights(self, by_type: dict[str, int]) -> None:
+        for kind, n in by_type.items():
+            self.weight_bytes.labels(kind).set(n)
 
     def request_ended(self, end: RequestEnd) -> None:
         """One submitted request ended (called on the engine thread before its slot is

@@ -129,6 +129,7 @@ async def props(http: HTTPRequest) -> dict:
         "build_info": "slotserve",
         "is_sleeping": False,
         "memory": memory,
+        "weights": {"bytes": sum(engine.weight_bytes.values()), "types": engine.weight_bytes},
     }
 
 

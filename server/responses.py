@@ -159,6 +159,7 @@ class Props(_Out):
     build_info: str
     is_sleeping: bool
     memory: dict[str, Any]
+    weights: dict[str, Any]  # {"bytes": resident weight bytes, "types": bytes by stored type}
 
 
 class SlotState(_Out):

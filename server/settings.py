@@ -57,8 +57,9 @@ class ServerSettings(BaseSettings):
     dtype: str = Field("float32", pattern="^(float32|bfloat16|float16)$", description="weights and activations")
     quantization: str | None = Field(
         None,
-        pattern="^q8_0$",
-        description="quantize a float checkpoint's linear layers at load (vLLM's flag): q8_0 (float32 activations)",
+        pattern="^(q8_0|q4_0|q4_k)$",
+        description="quantize a float checkpoint's linear layers at load (vLLM's flag) into GGUF blocks: "
+        "q8_0, q4_0 or q4_k (float32 activations)",
     )
     slot_save_path: Path | None = Field(None, description="folder for slot files (slot save/restore off without it)")
     api_key: str | None = Field(None, description="comma-separated API keys (Bearer or X-Api-Key)")

@@ -82,6 +82,7 @@ class ServerState:
                 self.on_failed()
             return
         self.metrics.describe_cache(engine.cache_config())
+        self.metrics.describe_weights(engine.weight_bytes)
         if self.status == "loading":
             self.status = "ready"
         log.info("model %s ready: %d slots, context %d", s.model_name, s.parallel, engine.n_ctx)

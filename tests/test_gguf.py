@@ -150,7 +150,7 @@ def _write_gguf(path: Path, arch: str, qtype: gguf.GGMLQuantizationType) -> Path
 def test_what_cannot_be_served_is_a_clear_error(tmp_path):
     cases = [
         (_write_gguf(tmp_path / "bert.gguf", "bert", gguf.GGMLQuantizationType.F32), "architecture 'bert'"),
-        (_write_gguf(tmp_path / "q5.gguf", "llama", gguf.GGMLQuantizationType.Q5_0), "type Q5_0"),
+        (_write_gguf(tmp_path / "q8_1.gguf", "llama", gguf.GGMLQuantizationType.Q8_1), "type Q8_1"),
     ]
     (tmp_path / "junk.gguf").write_bytes(b"GGUF" + b"\x00" * 12)
     cases.append((tmp_path / "junk.gguf", "not a readable GGUF"))

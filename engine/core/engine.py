@@ -19,8 +19,9 @@ from engine.core.planner import Chunk, plan_step
 from engine.core.runner import ModelRunner
 from engine.core.sequence import FinishReason, Sequence, StepEvent, TokenLogprob
 from engine.errors import StepFailed, check_token_ids
+from engine.kernels.blocks import block_modules, log_kernel_choice, weight_bytes_by_type
 from engine.kernels.packed_linear import onednn_available, pack_linears
-from engine.kernels.quant import log_kernel_choice, quantize_linears
+from engine.kernels.quantize import quantize_linears
 from engine.loading.checkpoint import Progress
 from engine.loading.loaded import load
 from engine.sampling.grammar import BatchMasker, GrammarCompiler
@@ -56,11 +57,13 @@ class Engine:
         self.model_config, self.tokenizer, self.model = loaded.model_config, loaded.tokenizer, loaded.model
         self.fingerprint = loaded.fingerprint
         if config.quantization:  # before packing: the quantized layers are no nn.Linear any more
-            quantize_linears(self.model)
-            log_kernel_choice()
+            quantize_linears(self.model, config.quantization)
             self.fingerprint = {**self.fingerprint, "quantization": config.quantization}
+        if block_modules(self.model):
+            log_kernel_choice()
         if self._use_onednn():
             pack_linears(self.model)
+        self.weight_bytes = weight_bytes_by_type(self.model)  # resident, by type (/props, /metrics)
         layout = "unified" if config.kv_unified else "stream"
         self.memory_config = MemoryConfig(
             config.cache_cells,

@@ -10,6 +10,8 @@ import torch
 from safetensors import SafetensorError, safe_open
 
 from engine.errors import CheckpointError
+from engine.kernels.blocks import BlockWeight
+from engine.loading.block_plan import BlockPlan, finish_blocks, plan_blocks, route_blocks
 from engine.loading.gguf.checkpoint import GGUFCheckpoint
 from engine.models.base import DecoderLM
 from engine.models.config import ModelConfig
@@ -66,7 +68,9 @@ def _counted(tensors: Iterator, total: tuple[int, int], progress: Progress) -> I
     progress(0, total[0], 0, total[1])
     for item in tensors:
         yield item
-        done, done_bytes = done + 1, done_bytes + item[2].numel() * item[2].element_size()
+        tensor = item[2]
+        size = tensor.nbytes if isinstance(tensor, BlockWeight) else tensor.numel() * tensor.element_size()
+        done, done_bytes = done + 1, done_bytes + size
         progress(done, total[0], min(done_bytes, total[1]), total[1])
 
 
@@ -79,20 +83,24 @@ def load_model(
     progress: Progress | None = None,
 ) -> DecoderLM:
     """Build the registered class for ``cfg`` on ``device`` and fill it from ``folder``
-    (a Hugging Face folder), or from ``gguf`` (the tensors the model names, read and
-    dequantized one at a time). ``progress`` hears of each tensor copied."""
+    (a Hugging Face folder), or from ``gguf`` (the tensors the model names, read one at a
+    time: those of layers kept in blocks as the file's bytes, the others dequantized).
+    ``progress`` hears of each tensor copied."""
     cls = model_class(cfg.architecture, str(folder if gguf else folder / "config.json"))
     with torch.device("meta"):
         model = cls(cfg)
+    names = model.checkpoint_names()
+    plan = plan_blocks(model, gguf, names) if gguf is not None and device.type == "cpu" else BlockPlan()
     model = model.to_empty(device=device).to(dtype)
     model.tie_weights()
     model.init_buffers(device)  # computed, not loaded: the meta-device build left them empty
     with torch.no_grad():
         if gguf is not None:
-            names = model.checkpoint_names()
-            tensors, total = gguf.iter_hf_tensors(names), (len(names), gguf.n_bytes)
+            tensors, total = gguf.iter_hf_tensors(names, plan.keep), (len(names), gguf.n_bytes)
         else:
             files = weight_files(folder)
             tensors, total = iter_tensors(files), tensor_totals(files) if progress else (0, 0)
-        model.load_weights(_counted(tensors, total, progress) if progress else tensors)
+        tensors = _counted(tensors, total, progress) if progress else tensors
+        model.load_weights(route_blocks(model, plan, tensors))
+        finish_blocks(model, plan)
     return model.eval().requires_grad_(False)

@@ -20,7 +20,12 @@ def weights_digest(model: nn.Module) -> str:
     training (or seeds) differ in it. Call before the weights are repacked.
     """
     h = hashlib.sha256()
-    for name, param in sorted(model.named_parameters()):
+    tensors = dict(model.named_parameters())
+    for path, module in model.named_modules():  # weights kept in blocks: their bytes
+        for i, part in enumerate(getattr(module, "parts", None) or [getattr(module, "table", None)]):
+            if part is not None and hasattr(part, "qtype"):
+                tensors[f"{path}.part{i}.{part.qtype.name}"] = part.data
+    for name, param in sorted(tensors.items()):
         flat = param.detach().reshape(-1)  # [numel]
         h.update(f"{name}:{param.dtype}:{tuple(param.shape)}\n".encode())
         mid = max(0, flat.numel() // 2 - _SAMPLE // 2)

@@ -29,7 +29,7 @@ IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 _UNFUSED = {v: k for k, v in FUSED.items()}
 
 
-def _checkpoint_name(param: str, shard: int | None) -> str:
+def checkpoint_name(param: str, shard: int | None) -> str:
     if shard is None:
         return param
     parts = param.split(".")
@@ -71,8 +71,8 @@ class DecoderLM(nn.Module):
 
     def tie_weights(self) -> None:
         """Point the LM head at the input embeddings when the config ties them (after
-        ``to_empty``, which unties parameters)."""
-        if self.cfg.tie_word_embeddings:
+        ``to_empty``, which unties parameters; a head kept in blocks shares them already)."""
+        if self.cfg.tie_word_embeddings and isinstance(self.lm_head, nn.Linear):
             self.lm_head.weight = self.model.embed_tokens.weight
 
     def init_buffers(self, device: torch.device) -> None:
@@ -148,13 +148,19 @@ class DecoderLM(nn.Module):
     def checkpoint_names(self) -> list[str]:
         """Every tensor name a Hugging Face checkpoint of this model holds (unfused)."""
         names = []
-        for name, _ in self.named_parameters(remove_duplicate=False):
+        for name in self._weight_names():
             if name == "lm_head.weight" and self.cfg.tie_word_embeddings:
                 continue
             fused = name.split(".")[-2] if "." in name else ""
             shards = range(len(self._shards[fused])) if fused in self._shards else [None]
-            names += [_checkpoint_name(name, s) for s in shards]
+            names += [checkpoint_name(name, s) for s in shards]
         return list(dict.fromkeys(names))
+
+    def _weight_names(self) -> list[str]:
+        """Every weight's name: the parameters', and those of layers kept in blocks
+        (engine/kernels/blocks.py: no parameter, filled through ``set_part``)."""
+        params = [name for name, _ in self.named_parameters(remove_duplicate=False)]
+        return params + [f"{path}.weight" for path, m in self.named_modules() if hasattr(m, "set_part")]
 
     def _check_filled(self, params: dict[str, nn.Parameter], filled: set[tuple[str, int | None]]) -> None:
         missing = []
@@ -163,6 +169,6 @@ class DecoderLM(nn.Module):
                 continue
             fused = name.split(".")[-2] if "." in name else ""
             shards = range(len(self._shards[fused])) if fused in self._shards else [None]
-            missing += [_checkpoint_name(name, s) for s in shards if (name, s) not in filled]
+            missing += [checkpoint_name(name, s) for s in shards if (name, s) not in filled]
         if missing:
             raise CheckpointError(f"checkpoint is missing tensors: {', '.join(sorted(set(missing))[:8])}")

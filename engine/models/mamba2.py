@@ -187,7 +187,7 @@ class Mamba2ForCausalLM(DecoderLM):
         self._shards: dict[str, list[int]] = {}  # nothing fused: tensors load under their own names
 
     def tie_weights(self) -> None:
-        if self.cfg.tie_word_embeddings:
+        if self.cfg.tie_word_embeddings and isinstance(self.lm_head, nn.Linear):
             self.lm_head.weight = self.backbone.embeddings.weight
 
     def init_buffers(self, device: torch.device) -> None:

@@ -28,7 +28,15 @@ class GGUFMetadata(Protocol):
     def vocab_size(self) -> int: ...
 
 
-Read = Callable[[str], torch.Tensor]  # GGUF tensor name -> tensor (row-major, float)
+class Rows(Protocol):
+    """A 2-D weight whose rows can be taken: a tensor, or one kept in blocks."""
+
+    shape: Any
+
+    def __getitem__(self, rows: torch.Tensor) -> Rows: ...
+
+
+Read = Callable[[str], Any]  # GGUF tensor name -> tensor (row-major, float), or blocks where kept
 
 
 @dataclass(frozen=True)
@@ -38,6 +46,9 @@ class GGUFArch:
     # (checkpoint, HF name, GGUF name the table gives, read) -> the HF tensor, or None
     # where the plain renamed tensor is right
     tensor: Callable[[GGUFMetadata, str, str, Read], torch.Tensor | None] | None = None
+    # whether 2-D weights may stay in blocks: the ``tensor`` hook only moves their rows
+    # (those of Granite, Jamba and Gemma 3n compute on them: they are dequantized)
+    keeps_blocks: bool = True
 
 
 def _kv_heads(ck: GGUFMetadata) -> list[int]:
@@ -231,10 +242,12 @@ def _jamba(ck: GGUFMetadata) -> dict:
 # ---- tensors -------------------------------------------------------------------------
 
 
-def unpermute(w: torch.Tensor, n_head: int) -> torch.Tensor:
-    """llama.cpp's interleaved rotary rows -> Hugging Face's rotate-half rows."""
+def unpermute(w: Rows, n_head: int) -> Rows:
+    """llama.cpp's interleaved rotary rows -> Hugging Face's rotate-half rows (whole rows
+    move: a weight kept in blocks is permuted without decoding)."""
     rows = w.shape[0]
-    return w.reshape(n_head, rows // n_head // 2, 2, *w.shape[1:]).transpose(1, 2).reshape(w.shape)
+    order = torch.arange(rows).reshape(n_head, rows // n_head // 2, 2).transpose(1, 2).reshape(rows)  # [rows]
+    return w[order]
 
 
 def _layer(name: str) -> int:
@@ -317,9 +330,9 @@ ARCHITECTURES: dict[str, GGUFArch] = {
     "qwen3": GGUFArch("Qwen3ForCausalLM", _llama_like("qwen3")),
     "gemma2": GGUFArch("Gemma2ForCausalLM", _gemma("gemma2"), _gemma_tensor),
     "gemma3": GGUFArch("Gemma3ForCausalLM", _gemma("gemma3_text"), _gemma_tensor),
-    "gemma3n": GGUFArch("Gemma3nForCausalLM", _gemma3n, _gemma3n_tensor),
+    "gemma3n": GGUFArch("Gemma3nForCausalLM", _gemma3n, _gemma3n_tensor, keeps_blocks=False),
     "mamba2": GGUFArch("Mamba2ForCausalLM", _mamba2, _ssm_tensor),
-    "granitehybrid": GGUFArch("GraniteMoeHybridForCausalLM", _granite_hybrid, _granite_tensor),
+    "granitehybrid": GGUFArch("GraniteMoeHybridForCausalLM", _granite_hybrid, _granite_tensor, keeps_blocks=False),
     "falcon-h1": GGUFArch("FalconH1ForCausalLM", _falcon_h1, _ssm_tensor),
-    "jamba": GGUFArch("JambaForCausalLM", _jamba, _jamba_tensor),
+    "jamba": GGUFArch("JambaForCausalLM", _jamba, _jamba_tensor, keeps_blocks=False),
 }

@@ -1,7 +1,8 @@
 """A GGUF file (llama.cpp, Ollama, LM Studio) as a checkpoint: its metadata turned into
 the config.json a Hugging Face folder would have, its tensors read one at a time (no
-memory map kept resident), dequantized and named as the Hugging Face checkpoint names
-them, and its tokenizer rebuilt (engine/gguf_tokenizer.py).
+memory map kept resident) and named as the Hugging Face checkpoint names them, and its
+tokenizer rebuilt (engine/gguf_tokenizer.py). A tensor the model keeps in blocks
+(engine/kernels/blocks.py) comes as the file's bytes; any other is dequantized.
 
 What each architecture's metadata and tensors stand for is in engine/gguf_archs.py.
 """
@@ -18,17 +19,10 @@ import numpy as np
 import torch
 
 from engine.errors import CheckpointError
+from engine.kernels.blocks import KEPT, BlockWeight
 from engine.loading.gguf.archs import ARCHITECTURES, gguf_name
 
-DEQUANTIZED = {
-    gguf.GGMLQuantizationType.F32,
-    gguf.GGMLQuantizationType.F16,
-    gguf.GGMLQuantizationType.BF16,
-    gguf.GGMLQuantizationType.Q8_0,
-    gguf.GGMLQuantizationType.Q4_0,
-    gguf.GGMLQuantizationType.Q4_K,
-    gguf.GGMLQuantizationType.Q6_K,
-}
+SUPPORTED = KEPT | {gguf.GGMLQuantizationType.F32}
 
 
 def is_gguf(path: Path) -> bool:
@@ -54,8 +48,8 @@ class GGUFCheckpoint:
             supported = ", ".join(sorted(ARCHITECTURES))
             raise CheckpointError(f"{path}: GGUF architecture '{self.arch}' is not supported (supported: {supported})")
         for name, (qtype, _, _, _) in self.tensors.items():
-            if qtype not in DEQUANTIZED:
-                kinds = ", ".join(sorted(t.name for t in DEQUANTIZED))
+            if qtype not in SUPPORTED:
+                kinds = ", ".join(sorted(t.name for t in SUPPORTED))
                 raise CheckpointError(f"{path}: tensor '{name}' has type {qtype.name}, not supported (only {kinds})")
 
     def get(self, key: str, default: Any = None) -> Any:
@@ -75,15 +69,22 @@ class GGUFCheckpoint:
         """The config.json a Hugging Face folder of this model would carry."""
         return ARCHITECTURES[self.arch].config(self)
 
-    def tensor(self, name: str, fd: int) -> torch.Tensor:
-        """One tensor in float32 (float16 and bfloat16 stay as they are, for the copy into
-        the model to convert), in row-major (Hugging Face) shape. Read with ``os.preadv``
-        into a buffer of its own, so the transient memory is the tensor and, for a
-        quantized one, its float32 values: nothing of the file stays mapped."""
+    def stored_type(self, names: Any, hf_name: str) -> tuple[gguf.GGMLQuantizationType, tuple[int, ...]] | None:
+        """(type, row-major shape) of the GGUF tensor ``hf_name`` is read from, or None."""
+        found = gguf_name(self, names, hf_name)
+        return self.tensors[found][:2] if found in self.tensors else None
+
+    def tensor(self, name: str, fd: int, blocks: bool = False) -> torch.Tensor | BlockWeight:
+        """One tensor in row-major (Hugging Face) shape: with ``blocks``, a 2-D tensor of a
+        kept type as its bytes (``BlockWeight``); otherwise float32 (float16 and bfloat16
+        stay as they are, for the copy into the model to convert). Read with
+        ``os.preadv`` into a buffer of its own: nothing of the file stays mapped."""
         qtype, shape, offset, n_bytes = self.tensors[name]
         buf = bytearray(n_bytes)
         if os.preadv(fd, [buf], offset) != n_bytes:
             raise CheckpointError(f"{self.path}: tensor '{name}' is cut short (file truncated?)")
+        if blocks and qtype in KEPT and len(shape) == 2:
+            return BlockWeight.from_bytes(qtype, buf, *shape)
         plain = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}.get(qtype.name)
         if plain is not None:
             return torch.frombuffer(buf, dtype=plain).reshape(shape)
@@ -91,21 +92,28 @@ class GGUFCheckpoint:
         values = gguf.quants.dequantize(np.frombuffer(buf, dtype=np.uint8).reshape(rows, -1), qtype)  # [rows, n]
         return torch.from_numpy(values.reshape(shape))
 
-    def iter_hf_tensors(self, hf_names: list[str]) -> Iterator[tuple[str, str, torch.Tensor]]:
-        """(file, HF name, tensor) for each name the model asks for. Tensors several HF
+    def name_map(self) -> Any:
+        """The ``gguf`` package's map from Hugging Face names to this file's."""
+        return gguf.get_tensor_name_map(_model_arch(self.arch), self.get(f"{self.arch}.block_count"))
+
+    def iter_hf_tensors(
+        self, hf_names: list[str], keep: frozenset[str] = frozenset()
+    ) -> Iterator[tuple[str, str, torch.Tensor | BlockWeight]]:
+        """(file, HF name, tensor) for each name the model asks for; the names in ``keep``
+        come in blocks where the file has them so (see ``tensor``). Tensors several HF
         tensors come from (stacked experts) are kept while one layer's names are read."""
-        n_layers = self.get(f"{self.arch}.block_count")
-        names = gguf.get_tensor_name_map(_model_arch(self.arch), n_layers)
+        names = self.name_map()
         arch = ARCHITECTURES[self.arch]
         kept: dict[str, torch.Tensor] = {}
         fd = os.open(self.path, os.O_RDONLY)
+        blocks = False  # whether the HF name being read is one kept in blocks
 
-        def read(name: str) -> torch.Tensor:
+        def read(name: str) -> torch.Tensor | BlockWeight:
             if name in kept:
                 return kept[name]
             if name not in self.tensors:
                 raise CheckpointError(f"{self.path}: no tensor '{name}'")
-            tensor = self.tensor(name, fd)
+            tensor = self.tensor(name, fd, blocks)
             if len(self.tensors[name][1]) == 3:  # [experts, out, in]: one HF tensor per expert
                 if kept and next(iter(kept)).split(".")[1] != name.split(".")[1]:
                     kept.clear()  # a new layer
@@ -114,6 +122,7 @@ class GGUFCheckpoint:
 
         try:
             for hf_name in hf_names:
+                blocks = hf_name in keep
                 found = gguf_name(self, names, hf_name)
                 tensor = arch.tensor(self, hf_name, found or "", read) if arch.tensor else None
                 if tensor is None:

@@ -1,0 +1,231 @@
+"""Weights kept in GGUF's block types (issue 25): ``BlockWeight`` holds a tensor's bytes
+as the file stores them, ``BlockLinear`` and ``BlockEmbedding`` compute with them.
+
+The types kept: F16 and BF16 (16-bit floats), Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL
+(blocks of 32 values) and Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS (super-blocks of 256).
+A weight of N rows of K values is ``data`` [N, K / values per block * bytes per block]
+uint8: row-major blocks, byte for byte the file's, so rows can be permuted and selected
+without decoding anything.
+
+Matmuls run the compiled kernels (engine/kernels/csrc; AVX2 where the CPU has it) below
+``COMPILED_MAX_ROWS`` activation rows: each 256 weight values decoded once in registers
+and L1, then dotted with every activation row in float32 (``int8=False``, the default:
+no rounding beyond the weights'), or, llama.cpp's way, with the activations quantized
+once per call to 8-bit blocks of 32 and one integer dot product per block pair
+(``int8=True``: 1.1-2x faster, but the rounding flips the top token at 1.5-2.5% of
+positions on the demo model, all near-ties: not the default until it is more precise).
+Above, and where the extension is not built, the weight is decoded ``TILE`` rows at a
+time into one reused float32 buffer and multiplied by oneDNN's GEMM: never a float32
+copy of the whole weight.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import gguf
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+T = gguf.GGMLQuantizationType
+KEPT = frozenset(
+    {T.F16, T.BF16, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.IQ4_NL, T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K, T.IQ4_XS}
+)
+TILE = 256  # weight rows decoded at a time off the compiled path
+# bench/quant_bench.py (2-core AMD EPYC, AVX2): the compiled kernel wins below ~32-128
+# activation rows (decode); above, decoded tiles through oneDNN's float32 GEMM win (prefill).
+COMPILED_MAX_ROWS = 32
+INT8_ACTIVATIONS = False  # the compiled path's default (see above)
+
+log = logging.getLogger("slotserve.kernels")
+
+try:
+    from engine.kernels import _blocks
+except ImportError:  # built by `pip install -e .` where a compiler exists
+    _blocks = None
+
+
+def compiled_isa() -> str | None:
+    """The compiled kernels' instruction set on this CPU ("avx2", "portable"), or None
+    when the extension is not built."""
+    return _blocks.isa() if _blocks is not None else None
+
+
+def log_kernel_choice() -> None:
+    """One log line: which block matmuls this process runs."""
+    isa = compiled_isa()
+    if isa is None:
+        log.warning("quantized matmuls: compiled kernels not built (no C++ compiler at install?); torch-only path")
+    else:
+        log.info("quantized matmuls: compiled kernels, %s", isa)
+
+
+@dataclass(frozen=True)
+class BlockWeight:
+    """A 2-D weight [rows, cols] in a GGUF block type, as the file's bytes."""
+
+    qtype: gguf.GGMLQuantizationType
+    data: torch.Tensor  # [rows, row_bytes] uint8
+    cols: int
+
+    def __post_init__(self):
+        values, size = gguf.GGML_QUANT_SIZES[self.qtype]
+        if self.qtype not in KEPT:
+            raise ValueError(f"type {self.qtype.name} is not kept in blocks")
+        if self.cols % values or self.data.dim() != 2 or self.data.shape[1] != self.cols // values * size:
+            raise ValueError(f"{tuple(self.data.shape)} bytes do not hold rows of {self.cols} {self.qtype.name} values")
+
+    @classmethod
+    def from_bytes(cls, qtype: gguf.GGMLQuantizationType, raw, rows: int, cols: int) -> BlockWeight:
+        """``raw`` (bytes, bytearray, a uint8 array) of a [rows, cols] tensor, shared, not copied."""
+        data = torch.frombuffer(raw, dtype=torch.uint8) if not isinstance(raw, torch.Tensor) else raw
+        return cls(qtype, data.reshape(rows, -1), cols)
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return (self.data.shape[0], self.cols)
+
+    @property
+    def nbytes(self) -> int:
+        return self.data.numel()
+
+    def __getitem__(self, rows: torch.Tensor | slice) -> BlockWeight:
+        """Some rows (an index tensor or a slice), still in blocks."""
+        return BlockWeight(self.qtype, self.data[rows].contiguous(), self.cols)
+
+    def dequantize(self, rows: torch.Tensor | slice | None = None) -> torch.Tensor:
+        """The float32 values of all rows, or of ``rows`` -> [n, cols]."""
+        data = self.data if rows is None else self.data[rows]  # [n, row_bytes]
+        if _blocks is not None:
+            return _blocks.block_dequant(data.contiguous(), int(self.qtype), self.cols)
+        values = gguf.quants.dequantize(data.numpy(), self.qtype)  # [n, cols]
+        return torch.from_numpy(np.ascontiguousarray(values, dtype=np.float32)).reshape(-1, self.cols)
+
+
+def block_linear(
+    x: torch.Tensor, parts: list[BlockWeight], compiled: bool | None = None, int8: bool | None = None
+) -> torch.Tensor:
+    """x [..., K] @ W.T for W the parts stacked by rows -> [..., sum of their rows], in
+    x's dtype. ``compiled`` forces the compiled kernel (True) or decoded tiles (False);
+    by default the compiled kernel below ``COMPILED_MAX_ROWS`` rows, where it is built.
+    ``int8``: the compiled kernel on activations rounded to 8 bits (default
+    ``INT8_ACTIVATIONS``)."""
+    lead, k = x.shape[:-1], x.shape[-1]
+    rows = x.reshape(-1, k).float()  # [M, K]
+    if compiled is None:
+        compiled = _blocks is not None and rows.shape[0] < COMPILED_MAX_ROWS
+    if compiled:
+        if _blocks is None:
+            raise RuntimeError("the compiled kernels are not built")
+        exact = not (INT8_ACTIVATIONS if int8 is None else int8)
+        y = _blocks.block_linear(rows, [p.data for p in parts], [int(p.qtype) for p in parts], exact)  # [M, N]
+    else:
+        y = torch.cat([_tiled(rows, p) for p in parts], dim=-1) if len(parts) > 1 else _tiled(rows, parts[0])
+    return y.reshape(*lead, y.shape[-1]).to(x.dtype)
+
+
+def _tiled(x: torch.Tensor, w: BlockWeight) -> torch.Tensor:
+    """x [M, K] @ w.T through float32 tiles of ``TILE`` weight rows -> [M, N]."""
+    n = w.shape[0]
+    y = torch.empty(x.shape[0], n, dtype=torch.float32)  # [M, N]
+    for r in range(0, n, TILE):
+        y[:, r : r + TILE] = F.linear(x, w.dequantize(slice(r, r + TILE)))
+    return y
+
+
+class BlockLinear(nn.Module):
+    """A linear layer on weights in blocks: one part, or several side by side (fused
+    q/k/v or gate/up, whose parts may have different types). Built empty, with the rows
+    of each part; ``set_part`` fills them (the loader), so no float weight ever exists."""
+
+    def __init__(self, in_features: int, part_rows: list[int], bias: bool = False):
+        super().__init__()
+        self.in_features, self.part_rows = in_features, list(part_rows)
+        self.out_features = sum(part_rows)
+        self.parts: list[BlockWeight | None] = [None] * len(part_rows)
+        self.bias = nn.Parameter(torch.empty(self.out_features), requires_grad=False) if bias else None
+
+    def set_part(self, i: int, weight: BlockWeight) -> None:
+        """ValueError when the part's shape is not [part_rows[i], in_features]."""
+        if weight.shape != (self.part_rows[i], self.in_features):
+            raise ValueError(f"shape {weight.shape}, expected {(self.part_rows[i], self.in_features)}")
+        self.parts[i] = weight
+
+    @property
+    def missing(self) -> list[int]:
+        return [i for i, p in enumerate(self.parts) if p is None]
+
+    @property
+    def weight_bytes(self) -> int:
+        return sum(p.nbytes for p in self.parts if p is not None)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = block_linear(x, self.parts)  # [..., out]
+        return y if self.bias is None else y + self.bias
+
+    def extra_repr(self) -> str:
+        kinds = "+".join(p.qtype.name if p is not None else "?" for p in self.parts)
+        return f"in_features={self.in_features}, out_features={self.out_features}, {kinds}"
+
+
+class BlockEmbedding(nn.Module):
+    """An embedding table in blocks: a lookup decodes only the rows asked for."""
+
+    def __init__(self, num_embeddings: int, embedding_dim: int):
+        super().__init__()
+        self.num_embeddings, self.embedding_dim = num_embeddings, embedding_dim
+        self.table: BlockWeight | None = None
+
+    def set_part(self, i: int, weight: BlockWeight) -> None:
+        if i != 0 or weight.shape != (self.num_embeddings, self.embedding_dim):
+            raise ValueError(f"shape {weight.shape}, expected {(self.num_embeddings, self.embedding_dim)}")
+        self.table = weight
+
+    @property
+    def missing(self) -> list[int]:
+        return [0] if self.table is None else []
+
+    @property
+    def weight_bytes(self) -> int:
+        return self.table.nbytes if self.table is not None else 0
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        flat = ids.reshape(-1)  # [T]
+        return self.table.dequantize(flat).reshape(*ids.shape, self.embedding_dim)  # [..., dim]
+
+    def extra_repr(self) -> str:
+        kind = self.table.qtype.name if self.table is not None else "?"
+        return f"{self.num_embeddings}, {self.embedding_dim}, {kind}"
+
+
+def block_modules(model: nn.Module) -> list[BlockLinear | BlockEmbedding]:
+    return [m for m in model.modules() if isinstance(m, BlockLinear | BlockEmbedding)]
+
+
+_DTYPE_NAMES = {torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16"}
+
+
+def weight_bytes_by_type(model: nn.Module) -> dict[str, int]:
+    """Resident weight bytes of ``model`` by type: GGUF type names for weights in blocks
+    ("Q4_K", "Q6_K", ...), "F32"/"F16"/"BF16" for float tensors (parameters and buffers:
+    norms, biases, prepacked layers). A tensor shared by two layers counts once."""
+    seen: set[int] = set()
+    totals: dict[str, int] = {}
+
+    def add(kind: str, tensor: torch.Tensor) -> None:
+        key = tensor.data_ptr() if tensor.layout == torch.strided else id(tensor)  # oneDNN-packed: opaque
+        if key in seen or tensor.device.type == "meta":
+            return
+        seen.add(key)
+        totals[kind] = totals.get(kind, 0) + tensor.numel() * tensor.element_size()
+
+    for module in block_modules(model):
+        for part in getattr(module, "parts", None) or [getattr(module, "table", None)]:
+            if part is not None:
+                add(part.qtype.name, part.data)
+    for tensor in [*model.parameters(), *model.buffers()]:
+        add(_DTYPE_NAMES.get(tensor.dtype, str(tensor.dtype).removeprefix("torch.")), tensor)
+    return dict(sorted(totals.items()))

@@ -1,0 +1,78 @@
+// GGUF's block types as the kernels see them: the GGML type number, how many values a
+// block holds and how many bytes it takes. The layouts themselves are decoded in
+// blocks_impl.inc, compiled once per instruction set (blocks_avx2.cpp, blocks_portable.cpp).
+#pragma once
+
+#include <cstdint>
+
+namespace slotserve {
+
+enum BlockType : int {
+  F16 = 1,
+  Q4_0 = 2,
+  Q4_1 = 3,
+  Q5_0 = 6,
+  Q5_1 = 7,
+  Q8_0 = 8,
+  Q2_K = 10,
+  Q3_K = 11,
+  Q4_K = 12,
+  Q5_K = 13,
+  Q6_K = 14,
+  IQ4_NL = 20,
+  IQ4_XS = 23,
+  BF16 = 30,
+};
+
+struct BlockInfo {
+  int values;  // per block (0: not a type the kernels know)
+  int bytes;   // per block
+};
+
+inline BlockInfo block_info(int type) {
+  switch (type) {
+    case F16: return {1, 2};
+    case BF16: return {1, 2};
+    case Q4_0: return {32, 18};
+    case Q4_1: return {32, 20};
+    case Q5_0: return {32, 22};
+    case Q5_1: return {32, 24};
+    case Q8_0: return {32, 34};
+    case IQ4_NL: return {32, 18};
+    case Q2_K: return {256, 84};
+    case Q3_K: return {256, 110};
+    case Q4_K: return {256, 144};
+    case Q5_K: return {256, 176};
+    case Q6_K: return {256, 210};
+    case IQ4_XS: return {256, 136};
+    default: return {0, 0};
+  }
+}
+
+inline bool is_float_type(int type) { return type == F16 || type == BF16; }
+
+// Activations of one call, prepared once and shared by every weight they meet. With
+// int8 rounding: per 32 values an int8 block qx and its scale dx (d = max|x| / 127), and
+// xs the sums of the rounded values per 16. Without (qx null): xs the float sums of x per
+// 16. The sums serve the types whose values carry an offset (Q4_1, Q5_1, Q2_K, Q4_K, Q5_K).
+struct Acts {
+  const float* x;    // [M, K]
+  const int8_t* qx;  // [M, K], or null: float activations
+  const float* dx;   // [M, K/32]
+  const float* xs;   // [M, K/16]
+  int64_t M, K;
+};
+
+// The per-instruction-set entry points (same arithmetic, same results up to float rounding).
+#define SLOTSERVE_DECLARE_ISA(ns)                                                                      \
+  namespace ns {                                                                                       \
+  void quantize_acts(const float* x, int64_t m0, int64_t m1, int64_t K, int8_t* qx, float* dx, float* xs); \
+  void float_sums(const float* x, int64_t m0, int64_t m1, int64_t K, float* xs);                        \
+  void linear_rows(int type, const uint8_t* w, int64_t n0, int64_t n1, const Acts& a, float* y, int64_t ldy); \
+  void dequant_rows(int type, const uint8_t* w, int64_t n0, int64_t n1, int64_t K, float* out);         \
+  }
+
+SLOTSERVE_DECLARE_ISA(portable)
+SLOTSERVE_DECLARE_ISA(avx2)
+
+}  // namespace slotserve

@@ -1,0 +1,145 @@
+"""Weights kept in GGUF blocks (engine/kernels/blocks.py, csrc/): every kept type decodes
+to exactly what ``gguf`` reads from the same bytes, and each matmul path (the compiled
+kernel on this CPU's instruction set, the portable one, the torch-only tiles) stays
+within a bound derived from the activations' rounding, against float64 on the decoded
+weight.
+
+Bound: the compiled kernels' int8 path rounds each 32-value block of an activation row to int8 with
+step dx = max|x_block| / 127, so each value moves by at most dx / 2, and compute the
+exact dot product of the weight with those rounded values (a weight value is
+scale * q + offset; the offset meets the sum of the rounded values): an output moves
+by at most sum over values of dx / 2 * |w|, plus float32 accumulation (1e-5 relative).
+The default compiled path, 16-bit float weights and the torch-only path do not round
+the activations: float32 accumulation only.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import gguf
+import numpy as np
+import pytest
+import torch
+from block_packers import pack
+from unavailable import unavailable
+
+from engine.kernels import blocks
+from engine.kernels.blocks import KEPT, BlockLinear, BlockWeight, block_linear
+
+FLOATS = {gguf.GGMLQuantizationType.F16, gguf.GGMLQuantizationType.BF16}
+TYPES = sorted(KEPT, key=int)
+
+
+@pytest.fixture(scope="module")
+def compiled():
+    if blocks.compiled_isa() is None:
+        unavailable("the compiled kernels are not built (pip install -e . with a C++ compiler)", "SLOTSERVE_SKIP_EXT")
+    return blocks._blocks
+
+
+def _weight(n: int, k: int, seed: int) -> np.ndarray:
+    g = np.random.default_rng(seed)
+    w = (g.standard_normal((n, k)) * 0.05).astype(np.float32)
+    w[0, :256] = 0  # an all-zero block (scale 0)
+    w[-1, -32:] *= 40  # a block with outliers
+    w[1 % n, :32] = np.abs(w[1 % n, :32]) + 0.1  # a block all positive (offset types: minimum above 0)
+    return w
+
+
+def _blocks(qtype, n: int, k: int, seed: int = 0) -> tuple[BlockWeight, torch.Tensor]:
+    """(weight in blocks, what gguf reads from its bytes [n, k] float32)."""
+    raw = pack(_weight(n, k, seed), qtype)
+    expected = gguf.quants.dequantize(raw, qtype).reshape(n, k).astype(np.float32)
+    return BlockWeight.from_bytes(qtype, torch.from_numpy(raw), n, k), torch.from_numpy(expected)
+
+
+@pytest.mark.parametrize("path", ["compiled", "torch"])
+@pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
+def test_every_type_decodes_to_what_gguf_reads(request, monkeypatch, path, qtype):
+    if path == "compiled":
+        request.getfixturevalue("compiled")
+    else:
+        monkeypatch.setattr(blocks, "_blocks", None)
+    w, expected = _blocks(qtype, 5, 512 if gguf.GGML_QUANT_SIZES[qtype][0] == 256 else 352)
+    assert torch.equal(w.dequantize(), expected)
+    rows = torch.tensor([4, 0, 4, 2])
+    assert torch.equal(w.dequantize(rows), expected[rows])  # an embedding lookup decodes only its rows
+    assert torch.equal(w[rows].dequantize(), expected[rows])  # rows taken in blocks (llama's rotary unpermute)
+
+
+def test_bytes_that_do_not_fit_the_shape_are_refused():
+    raw = torch.zeros(4, 34, dtype=torch.uint8)
+    with pytest.raises(ValueError, match="do not hold"):
+        BlockWeight(gguf.GGMLQuantizationType.Q8_0, raw, 64)
+    with pytest.raises(ValueError, match="not kept"):
+        BlockWeight(gguf.GGMLQuantizationType.Q8_1, raw, 32)
+
+
+def _bound(x: torch.Tensor, deq: torch.Tensor, rounded: bool) -> torch.Tensor:
+    """[M, N] float64: how far each output may be from x @ deq.T in float64."""
+    x64, w64 = x.double(), deq.double()
+    slack = 1e-5 * (x64.abs() @ w64.abs().T) + 1e-6
+    if not rounded:
+        return slack
+    m, k = x.shape
+    dx = x64.reshape(m, k // 32, 32).abs().amax(-1) / 127  # [M, K/32]
+    return (dx / 2).repeat_interleave(32, dim=1) @ w64.abs().T + slack
+
+
+@pytest.mark.parametrize("path", ["int8", "int8-portable", "compiled", "portable", "torch"])
+@pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
+def test_matmul_is_within_the_derived_bound(request, monkeypatch, path, qtype):
+    ext = request.getfixturevalue("compiled") if path != "torch" or qtype not in FLOATS else None
+    small = gguf.GGML_QUANT_SIZES[qtype][0] < 256  # rows of 11 and 22 blocks: chunks of 8 and a rest
+    for m, n, k in [(1, 37, 352 if small else 256), (5, 300, 704 if small else 512), (33, 64, 1024)]:
+        w, deq = _blocks(qtype, n, k, seed=m)
+        x = torch.randn(m, k, generator=torch.Generator().manual_seed(m)) * 3
+        int8 = path.startswith("int8")
+        if path.endswith("portable"):
+            y = ext.block_linear_portable(x, [w.data], [int(qtype)], not int8)  # [m, n]
+        else:
+            y = block_linear(x, [w], compiled=path != "torch", int8=int8)  # [m, n]
+        assert y.shape == (m, n) and y.dtype == torch.float32
+        err = (y.double() - x.double() @ deq.double().T).abs()
+        rounded = int8 and qtype not in FLOATS
+        bound = _bound(x, deq, rounded)
+        assert bool((err <= bound).all()), f"[{m}x{k}] @ [{n}x{k}]: worst excess {(err - bound).max().item():.3g}"
+        if rounded:  # the bound is not vacuous: the rounding shows, within it
+            assert err.max() > 1e-4 * bound.max()
+
+
+def test_fused_parts_of_different_types_are_one_matmul(compiled):
+    kinds = [
+        (gguf.GGMLQuantizationType.Q4_K, 64),
+        (gguf.GGMLQuantizationType.Q6_K, 32),
+        (gguf.GGMLQuantizationType.Q8_0, 32),
+    ]
+    parts = [_blocks(t, n, 512, seed=n) for t, n in kinds]
+    layer = BlockLinear(512, [64, 32, 32], bias=True)
+    for i, (w, _) in enumerate(parts):
+        layer.set_part(i, w)
+    layer.bias.data = torch.arange(128.0)
+    x = torch.randn(2, 3, 512)
+    y = layer(x)  # [2, 3, 128]
+    alone = torch.cat([block_linear(x, [w]) for w, _ in parts], dim=-1) + layer.bias
+    torch.testing.assert_close(y, alone, rtol=0, atol=0)
+    fused = block_linear(x, [w for w, _ in parts], int8=True)  # activations quantized once for all parts
+    torch.testing.assert_close(
+        fused, torch.cat([block_linear(x, [w], int8=True) for w, _ in parts], -1), rtol=0, atol=0
+    )
+    with pytest.raises(ValueError, match="expected"):
+        layer.set_part(0, parts[1][0])
+
+
+def test_without_the_extension_the_torch_path_runs_and_says_so(monkeypatch, caplog):
+    monkeypatch.setattr(blocks, "_blocks", None)
+    assert blocks.compiled_isa() is None
+    with caplog.at_level(logging.INFO, logger="slotserve.kernels"):
+        blocks.log_kernel_choice()
+    assert [r.message for r in caplog.records if "torch-only" in r.message]
+    w, deq = _blocks(gguf.GGMLQuantizationType.Q4_K, 300, 256)
+    x = torch.randn(4, 256)
+    torch.testing.assert_close(block_linear(x, [w]), x @ deq.T, atol=1e-4, rtol=1e-5)
+    with pytest.raises(RuntimeError, match="not built"):
+        block_linear(x, [w], compiled=True)

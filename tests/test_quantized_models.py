@@ -1,0 +1,277 @@
+"""Models whose weights stay in GGUF blocks agree with the float32 model on the same
+values: a GGUF file per kept type (the demo model's weights packed by the test,
+tests/block_packers.py) and a Hugging Face folder quantized at load (``--quantization``).
+Teacher-forced over 512 positions, in chunks of 31 tokens so every matmul takes the
+compiled kernel's path (fewer than 32 rows, activations rounded to 8 bits), the top-1
+token agrees at >= 99% of positions with the float32 model on the decoded weights.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+from pathlib import Path
+
+import gguf
+import numpy as np
+import pytest
+import torch
+from block_packers import pack
+from gguf_tools import convert, converter_tree
+from safetensors.torch import save_file
+from unavailable import unavailable
+
+from engine import DEMO_MODEL, Engine
+from engine.kernels import blocks
+from engine.kernels.blocks import KEPT, BlockEmbedding, BlockLinear
+from engine.loading.gguf.checkpoint import GGUFCheckpoint
+from memory import MemoryBatch
+
+CHUNK = 31  # rows per forward: below blocks.COMPILED_MAX_ROWS
+N_POSITIONS = 512
+T = gguf.GGMLQuantizationType
+
+
+@pytest.fixture(scope="module")
+def demo_gguf(tmp_path_factory) -> Path:
+    try:
+        converter_tree()
+    except RuntimeError as exc:
+        unavailable(f"llama.cpp's converter cannot be had: {exc}", "SLOTSERVE_SKIP_GGUF")
+    folder = tmp_path_factory.mktemp("quantized")
+    return convert(DEMO_MODEL, folder / "demo-f32.gguf", "f32")
+
+
+@pytest.fixture(scope="module")
+def text_ids() -> list[int]:
+    engine = Engine.from_pretrained(str(DEMO_MODEL), n_ctx=64, n_seq_max=1)
+    text = (DEMO_MODEL.parent / "core" / "engine.py").read_text()  # Python source: the demo model's kind of text
+    ids = engine.tokenizer.encode(text)[: N_POSITIONS + 1]
+    assert len(ids) == N_POSITIONS + 1
+    return ids
+
+
+def teacher_forced_top1(engine: Engine, ids: list[int]) -> torch.Tensor:
+    """The top token after each prefix of ``ids`` [len - 1], CHUNK tokens per forward."""
+    tops = []
+    with torch.inference_mode():
+        for start in range(0, len(ids) - 1, CHUNK):
+            chunk = ids[start : min(start + CHUNK, len(ids) - 1)]
+            pos = torch.arange(start, start + len(chunk))  # [n]
+            view = engine.memory.prepare(MemoryBatch([0], [len(chunk)], pos))
+            logits = engine.model(torch.tensor(chunk), pos, view, torch.arange(len(chunk)))  # [n, vocab]
+            tops.append(logits.argmax(-1))
+    engine.memory.seq_rm(0, 0)
+    return torch.cat(tops)
+
+
+def _agreement(ours: Engine, reference: Engine, ids: list[int]) -> float:
+    return (teacher_forced_top1(ours, ids) == teacher_forced_top1(reference, ids)).double().mean().item()
+
+
+def write_gguf(src: Path, dst: Path, tensors, overrides: dict | None = None) -> Path:
+    """A GGUF with ``src``'s metadata (``overrides`` replacing some values) and
+    ``tensors``: (name, array, raw type or None) triples."""
+    reader = gguf.GGUFReader(str(src))
+    writer = gguf.GGUFWriter(str(dst), reader.fields["general.architecture"].contents())
+    overrides = overrides or {}
+    for field in reader.fields.values():
+        if field.name.startswith("GGUF.") or field.name == "general.architecture":
+            continue
+        vtype = field.types[0]
+        sub = field.types[-1] if vtype == gguf.GGUFValueType.ARRAY else None
+        writer.add_key_value(field.name, overrides.pop(field.name, field.contents()), vtype, sub_type=sub)
+    for key, value in overrides.items():  # integers the source does not have
+        writer.add_uint32(key, value)
+    for name, data, raw_dtype in tensors:
+        writer.add_tensor(name, data, raw_dtype=raw_dtype)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return dst
+
+
+def requantize(src: Path, dst: Path, qtype: gguf.GGMLQuantizationType) -> Path:
+    """``src`` (an F32 GGUF) with its 2-D weights in ``qtype``, or Q8_0 where a row is
+    not a whole number of ``qtype``'s blocks (as llama-quantize falls back)."""
+
+    def tensors():
+        for t in gguf.GGUFReader(str(src)).tensors:
+            data = np.asarray(t.data)
+            if data.ndim != 2:
+                yield t.name, data, None
+                continue
+            kind = qtype if data.shape[1] % gguf.GGML_QUANT_SIZES[qtype][0] == 0 else T.Q8_0
+            yield t.name, pack(data, kind), kind
+
+    return write_gguf(src, dst, list(tensors()))
+
+
+def dequantized_folder(path: Path, dst: Path) -> Path:
+    """A Hugging Face folder with the float32 values ``path``'s blocks stand for."""
+    names = Engine.from_pretrained(str(path), n_ctx=64, n_seq_max=1, linear="torch").model.checkpoint_names()
+    tensors = {name: t.float().contiguous() for _, name, t in GGUFCheckpoint(path).iter_hf_tensors(names)}
+    dst.mkdir()
+    save_file(tensors, str(dst / "model.safetensors"))
+    for name in ("config.json", "tokenizer.json", "tokenizer_config.json", "generation_config.json"):
+        shutil.copy(DEMO_MODEL / name, dst / name)
+    return dst
+
+
+@pytest.mark.parametrize("qtype", sorted(KEPT, key=int), ids=lambda t: t.name)
+def test_a_gguf_of_each_type_keeps_its_blocks_and_agrees_with_its_float_model(demo_gguf, text_ids, tmp_path, qtype):
+    path = requantize(demo_gguf, tmp_path / f"demo-{qtype.name}.gguf", qtype)
+    ours = Engine.from_pretrained(str(path), n_ctx=1024, n_seq_max=1)
+    kept = [m for m in ours.model.modules() if isinstance(m, BlockLinear | BlockEmbedding)]
+    assert not any(isinstance(m, torch.nn.Linear | torch.nn.Embedding) for m in ours.model.modules())
+    assert ours.model.lm_head.parts[0] is ours.model.model.embed_tokens.table  # tied: one table
+    file_bytes = GGUFCheckpoint(path).n_bytes
+    weight_bytes = sum(m.weight_bytes for m in kept if m is not ours.model.lm_head)
+    assert weight_bytes <= file_bytes  # the file's blocks, not a float copy
+    reference = Engine.from_pretrained(str(dequantized_folder(path, tmp_path / "float")), n_ctx=1024, n_seq_max=1)
+    agree = _agreement(ours, reference, text_ids)
+    assert agree >= 0.99, f"{qtype.name}: top-1 agrees at {agree:.1%} of {N_POSITIONS} positions"
+
+
+@pytest.mark.parametrize("scheme", ["q8_0", "q4_0", "q4_k"])
+def test_a_folder_quantized_at_load_agrees_with_its_float_model(text_ids, scheme):
+    from engine.kernels.quantize import SCHEMES, quantize
+
+    ours = Engine.from_pretrained(str(DEMO_MODEL), n_ctx=1024, n_seq_max=1, quantization=scheme)
+    assert ours.fingerprint["quantization"] == scheme
+    layers = [m for m in ours.model.modules() if isinstance(m, BlockLinear)]
+    assert layers and all(m.parts[0].qtype == SCHEMES[scheme] for m in layers)
+    reference = Engine.from_pretrained(str(DEMO_MODEL), n_ctx=1024, n_seq_max=1, linear="torch")
+    with torch.no_grad():
+        for name, module in reference.model.named_modules():
+            if isinstance(module, torch.nn.Linear) and isinstance(ours.model.get_submodule(name), BlockLinear):
+                module.weight.copy_(quantize(module.weight, SCHEMES[scheme]).dequantize())
+    agree = _agreement(ours, reference, text_ids)
+    assert agree >= 0.99, f"{scheme}: top-1 agrees at {agree:.1%} of {N_POSITIONS} positions"
+
+
+def test_the_torch_only_path_agrees_everywhere(monkeypatch, text_ids):
+    """No activation rounding off the compiled path: the same float arithmetic up to order."""
+    monkeypatch.setattr(blocks, "_blocks", None)
+    ours = Engine.from_pretrained(str(DEMO_MODEL), n_ctx=1024, n_seq_max=1, quantization="q8_0")
+    reference = Engine.from_pretrained(str(DEMO_MODEL), n_ctx=1024, n_seq_max=1, linear="torch")
+    with torch.no_grad():
+        for name, module in reference.model.named_modules():
+            if isinstance(module, torch.nn.Linear) and not name.endswith("lm_head"):
+                module.weight.copy_(ours.model.get_submodule(name).parts[0].dequantize())
+    assert _agreement(ours, reference, text_ids[:129]) == 1.0
+
+
+def test_quantization_needs_float32_and_a_known_scheme():
+    with pytest.raises(ValueError, match="float32"):
+        Engine.from_pretrained(str(DEMO_MODEL), quantization="q8_0", dtype="bfloat16")
+    with pytest.raises(ValueError, match="q4_k"):
+        Engine.from_pretrained(str(DEMO_MODEL), quantization="q4_x")
+
+
+def test_a_server_started_with_quantization_serves(caplog):
+    import httpx
+    from server_proc import InProcessServer
+
+    with caplog.at_level(logging.INFO, logger="slotserve.kernels"), InProcessServer(quantization="q4_k") as srv:
+        r = httpx.post(srv.url + "/completion", json={"prompt": "def add(a, b):", "n_predict": 8, "temperature": 0})
+        assert r.status_code == 200 and r.json()["tokens_predicted"] == 8
+        assert httpx.get(srv.url + "/props").json()["memory"]["integrity"] == "ok"
+    assert [r.message for r in caplog.records if r.message.startswith("quantized matmuls:")]
+
+
+def test_the_quantization_flag_is_checked():
+    from pydantic import ValidationError
+
+    from server.settings import ServerSettings
+
+    with pytest.raises(ValidationError, match="quantization"):
+        ServerSettings(quantization="q4_x")
+    assert ServerSettings(quantization="q4_k").quantization == "q4_k"
+
+
+def _random_blocks(rng, qtype, rows: int, cols: int) -> np.ndarray:
+    """Random blocks whose float16 scales are small and finite (Q4_K: d, dmin; Q6_K: d)."""
+    values, size = gguf.GGML_QUANT_SIZES[qtype]
+    raw = rng.integers(0, 256, (rows, cols // values, size), dtype=np.uint8)
+    for off in {T.Q4_K: (0, 2), T.Q6_K: (208,)}[qtype]:
+        raw[:, :, off : off + 2] = np.full((rows, cols // values, 1), 0.001, np.float16).view(np.uint8)
+    return raw.reshape(rows, -1)
+
+
+def q4_k_m_like(src: Path, dst: Path, hidden: int, ffn: int, layers: int) -> Path:
+    """A Llama of the given shape (the demo model's tokenizer) with random weights in
+    Q4_K, the value and output matrices in Q6_K (as llama-quantize's Q4_K_M), norms F32."""
+    rng = np.random.default_rng(0)
+    vocab, kv = 4096, hidden // 4
+    shapes = {"token_embd.weight": (vocab, hidden, T.Q4_K), "output.weight": (vocab, hidden, T.Q6_K)}
+    for i in range(layers):
+        for name, rows, cols, kind in [("attn_q", hidden, hidden, T.Q4_K), ("attn_k", kv, hidden, T.Q4_K),
+                                       ("attn_v", kv, hidden, T.Q6_K), ("attn_output", hidden, hidden, T.Q4_K),
+                                       ("ffn_gate", ffn, hidden, T.Q4_K), ("ffn_up", ffn, hidden, T.Q4_K),
+                                       ("ffn_down", hidden, ffn, T.Q6_K)]:  # fmt: skip
+            shapes[f"blk.{i}.{name}.weight"] = (rows, cols, kind)
+    tensors = [(n, _random_blocks(rng, k, r, c), k) for n, (r, c, k) in shapes.items()]
+    tensors += [("output_norm.weight", np.ones(hidden, np.float32), None)]
+    for i in range(layers):
+        tensors += [(f"blk.{i}.{n}.weight", np.ones(hidden, np.float32), None) for n in ("attn_norm", "ffn_norm")]
+    dims = {"embedding_length": hidden, "feed_forward_length": ffn, "block_count": layers}
+    dims |= {"attention.head_count": hidden // 64, "attention.head_count_kv": kv // 64, "rope.dimension_count": 64}
+    return write_gguf(src, dst, tensors, {f"llama.{k}": v for k, v in dims.items()})
+
+
+RSS_PROBE = """
+import gc, sys
+from engine import DEMO_MODEL, Engine
+def status(key):
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith(key + ":"))
+warm = Engine.from_pretrained(str(DEMO_MODEL), n_ctx=64, n_seq_max=1)  # torch's own start-up memory
+del warm
+gc.collect()
+with open("/proc/self/clear_refs", "w") as f:
+    f.write("5")  # the peak (VmHWM) starts again from here
+before = status("VmRSS")
+engine = Engine.from_pretrained(sys.argv[1], n_ctx=64, n_seq_max=1)
+gc.collect()
+print(before, status("VmHWM"), status("VmRSS"), sum(engine.weight_bytes.values()))
+"""
+
+
+def test_a_q4_k_m_file_is_resident_at_its_own_size(demo_gguf, tmp_path):
+    """Resident weights <= 1.1x the file's tensor bytes; the load's peak <= 1.2x what
+    stays resident after it (read tensor by tensor, never a float copy)."""
+    import subprocess
+    import sys
+
+    path = q4_k_m_like(demo_gguf, tmp_path / "big-q4_k_m.gguf", hidden=1024, ffn=2816, layers=8)
+    file_bytes = GGUFCheckpoint(path).n_bytes
+    assert file_bytes > 50e6  # big enough for the measure to mean something
+    root = Path(__file__).resolve().parents[1]
+    done = subprocess.run([sys.executable, "-c", RSS_PROBE, str(path)], capture_output=True, text=True, cwd=root)
+    assert done.returncode == 0, done.stderr[-2000:]
+    before, peak, after, weights = map(int, done.stdout.split()[-4:])
+    figures = f"file {file_bytes}, weights {weights}, rss +{after - before}, peak +{peak - before}"
+    assert weights <= 1.1 * file_bytes, figures
+    assert after - before <= 1.1 * file_bytes, figures
+    assert peak - before <= 1.2 * (after - before), figures
+
+
+def test_a_server_reports_its_weights_by_type(demo_gguf, tmp_path):
+    import httpx
+    from server_proc import InProcessServer, metric
+
+    path = requantize(demo_gguf, tmp_path / "demo-q4_k.gguf", T.Q4_K)  # Q8_0 where rows of 704 do not fit
+    with InProcessServer(model=path) as srv:
+        r = httpx.post(srv.url + "/completion", json={"prompt": "def add(a, b):", "n_predict": 8, "temperature": 0})
+        assert r.status_code == 200 and r.json()["tokens_predicted"] == 8
+        weights = httpx.get(srv.url + "/props").json()["weights"]
+        in_file: dict[str, int] = {}
+        for qtype, _, _, n in GGUFCheckpoint(path).tensors.values():
+            in_file[qtype.name] = in_file.get(qtype.name, 0) + n
+        assert set(weights["types"]) == set(in_file) == {"Q4_K", "Q8_0", "F32"}
+        assert weights["types"]["Q4_K"] == in_file["Q4_K"] and weights["types"]["Q8_0"] == in_file["Q8_0"]
+        assert weights["bytes"] == sum(weights["types"].values()) <= 1.1 * sum(in_file.values())
+        for kind, n in weights["types"].items():
+            assert metric(srv.url, "slotserve_model_weight_bytes", type=kind) == n
