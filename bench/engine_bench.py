@@ -32,6 +32,11 @@ SHAPE = dict(
     pad_token_id=0,
 )
 SMALL = dict(SHAPE, hidden_size=256, intermediate_size=512, num_hidden_layers=4, num_attention_heads=4)
+# ~1B Llama shape (issue 25's peer rows): where reading the weights dominates a decode step
+ONE_B = dict(
+    SHAPE, hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, num_attention_heads=32, num_key_value_heads=8
+)
+SHAPES = {"88m": SHAPE, "small": SMALL, "1b": ONE_B}
 
 
 def build_checkpoint(folder: Path, shape: dict) -> int:

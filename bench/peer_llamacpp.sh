@@ -7,8 +7,11 @@
 #   BUILD_ONLY=1 bash bench/peer_llamacpp.sh     # build llama-server and the GGUFs, run nothing
 #   ROWS="llama-f16 slotserve" bash bench/peer_llamacpp.sh   # (re)run some rows, keep the others
 #   PROMPT=512 NEW=16 CTX=32768 CONCURRENCY=1,8 TAG=-pp512 bash bench/peer_llamacpp.sh   # prefill TTFT
+#   ROWS="llama-q4_k_m ours-q4_k_m" bash bench/peer_llamacpp.sh  # same-file rows (quantized GGUFs)
+#   MODEL=1b ROWS="llama-q8_0 ours-q8_0" bash bench/peer_llamacpp.sh  # the ~1B Llama shape
 #
-# Builds llama-server from the llama-cpp-python source distribution into a cache
+# Builds llama-server and llama-quantize from the llama-cpp-python source distribution
+# (the version tests/gguf_tools.py pins) into a cache
 # folder outside the repository (SLOTSERVE_PEER_CACHE, default ~/.cache/slotserve-peer),
 # writes the bench checkpoint of bench/engine_bench.py (88M Llama, float32) as an F32
 # and an F16 GGUF with the gguf package of that tree (bench/gguf_export.py), then runs
@@ -20,6 +23,12 @@
 #   llama-f16          llama-server, F16 weights, per-stream KV
 #   slotserve          slotserve's default (per-stream KV, float32)
 #   slotserve-unified  slotserve --kv-unified (the row closest to llama-f32-unified)
+# and the same-file rows, both servers given one GGUF (F16 from gguf_export.py; Q8_0,
+# Q4_K_M, Q5_K_M written by that tree's llama-quantize from the F32 GGUF):
+#   llama-f16 llama-q8_0 llama-q4_k_m llama-q5_k_m   ours-f16 ours-q8_0 ours-q4_k_m ours-q5_k_m
+# Every row also records the server's resident memory (VmRSS) after its run and its peak (VmHWM).
+# MODEL=88m (default: bench/engine_bench.py's SHAPE) or MODEL=1b (hidden 2048, 16 layers,
+# 32/8 heads, FFN 8192: where reading the weights dominates); each has its own folder.
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -33,18 +42,22 @@ CTX=${CTX:-16384}
 PROMPT=${PROMPT:-128}
 NEW=${NEW:-128}
 TAG=${TAG:-}  # suffix of the result files: runs with other prompts keep their own
-mkdir -p "$CACHE"
+MODEL=${MODEL:-88m}
+M="$CACHE/$MODEL"  # this model's checkpoint, GGUFs and results
+mkdir -p "$M"
 
 build_llama_server() {
-  [ -x "$CACHE/llama-server" ] && return
-  (cd "$CACHE" && "$PY" -m pip download -q --no-binary :all: --no-deps llama-cpp-python -d src)
+  [ -x "$CACHE/llama-server" ] && [ -x "$CACHE/llama-quantize" ] && return
+  # the llama-cpp-python sdist the tests' converter comes from (tests/gguf_tools.py: pinned, sha256-checked)
+  "$PY" -c "import sys; sys.path.insert(0, '$ROOT/tests'); from pathlib import Path; \
+import gguf_tools; gguf_tools.download_sdist(Path('$CACHE/src'))"
   tar xzf "$CACHE"/src/llama_cpp_python-*.tar.gz -C "$CACHE"
   local tree
   tree=$(ls -d "$CACHE"/llama_cpp_python-*/vendor/llama.cpp | head -1)
   cmake -S "$tree" -B "$CACHE/build" -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON -DLLAMA_CURL=OFF \
     -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=ON
-  cmake --build "$CACHE/build" --target llama-server -j "$(nproc)"
-  cp "$CACHE/build/bin/llama-server" "$CACHE/llama-server"
+  cmake --build "$CACHE/build" --target llama-server llama-quantize -j "$(nproc)"
+  cp "$CACHE/build/bin/llama-server" "$CACHE/build/bin/llama-quantize" "$CACHE/"
   ln -sfn "$tree" "$CACHE/tree"
 }
 
@@ -53,14 +66,18 @@ export_gguf() {
     python3 -m venv "$CACHE/venv"
     "$CACHE/venv/bin/pip" install -q "$CACHE/tree/gguf-py" safetensors numpy
   fi
-  if [ ! -f "$CACHE/ckpt/config.json" ]; then
-    rm -rf "$CACHE/ckpt"
+  if [ ! -f "$M/ckpt/config.json" ]; then
+    rm -rf "$M/ckpt"
     "$PY" -c "import sys; sys.path.insert(0, '$ROOT/bench'); import engine_bench as b; \
-from pathlib import Path; p = Path('$CACHE/ckpt'); p.mkdir(); b.build_checkpoint(p, b.SHAPE)"
+from pathlib import Path; p = Path('$M/ckpt'); p.mkdir(); b.build_checkpoint(p, b.SHAPES['$MODEL'])"
   fi
-  [ -f "$CACHE/bench.gguf" ] || "$CACHE/venv/bin/python" "$ROOT/bench/gguf_export.py" "$CACHE/ckpt" "$CACHE/bench.gguf"
-  [ -f "$CACHE/bench-f16.gguf" ] ||
-    "$CACHE/venv/bin/python" "$ROOT/bench/gguf_export.py" "$CACHE/ckpt" "$CACHE/bench-f16.gguf" f16
+  [ -f "$M/bench.gguf" ] || "$CACHE/venv/bin/python" "$ROOT/bench/gguf_export.py" "$M/ckpt" "$M/bench.gguf"
+  [ -f "$M/bench-f16.gguf" ] ||
+    "$CACHE/venv/bin/python" "$ROOT/bench/gguf_export.py" "$M/ckpt" "$M/bench-f16.gguf" f16
+  local q
+  for q in q8_0 q4_k_m q5_k_m; do
+    [ -f "$M/bench-$q.gguf" ] || "$CACHE/llama-quantize" "$M/bench.gguf" "$M/bench-$q.gguf" "${q^^}" "$THREADS" > /dev/null
+  done
 }
 
 wait_ready() {  # url: ready when a one-token completion succeeds
@@ -78,16 +95,20 @@ bench_one() {  # name url out -- command...
   shift 4
   # its own session: a SIGINT sent to this script's process group (a terminal's ^C, or a
   # job runner cleaning up) would otherwise stop llama-server, which handles SIGINT
-  setsid "$@" > "$CACHE/$name$TAG.log" 2>&1 < /dev/null &
+  setsid "$@" > "$M/$name$TAG.log" 2>&1 < /dev/null &
   SERVER_PID=$!
   trap 'kill $SERVER_PID 2>/dev/null || true' EXIT
   wait_ready "$url"
   echo "== $name" >&2
   if ! "$PY" "$ROOT/bench/serve_bench.py" "$url" --concurrency "$CONCURRENCY" --rounds "$ROUNDS" \
     --prompt "$PROMPT" --new "$NEW" > "$out.tmp"; then
-    echo "$name failed: see $CACHE/$name$TAG.log" >&2  # one failing row must not lose the others
+    echo "$name failed: see $M/$name$TAG.log" >&2  # one failing row must not lose the others
   else
-    tail -1 "$out.tmp" > "$out"
+    local rss hwm
+    rss=$(awk '/^VmRSS:/ {print $2 * 1024}' "/proc/$SERVER_PID/status")
+    hwm=$(awk '/^VmHWM:/ {print $2 * 1024}' "/proc/$SERVER_PID/status")
+    tail -1 "$out.tmp" | "$PY" -c "import json, sys; r = json.load(sys.stdin); \
+r.update(rss_bytes=$rss, peak_rss_bytes=$hwm); print(json.dumps(r))" > "$out"
   fi
   rm -f "$out.tmp"
   kill "$SERVER_PID" 2> /dev/null || true
@@ -100,18 +121,22 @@ export_gguf
 [ -n "${BUILD_ONLY:-}" ] && exit 0
 ROWS=${ROWS:-llama-f32 llama-f32-unified llama-f16 slotserve slotserve-unified}
 want() { [[ " $ROWS " == *" $1 "* ]]; }
-for row in $ROWS; do rm -f "$CACHE/$row$TAG.json"; done
+for row in $ROWS; do rm -f "$M/$row$TAG.json"; done
 LLAMA=("$CACHE/llama-server" --port 8191 -np $SLOTS -c "$CTX" -t "$THREADS" -tb "$THREADS" --no-webui)
-OURS=("$PY" -m server.cli serve -m "$CACHE/ckpt" --port 8192 -np $SLOTS -c "$CTX" -t "$THREADS")
+OURS=("$PY" -m server.cli serve --port 8192 -np $SLOTS -c "$CTX" -t "$THREADS")
 
-want llama-f32 && bench_one llama-f32 http://127.0.0.1:8191 "$CACHE/llama-f32$TAG.json" -- \
-  "${LLAMA[@]}" -m "$CACHE/bench.gguf"
-want llama-f32-unified && bench_one llama-f32-unified http://127.0.0.1:8191 "$CACHE/llama-f32-unified$TAG.json" -- \
-  "${LLAMA[@]}" -m "$CACHE/bench.gguf" --kv-unified
-want llama-f16 && bench_one llama-f16 http://127.0.0.1:8191 "$CACHE/llama-f16$TAG.json" -- \
-  "${LLAMA[@]}" -m "$CACHE/bench-f16.gguf"
-want slotserve && bench_one slotserve http://127.0.0.1:8192 "$CACHE/slotserve$TAG.json" -- "${OURS[@]}"
-want slotserve-unified && bench_one slotserve-unified http://127.0.0.1:8192 "$CACHE/slotserve-unified$TAG.json" -- \
-  "${OURS[@]}" --kv-unified
+want llama-f32 && bench_one llama-f32 http://127.0.0.1:8191 "$M/llama-f32$TAG.json" -- \
+  "${LLAMA[@]}" -m "$M/bench.gguf"
+want llama-f32-unified && bench_one llama-f32-unified http://127.0.0.1:8191 "$M/llama-f32-unified$TAG.json" -- \
+  "${LLAMA[@]}" -m "$M/bench.gguf" --kv-unified
+want slotserve && bench_one slotserve http://127.0.0.1:8192 "$M/slotserve$TAG.json" -- "${OURS[@]}" -m "$M/ckpt"
+want slotserve-unified && bench_one slotserve-unified http://127.0.0.1:8192 "$M/slotserve-unified$TAG.json" -- \
+  "${OURS[@]}" -m "$M/ckpt" --kv-unified
+for q in f16 q8_0 q4_k_m q5_k_m; do  # the same file for both servers
+  want "llama-$q" && bench_one "llama-$q" http://127.0.0.1:8191 "$M/llama-$q$TAG.json" -- \
+    "${LLAMA[@]}" -m "$M/bench-$q.gguf"
+  want "ours-$q" && bench_one "ours-$q" http://127.0.0.1:8192 "$M/ours-$q$TAG.json" -- \
+    "${OURS[@]}" -m "$M/bench-$q.gguf"
+done
 
-"$PY" "$ROOT/bench/peer_table.py" "$CACHE" "$TAG"
+"$PY" "$ROOT/bench/peer_table.py" "$M" "$TAG"

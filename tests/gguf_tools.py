@@ -44,7 +44,7 @@ def converter_tree() -> Path:
     if (tree / "convert_hf_to_gguf.py").is_file():
         return tree
     CACHE.mkdir(parents=True, exist_ok=True)
-    archive = _download_sdist()
+    archive = download_sdist()
     prefix = archive.name.removesuffix(".tar.gz") + "/vendor/llama.cpp/"
     wanted = ("convert_hf_to_gguf.py", "conversion/", "gguf-py/")
     staging = CACHE / "staging"
@@ -60,10 +60,11 @@ def converter_tree() -> Path:
     return tree
 
 
-def _download_sdist() -> Path:
-    """The source archive, straight from the index's file list (PEP 691 JSON), its
-    sha256 checked; ``pip download`` (which prepares a build environment first: slow)
-    only where that fails. Raises RuntimeError when neither works."""
+def download_sdist(folder: Path = CACHE) -> Path:
+    """The source archive into ``folder``, straight from the index's file list (PEP 691
+    JSON), its sha256 checked; ``pip download`` (which prepares a build environment
+    first: slow) only where that fails. Raises RuntimeError when neither works. Also
+    bench/peer_llamacpp.sh's source of llama-server and llama-quantize."""
     import hashlib
 
     import httpx
@@ -81,8 +82,9 @@ def _download_sdist() -> Path:
         data = httpx.get(entry["url"], timeout=600, follow_redirects=True).raise_for_status().content
         if hashlib.sha256(data).hexdigest() != entry["hashes"]["sha256"]:
             raise ValueError(f"{filename}: sha256 mismatch")
-        (CACHE / filename).write_bytes(data)
-        return CACHE / filename
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / filename).write_bytes(data)
+        return folder / filename
     except (httpx.HTTPError, StopIteration, KeyError, ValueError):
         pass
     cmd = [
@@ -96,10 +98,10 @@ def _download_sdist() -> Path:
         ":all:",
         PACKAGE,
         "-d",
-        str(CACHE),
+        str(folder),
     ]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-    archives = sorted(CACHE.glob("llama_cpp_python-*.tar.gz"))
+    archives = sorted(folder.glob("llama_cpp_python-*.tar.gz"))
     if done.returncode != 0 or not archives:
         raise RuntimeError(f"cannot download {PACKAGE}: {done.stderr[-500:]}")
     return archives[-1]
