@@ -143,3 +143,20 @@ def test_without_the_extension_the_torch_path_runs_and_says_so(monkeypatch, capl
     torch.testing.assert_close(block_linear(x, [w]), x @ deq.T, atol=1e-4, rtol=1e-5)
     with pytest.raises(RuntimeError, match="not built"):
         block_linear(x, [w], compiled=True)
+
+
+@pytest.mark.parametrize("shape", [(1, 768), (70, 256), (3, 4, 64)])
+def test_the_compiled_rms_norm_is_torchs(compiled, monkeypatch, shape):
+    from engine.kernels import norm
+    from engine.models.layers import RMSNorm
+
+    layer = RMSNorm(shape[-1], 1e-5)
+    layer.weight.data = torch.randn(shape[-1])
+    x = torch.randn(*shape) * 4
+    fused = norm.fused_rms_norm(x, layer.weight, 1e-5)
+    assert fused is not None and fused.shape == x.shape
+    torch.testing.assert_close(fused, torch.nn.functional.rms_norm(x, shape[-1:], layer.weight, 1e-5))
+    torch.testing.assert_close(layer(x), fused, rtol=0, atol=0)  # the layer takes the compiled call
+    assert norm.fused_rms_norm(x.double(), layer.weight.double(), 1e-5) is None  # float32 only
+    monkeypatch.setattr(norm, "_blocks", None)
+    torch.testing.assert_close(layer(x), fused)  # torch's path without the extension

@@ -5,6 +5,8 @@
 //   -> [M, sum N_i] float32: x @ W_i.T for each weight, side by side (fused q/k/v, gate/up);
 //   the activations are quantized once for all of them.
 // block_dequant(w [N, row_bytes] uint8, type, K) -> [N, K] float32: the values w stands for.
+// rms_norm(x [T, D] float32, w [D] float32, eps) -> [T, D]: one call for what eager torch
+// runs as ~8 ops (F.rms_norm on CPU decomposes: ~70 us per decode-step norm, measured).
 
 #include <torch/extension.h>
 
@@ -96,6 +98,22 @@ torch::Tensor block_dequant(torch::Tensor w, int64_t type, int64_t K) {
   return out;
 }
 
+torch::Tensor rms_norm(torch::Tensor x, torch::Tensor w, double eps) {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat32 && x.device().is_cpu(), "x: [T, D] float32");
+  TORCH_CHECK(w.dim() == 1 && w.scalar_type() == torch::kFloat32 && w.size(0) == x.size(1), "w: [D] float32");
+  x = x.contiguous();
+  w = w.contiguous();
+  auto out = torch::empty_like(x);
+  const int64_t D = x.size(1);
+  const float* xp = x.data_ptr<float>();
+  const float* wp = w.data_ptr<float>();
+  float* op = out.data_ptr<float>();
+  at::parallel_for(0, x.size(0), 16, [&](int64_t m0, int64_t m1) {
+    (kAvx2 ? avx2::rms_rows : portable::rms_rows)(xp, wp, m0, m1, D, static_cast<float>(eps), op);
+  });
+  return out;
+}
+
 std::string isa() { return kAvx2 ? "avx2" : "portable"; }
 
 }  // namespace slotserve
@@ -104,5 +122,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("block_linear", &slotserve::block_linear, "x @ W.T for weights in GGUF blocks, side by side");
   m.def("block_linear_portable", &slotserve::block_linear_portable, "block_linear on the portable kernels, any CPU");
   m.def("block_dequant", &slotserve::block_dequant, "the float32 values of weights in GGUF blocks");
+  m.def("rms_norm", &slotserve::rms_norm, "w * x / sqrt(mean(x^2) + eps) per row, float32");
   m.def("isa", &slotserve::isa, "the instruction set the kernels run on this CPU");
 }

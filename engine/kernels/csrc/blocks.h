@@ -68,6 +68,7 @@ struct Acts {
   namespace ns {                                                                                       \
   void quantize_acts(const float* x, int64_t m0, int64_t m1, int64_t K, int8_t* qx, float* dx, float* xs); \
   void float_sums(const float* x, int64_t m0, int64_t m1, int64_t K, float* xs);                        \
+  void rms_rows(const float* x, const float* w, int64_t m0, int64_t m1, int64_t D, float eps, float* out); \
   void linear_rows(int type, const uint8_t* w, int64_t n0, int64_t n1, const Acts& a, float* y, int64_t ldy); \
   void dequant_rows(int type, const uint8_t* w, int64_t n0, int64_t n1, int64_t K, float* out);         \
   }
