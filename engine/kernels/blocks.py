@@ -146,6 +146,7 @@ class BlockLinear(nn.Module):
         self.in_features, self.part_rows = in_features, list(part_rows)
         self.out_features = sum(part_rows)
         self.parts: list[BlockWeight | None] = [None] * len(part_rows)
+        self._args: tuple[list[torch.Tensor], list[int]] | None = None  # set once every part is in
         self.bias = nn.Parameter(torch.empty(self.out_features), requires_grad=False) if bias else None
 
     def set_part(self, i: int, weight: BlockWeight) -> None:
@@ -153,6 +154,8 @@ class BlockLinear(nn.Module):
         if weight.shape != (self.part_rows[i], self.in_features):
             raise ValueError(f"shape {weight.shape}, expected {(self.part_rows[i], self.in_features)}")
         self.parts[i] = weight
+        if not self.missing:  # what the compiled call takes, built once (a decode step makes ~50 calls)
+            self._args = ([p.data for p in self.parts], [int(p.qtype) for p in self.parts])
 
     @property
     def missing(self) -> list[int]:
@@ -163,7 +166,10 @@ class BlockLinear(nn.Module):
         return sum(p.nbytes for p in self.parts if p is not None)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = block_linear(x, self.parts)  # [..., out]
+        if _blocks is not None and x.dim() == 2 and x.dtype == torch.float32 and x.shape[0] < COMPILED_MAX_ROWS:
+            y = _blocks.block_linear(x, *self._args, not INT8_ACTIVATIONS)  # decode: straight to the kernel
+        else:
+            y = block_linear(x, self.parts)  # [..., out]
         return y if self.bias is None else y + self.bias
 
     def extra_repr(self) -> str:
