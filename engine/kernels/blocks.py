@@ -12,8 +12,9 @@ Matmuls run the compiled kernels (engine/kernels/csrc; AVX2 where the CPU has it
 and L1, then dotted with every activation row in float32 (``int8=False``, the default:
 no rounding beyond the weights'), or, llama.cpp's way, with the activations quantized
 once per call to 8-bit blocks of 32 and one integer dot product per block pair
-(``int8=True``: 1.1-2x faster, but the rounding flips the top token at 1.5-2.5% of
-positions on the demo model, all near-ties: not the default until it is more precise).
+(``int8=True``: 1.0-1.4x faster at 1-8 rows on an AVX2 EPYC, but the rounding flips the
+top token at 1.5-2.5% of positions on the demo model, all near-ties: not the default).
+docs/architecture.md, "Weights in GGUF blocks", has the figures and the choice.
 Above, and where the extension is not built, the weight is decoded ``TILE`` rows at a
 time into one reused float32 buffer and multiplied by oneDNN's GEMM: never a float32
 copy of the whole weight.
