@@ -23,6 +23,7 @@ copy of the whole weight.
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import gguf
@@ -212,6 +213,16 @@ def block_modules(model: nn.Module) -> list[BlockLinear | BlockEmbedding]:
     return [m for m in model.modules() if isinstance(m, BlockLinear | BlockEmbedding)]
 
 
+def named_block_weights(model: nn.Module) -> Iterator[tuple[str, BlockWeight]]:
+    """("<layer path>.part<i>", weight) for every weight of ``model`` kept in blocks (a
+    tied head's table comes again under the head's name)."""
+    for path, module in model.named_modules():
+        if isinstance(module, BlockLinear):
+            yield from ((f"{path}.part{i}", p) for i, p in enumerate(module.parts) if p is not None)
+        elif isinstance(module, BlockEmbedding) and module.table is not None:
+            yield f"{path}.part0", module.table
+
+
 _DTYPE_NAMES = {torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16"}
 
 
@@ -229,10 +240,8 @@ def weight_bytes_by_type(model: nn.Module) -> dict[str, int]:
         seen.add(key)
         totals[kind] = totals.get(kind, 0) + tensor.numel() * tensor.element_size()
 
-    for module in block_modules(model):
-        for part in getattr(module, "parts", None) or [getattr(module, "table", None)]:
-            if part is not None:
-                add(part.qtype.name, part.data)
+    for _, weight in named_block_weights(model):
+        add(weight.qtype.name, weight.data)
     for tensor in [*model.parameters(), *model.buffers()]:
         add(_DTYPE_NAMES.get(tensor.dtype, str(tensor.dtype).removeprefix("torch.")), tensor)
     return dict(sorted(totals.items()))

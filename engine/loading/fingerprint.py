@@ -8,6 +8,7 @@ import hashlib
 import torch
 from torch import nn
 
+from engine.kernels.blocks import named_block_weights
 from engine.models.config import ModelConfig
 
 _SAMPLE = 512  # elements read from the start, middle and end of each parameter
@@ -21,10 +22,7 @@ def weights_digest(model: nn.Module) -> str:
     """
     h = hashlib.sha256()
     tensors = dict(model.named_parameters())
-    for path, module in model.named_modules():  # weights kept in blocks: their bytes
-        for i, part in enumerate(getattr(module, "parts", None) or [getattr(module, "table", None)]):
-            if part is not None and hasattr(part, "qtype"):
-                tensors[f"{path}.part{i}.{part.qtype.name}"] = part.data
+    tensors |= {f"{name}.{w.qtype.name}": w.data for name, w in named_block_weights(model)}  # their bytes
     for name, param in sorted(tensors.items()):
         flat = param.detach().reshape(-1)  # [numel]
         h.update(f"{name}:{param.dtype}:{tuple(param.shape)}\n".encode())
