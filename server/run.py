@@ -108,6 +108,11 @@ class Run:
             event = Failed("the client did not read its stream; the request was cancelled", "timeout_error", 408)
         self._queue.put_nowait(event)
 
+    @property
+    def overflowed(self) -> bool:
+        """The client fell ``MAX_BUFFERED`` events behind and the request was cancelled."""
+        return self._overflowed
+
     def _client_gone(self, watch: asyncio.Task) -> None:
         if not watch.cancelled():
             self._queue.put_nowait(None)

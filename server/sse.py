@@ -37,17 +37,27 @@ class SSEResponse(StreamingResponse):
                 await run.close()
 
     async def stream_response(self, send) -> None:
-        stall = self.run.state.settings.stall_timeout
         await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
         async for frame in self.body_iterator:
-            try:
-                await asyncio.wait_for(
-                    send({"type": "http.response.body", "body": frame.encode(), "more_body": True}), stall
-                )
-            except TimeoutError:
-                log.info("request %d: the client read nothing for %g s; cancelled", self.run.req.id, stall)
-                return  # the response stays incomplete: the server closes the connection
-        await send({"type": "http.response.body", "body": b"", "more_body": False})
+            if not await self._send_or_cut(send, frame.encode(), more=True):
+                return
+        if any(run.overflowed for run in self.runs):
+            # the client fell a whole buffer behind: it got the error frame, and the
+            # connection ends here instead of waiting on that reader for its next request
+            log.info("request %d: the client fell behind its stream; connection closed", self.run.req.id)
+            return
+        await self._send_or_cut(send, b"", more=False)
+
+    async def _send_or_cut(self, send, body: bytes, more: bool) -> bool:
+        """One write within ``--stall-timeout``; False (and the response left incomplete,
+        so the server closes the connection) when the client read nothing for that long."""
+        stall = self.run.state.settings.stall_timeout
+        try:
+            await asyncio.wait_for(send({"type": "http.response.body", "body": body, "more_body": more}), stall)
+        except TimeoutError:
+            log.info("request %d: the client read nothing for %g s; cancelled", self.run.req.id, stall)
+            return False
+        return True
 
 
 def sse(data: dict | str) -> str:

@@ -43,10 +43,14 @@ def long_model(tmp_path_factory):
     return make_checkpoint(tmp_path_factory.mktemp("m") / "ckpt", "llama", max_position_embeddings=8192)
 
 
-def test_a_client_that_stops_reading_is_cut_and_slows_nobody(long_model):
+@pytest.mark.parametrize("stall", ["1", "600"])
+def test_a_client_that_stops_reading_is_cut_and_slows_nobody(long_model, stall):
     """8 choices with 20 logprobs each fill the ~3 MB of socket buffers in a few hundred
-    steps; then the server's writes block, and after --stall-timeout it cancels."""
-    args = ("-m", str(long_model), "-np", "9", "-c", "24000", "--stall-timeout", "1")
+    steps; then the server's writes block. With --stall-timeout 1 it cancels after a
+    second of blocked writes; with 600 the run's buffer of events fills first, and the
+    request is cancelled with an error frame. Either way the connection is closed (not
+    kept alive for a reader that fell behind)."""
+    args = ("-m", str(long_model), "-np", "9", "-c", "24000", "--stall-timeout", stall)
     with ServerProcess(*args) as srv:
         srv.wait_ready()
         reader = socket.socket()
@@ -61,9 +65,12 @@ def test_a_client_that_stops_reading_is_cut_and_slows_nobody(long_model):
         assert max(s["n_cached"] for s in httpx.get(srv.url + "/slots").json()) < 2400  # cut before its end
         assert metric(srv.url, "slotserve_requests_total", finish_reason="abort") == 1
         reader.settimeout(60)
-        while reader.recv(1 << 16):  # the server closed the connection: reading ends
-            pass
+        received = b""
+        while chunk := reader.recv(1 << 16):  # the server closed the connection: reading ends
+            received += chunk
         reader.close()
+        assert b"the client did not read its stream" in received[-4096:] or stall == "1"
+        assert not received.endswith(b"0\r\n\r\n")  # no end of the chunked body: cut
         assert httpx.get(srv.url + "/health").status_code == 200
 
 
