@@ -36,7 +36,7 @@ if os.environ.get("SLOTSERVE_NO_EXT") != "1":
             CppExtension(
                 "engine.kernels._blocks",
                 [f"engine/kernels/csrc/{f}.cpp" for f in ("binding", "blocks_avx2", "blocks_portable")],
-                depends=["engine/kernels/csrc/blocks.h", "engine/kernels/csrc/blocks_impl.inc"],
+                depends=[f"engine/kernels/csrc/{f}" for f in ("blocks.h", "blocks_impl.inc", "wide_impl.inc")],
                 extra_compile_args=flags,
                 extra_link_args=["-fopenmp"],
             )

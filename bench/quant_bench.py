@@ -1,6 +1,6 @@
 """The block matmuls (engine/kernels/blocks.py) beside float32 ``F.linear`` on the
-decoded weight, per type and row count: the compiled kernel on float activations (the
-default), on int8 activations (llama.cpp's way), and ``F.linear``. Prints a markdown
+decoded weight, per type and row count: the compiled kernel on 16-bit activations (the
+default), on float activations, on int8 activations (llama.cpp's way), and ``F.linear``. Prints a markdown
 table (median of ``--repeat`` calls, ms). Weights are random blocks (valid scales).
 
     python bench/quant_bench.py --shapes 2048x8192,8192x2048 --rows 1,8,32 --types Q8_0,Q4_K,Q6_K
@@ -48,14 +48,16 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--shapes", default="2048x8192,8192x2048", help="N x K weights, comma-separated")
     ap.add_argument("--rows", default="1,8,32")
-    ap.add_argument("--types", default="Q8_0,Q4_0,Q4_K,Q6_K")
+    ap.add_argument("--types", default="Q8_0,Q4_0,Q4_K,Q5_K,Q6_K")
     ap.add_argument("--repeat", type=int, default=20)
     ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     print(f"compiled kernels: {blocks.compiled_isa()}, {args.threads} threads")
-    print("| weight N x K | type | rows | float acts ms | int8 acts ms | F.linear f32 ms | f32 / float acts |")
-    print("|---|---|---:|---:|---:|---:|---:|")
+    modes = list(blocks.ACT_MODES)
+    heads = " | ".join(f"{a} acts ms" for a in modes)
+    print(f"| weight N x K | type | rows | {heads} | F.linear f32 ms | f32 / int16 |")
+    print("|---|---|---:|" + "---:|" * (len(modes) + 2))
     for shape in args.shapes.split(","):
         n, k = (int(v) for v in shape.split("x"))
         dense = torch.randn(n, k)
@@ -63,10 +65,13 @@ def main() -> None:
             w = random_blocks(gguf.GGMLQuantizationType[name], n, k)
             for m in (int(r) for r in args.rows.split(",")):
                 x = torch.randn(m, k)
-                exact = median_ms(lambda x=x, w=w: blocks.block_linear(x, [w], compiled=True, int8=False), args.repeat)
-                int8 = median_ms(lambda x=x, w=w: blocks.block_linear(x, [w], compiled=True, int8=True), args.repeat)
+                ms = {
+                    a: median_ms(lambda x=x, w=w, a=a: blocks.block_linear(x, [w], compiled=True, acts=a), args.repeat)
+                    for a in modes
+                }
                 f = median_ms(lambda x=x, dense=dense: F.linear(x, dense), args.repeat)
-                print(f"| {n} x {k} | {name} | {m} | {exact:.2f} | {int8:.2f} | {f:.2f} | {f / exact:.2f}x |")
+                cells = " | ".join(f"{ms[a]:.2f}" for a in modes)
+                print(f"| {n} x {k} | {name} | {m} | {cells} | {f:.2f} | {f / ms['int16']:.2f}x |")
 
 
 if __name__ == "__main__":

@@ -4,13 +4,14 @@ kernel on this CPU's instruction set, the portable one, the torch-only tiles) st
 within a bound derived from the activations' rounding, against float64 on the decoded
 weight.
 
-Bound: the compiled kernels' int8 path rounds each 32-value block of an activation row to int8 with
-step dx = max|x_block| / 127, so each value moves by at most dx / 2, and compute the
-exact dot product of the weight with those rounded values (a weight value is
-scale * q + offset; the offset meets the sum of the rounded values): an output moves
-by at most sum over values of dx / 2 * |w|, plus float32 accumulation (1e-5 relative).
-The default compiled path, 16-bit float weights and the torch-only path do not round
-the activations: float32 accumulation only.
+Bound: the compiled kernels round each block of an activation row to integers, with step
+dx = max|x_block| / L: blocks of 256 and L = 16383 on the default 16-bit path, blocks of
+32 and L = 127 on the int8 path. Each value moves by at most dx / 2, and the kernels
+compute the exact dot product of the weight with those rounded values (a weight value is
+scale * q + offset; the offset meets the sum of the rounded values): an output moves by
+at most sum over values of dx / 2 * |w|, plus float32 accumulation (1e-5 relative). The
+float path, 16-bit float weights and the torch-only path do not round the activations:
+float32 accumulation only.
 """
 
 from __future__ import annotations
@@ -76,37 +77,63 @@ def test_bytes_that_do_not_fit_the_shape_are_refused():
         BlockWeight(gguf.GGMLQuantizationType.Q8_1, raw, 32)
 
 
-def _bound(x: torch.Tensor, deq: torch.Tensor, rounded: bool) -> torch.Tensor:
-    """[M, N] float64: how far each output may be from x @ deq.T in float64."""
+ROUNDING = {"int16": (256, 16383), "int8": (32, 127)}  # activation block, integer range
+
+
+def _bound(x: torch.Tensor, deq: torch.Tensor, acts: str | None) -> torch.Tensor:
+    """[M, N] float64: how far each output may be from x @ deq.T in float64 when the
+    activations are rounded as ``acts`` says (None: not rounded)."""
     x64, w64 = x.double(), deq.double()
     slack = 1e-5 * (x64.abs() @ w64.abs().T) + 1e-6
-    if not rounded:
+    if acts is None:
         return slack
+    block, levels = ROUNDING[acts]
     m, k = x.shape
-    dx = x64.reshape(m, k // 32, 32).abs().amax(-1) / 127  # [M, K/32]
-    return (dx / 2).repeat_interleave(32, dim=1) @ w64.abs().T + slack
+    groups = -(-k // block)
+    padded = torch.nn.functional.pad(x64, (0, groups * block - k))  # a row's last block may be shorter
+    dx = padded.reshape(m, groups, block).abs().amax(-1) / levels  # [M, groups]
+    return (dx / 2).repeat_interleave(block, dim=1)[:, :k] @ w64.abs().T + slack
 
 
-@pytest.mark.parametrize("path", ["int8", "int8-portable", "compiled", "portable", "torch"])
+PATHS = ["int16", "int16-portable", "int8", "int8-portable", "float", "float-portable", "torch"]
+
+
+@pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
 def test_matmul_is_within_the_derived_bound(request, monkeypatch, path, qtype):
     ext = request.getfixturevalue("compiled") if path != "torch" or qtype not in FLOATS else None
     small = gguf.GGML_QUANT_SIZES[qtype][0] < 256  # rows of 11 and 22 blocks: chunks of 8 and a rest
+    acts = path.split("-")[0]
     for m, n, k in [(1, 37, 352 if small else 256), (5, 300, 704 if small else 512), (33, 64, 1024)]:
         w, deq = _blocks(qtype, n, k, seed=m)
         x = torch.randn(m, k, generator=torch.Generator().manual_seed(m)) * 3
-        int8 = path.startswith("int8")
         if path.endswith("portable"):
-            y = ext.block_linear_portable(x, [w.data], [int(qtype)], not int8)  # [m, n]
+            y = ext.block_linear_portable(x, [w.data], [int(qtype)], blocks.ACT_MODES[acts])  # [m, n]
+        elif path == "torch":
+            y = block_linear(x, [w], compiled=False)  # [m, n]
         else:
-            y = block_linear(x, [w], compiled=path != "torch", int8=int8)  # [m, n]
+            y = block_linear(x, [w], compiled=True, acts=acts)  # [m, n]
         assert y.shape == (m, n) and y.dtype == torch.float32
         err = (y.double() - x.double() @ deq.double().T).abs()
-        rounded = int8 and qtype not in FLOATS
+        rounded = acts if acts in ROUNDING and qtype not in FLOATS else None
         bound = _bound(x, deq, rounded)
         assert bool((err <= bound).all()), f"[{m}x{k}] @ [{n}x{k}]: worst excess {(err - bound).max().item():.3g}"
         if rounded:  # the bound is not vacuous: the rounding shows, within it
             assert err.max() > 1e-4 * bound.max()
+
+
+def test_the_fused_kernels_agree_with_the_decoding_ones(compiled):
+    """The 16-bit path's fused AVX2 kernels (Q4_K, Q5_K, Q6_K, Q8_0, Q4_0) and the portable
+    decode-then-dot kernels compute the same integer sums: equal up to float32 order."""
+    if compiled.isa() != "avx2":
+        pytest.skip("the fused kernels are AVX2 ones")
+    T = gguf.GGMLQuantizationType
+    for qtype in (T.Q4_K, T.Q5_K, T.Q6_K, T.Q8_0, T.Q4_0):
+        w, _ = _blocks(qtype, 40, 1024, seed=3)
+        x = torch.randn(6, 1024, generator=torch.Generator().manual_seed(4))
+        fused = compiled.block_linear(x, [w.data], [int(qtype)], blocks.ACT_MODES["int16"])
+        portable = compiled.block_linear_portable(x, [w.data], [int(qtype)], blocks.ACT_MODES["int16"])
+        torch.testing.assert_close(fused, portable, rtol=1e-5, atol=1e-4)
 
 
 def test_fused_parts_of_different_types_are_one_matmul(compiled):
@@ -124,10 +151,10 @@ def test_fused_parts_of_different_types_are_one_matmul(compiled):
     y = layer(x)  # [2, 3, 128]
     alone = torch.cat([block_linear(x, [w]) for w, _ in parts], dim=-1) + layer.bias
     torch.testing.assert_close(y, alone, rtol=0, atol=0)
-    fused = block_linear(x, [w for w, _ in parts], int8=True)  # activations quantized once for all parts
-    torch.testing.assert_close(
-        fused, torch.cat([block_linear(x, [w], int8=True) for w, _ in parts], -1), rtol=0, atol=0
-    )
+    for acts in ROUNDING:  # activations rounded once for all parts, as for each alone
+        fused = block_linear(x, [w for w, _ in parts], acts=acts)
+        alone = torch.cat([block_linear(x, [w], acts=acts) for w, _ in parts], -1)
+        torch.testing.assert_close(fused, alone, rtol=0, atol=0)
     with pytest.raises(ValueError, match="expected"):
         layer.set_part(0, parts[1][0])
 

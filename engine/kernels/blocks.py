@@ -8,12 +8,18 @@ uint8: row-major blocks, byte for byte the file's, so rows can be permuted and s
 without decoding anything.
 
 Matmuls run the compiled kernels (engine/kernels/csrc; AVX2 where the CPU has it) below
-``COMPILED_MAX_ROWS`` activation rows: each 256 weight values decoded once in registers
-and L1, then dotted with every activation row in float32 (``int8=False``, the default:
-no rounding beyond the weights'), or, llama.cpp's way, with the activations quantized
-once per call to 8-bit blocks of 32 and one integer dot product per block pair
-(``int8=True``: 1.0-1.4x faster at 1-8 rows on an AVX2 EPYC, but the rounding flips the
-top token at 1.5-2.5% of positions on the demo model, all near-ties: not the default).
+``COMPILED_MAX_ROWS`` activation rows. How they round the activations (``acts``):
+
+- ``"int16"``, the default: each 256 values of an activation row become integers within
+  +-16383 and one scale, so a value moves by at most max|x| / 32766 of its group; one
+  16-bit multiply-add per 16 values, the blocks unpacked in registers (Q4_K, Q5_K, Q6_K,
+  Q8_0, Q4_0 fused; the other types decoded 256 values at a time). 2.5-3.5x faster than
+  ``"float"`` on an AVX2 EPYC, and the rounding stays far below the weights' own.
+- ``"float"``: float32 products, no rounding beyond the weights' (and float32 sums).
+- ``"int8"``: llama.cpp's 8-bit blocks of 32: no faster here than ``"int16"``, and it
+  flips the top token at 1.5-2.5% of positions on the demo model (near-ties): a choice
+  for measurements only.
+
 docs/architecture.md, "Weights in GGUF blocks", has the figures and the choice.
 Above, and where the extension is not built, the weight is decoded ``TILE`` rows at a
 time into one reused float32 buffer and multiplied by oneDNN's GEMM: never a float32
@@ -40,7 +46,8 @@ TILE = 256  # weight rows decoded at a time off the compiled path
 # bench/quant_bench.py (2-core AMD EPYC, AVX2): the compiled kernel wins below ~32-128
 # activation rows (decode); above, decoded tiles through oneDNN's float32 GEMM win (prefill).
 COMPILED_MAX_ROWS = 32
-INT8_ACTIVATIONS = False  # the compiled path's default (see above)
+ACT_MODES = {"float": 0, "int8": 1, "int16": 2}  # how the compiled kernels round activations
+ACTIVATIONS = "int16"  # the default (see above)
 
 log = logging.getLogger("slotserve.kernels")
 
@@ -108,13 +115,13 @@ class BlockWeight:
 
 
 def block_linear(
-    x: torch.Tensor, parts: list[BlockWeight], compiled: bool | None = None, int8: bool | None = None
+    x: torch.Tensor, parts: list[BlockWeight], compiled: bool | None = None, acts: str | None = None
 ) -> torch.Tensor:
     """x [..., K] @ W.T for W the parts stacked by rows -> [..., sum of their rows], in
     x's dtype. ``compiled`` forces the compiled kernel (True) or decoded tiles (False);
     by default the compiled kernel below ``COMPILED_MAX_ROWS`` rows, where it is built.
-    ``int8``: the compiled kernel on activations rounded to 8 bits (default
-    ``INT8_ACTIVATIONS``)."""
+    ``acts``: how the compiled kernel rounds the activations (a key of ``ACT_MODES``;
+    default ``ACTIVATIONS``)."""
     lead, k = x.shape[:-1], x.shape[-1]
     rows = x.reshape(-1, k).float()  # [M, K]
     if compiled is None:
@@ -122,8 +129,8 @@ def block_linear(
     if compiled:
         if _blocks is None:
             raise RuntimeError("the compiled kernels are not built")
-        exact = not (INT8_ACTIVATIONS if int8 is None else int8)
-        y = _blocks.block_linear(rows, [p.data for p in parts], [int(p.qtype) for p in parts], exact)  # [M, N]
+        mode = ACT_MODES[acts or ACTIVATIONS]
+        y = _blocks.block_linear(rows, [p.data for p in parts], [int(p.qtype) for p in parts], mode)  # [M, N]
     else:
         y = torch.cat([_tiled(rows, p) for p in parts], dim=-1) if len(parts) > 1 else _tiled(rows, parts[0])
     return y.reshape(*lead, y.shape[-1]).to(x.dtype)
@@ -169,7 +176,7 @@ class BlockLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if _blocks is not None and x.dim() == 2 and x.dtype == torch.float32 and x.shape[0] < COMPILED_MAX_ROWS:
-            y = _blocks.block_linear(x, *self._args, not INT8_ACTIVATIONS)  # decode: straight to the kernel
+            y = _blocks.block_linear(x, *self._args, ACT_MODES[ACTIVATIONS])  # decode: straight to the kernel
         else:
             y = block_linear(x, self.parts)  # [..., out]
         return y if self.bias is None else y + self.bias

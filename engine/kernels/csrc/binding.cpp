@@ -1,9 +1,10 @@
 // The Python face of the block kernels (engine.kernels._blocks): checks, threads, and
 // the choice of instruction set at run time (__builtin_cpu_supports).
 //
-// block_linear(x [M, K] float32, weights [[N_i, row_bytes_i] uint8], types [GGML type ids])
-//   -> [M, sum N_i] float32: x @ W_i.T for each weight, side by side (fused q/k/v, gate/up);
-//   the activations are quantized once for all of them.
+// block_linear(x [M, K] float32, weights [[N_i, row_bytes_i] uint8], types [GGML type ids],
+//   mode [ActMode: 0 float, 1 int8, 2 16-bit activations]) -> [M, sum N_i] float32:
+//   x @ W_i.T for each weight, side by side (fused q/k/v, gate/up); the activations are
+//   rounded once for all of them.
 // block_dequant(w [N, row_bytes] uint8, type, K) -> [N, K] float32: the values w stands for.
 // rms_norm(x [T, D] float32, w [D] float32, eps) -> [T, D]: one call for what eager torch
 // runs as ~8 ops (F.rms_norm on CPU decomposes: ~70 us per decode-step norm, measured).
@@ -41,11 +42,12 @@ void check_weight(const torch::Tensor& w, int64_t type, int64_t K) {
 
 // x @ W_i.T side by side, on the AVX2 kernels when ``avx2`` (else the portable ones)
 torch::Tensor linear(torch::Tensor x, const std::vector<torch::Tensor>& weights, const std::vector<int64_t>& types,
-                     bool avx2, bool exact) {
+                     bool avx2, int64_t mode) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat32 && x.device().is_cpu(), "x: [M, K] float32");
   TORCH_CHECK(weights.size() == types.size() && !weights.empty(), "one type per weight");
+  TORCH_CHECK(mode == FLOAT_ACTS || mode == INT8_ACTS || mode == WIDE_ACTS, "mode: 0, 1 or 2");
   x = x.contiguous();
-  const int64_t M = x.size(0), K = x.size(1);
+  const int64_t M = x.size(0), K = x.size(1), ng = (K + 255) / 256;
   TORCH_CHECK(K % 32 == 0, "K must be a multiple of 32");
   int64_t N = 0;
   for (size_t i = 0; i < weights.size(); ++i) {
@@ -53,16 +55,24 @@ torch::Tensor linear(torch::Tensor x, const std::vector<torch::Tensor>& weights,
     N += weights[i].size(0);
   }
   const float* xp = x.data_ptr<float>();
-  std::vector<int8_t> qx(exact ? 0 : M * K);
-  std::vector<float> dx(exact ? 0 : M * K / 32), xs(M * K / 16);
+  std::vector<int8_t> qx(mode == INT8_ACTS ? M * K : 0);
+  std::vector<float> dx(mode == INT8_ACTS ? M * K / 32 : 0), xs(M * K / 16);
+  std::vector<int16_t> x16(mode == WIDE_ACTS ? M * K : 0);
+  std::vector<float> d16(mode == WIDE_ACTS ? M * ng : 0);
   at::parallel_for(0, M, 8, [&](int64_t m0, int64_t m1) {
-    if (exact) {
+    if (mode == FLOAT_ACTS) {
       (avx2 ? avx2::float_sums : portable::float_sums)(xp, m0, m1, K, xs.data());
-    } else {
+    } else if (mode == INT8_ACTS) {
       (avx2 ? avx2::quantize_acts : portable::quantize_acts)(xp, m0, m1, K, qx.data(), dx.data(), xs.data());
+    } else {
+      (avx2 ? avx2::quantize_wide : portable::quantize_wide)(xp, m0, m1, K, x16.data(), d16.data(), xs.data());
     }
   });
-  const Acts acts{xp, exact ? nullptr : qx.data(), dx.data(), xs.data(), M, K};
+  Acts acts{xp, mode == INT8_ACTS ? qx.data() : nullptr, dx.data(), xs.data(), M, K};
+  if (mode == WIDE_ACTS) {
+    acts.x16 = x16.data();
+    acts.d16 = d16.data();
+  }
   auto y = torch::empty({M, N}, x.options());
   int64_t col = 0;
   for (size_t i = 0; i < weights.size(); ++i) {
@@ -78,13 +88,13 @@ torch::Tensor linear(torch::Tensor x, const std::vector<torch::Tensor>& weights,
 }
 
 torch::Tensor block_linear(torch::Tensor x, std::vector<torch::Tensor> weights, std::vector<int64_t> types,
-                           bool exact) {
-  return linear(x, weights, types, kAvx2, exact);
+                           int64_t mode) {
+  return linear(x, weights, types, kAvx2, mode);
 }
 
 torch::Tensor block_linear_portable(torch::Tensor x, std::vector<torch::Tensor> weights, std::vector<int64_t> types,
-                                    bool exact) {
-  return linear(x, weights, types, false, exact);
+                                    int64_t mode) {
+  return linear(x, weights, types, false, mode);
 }
 
 torch::Tensor block_dequant(torch::Tensor w, int64_t type, int64_t K) {

@@ -51,16 +51,26 @@ inline BlockInfo block_info(int type) {
 
 inline bool is_float_type(int type) { return type == F16 || type == BF16; }
 
+// How a call rounds its activations (block_linear's ``mode``).
+enum ActMode : int {
+  FLOAT_ACTS = 0,  // none: float32 products
+  INT8_ACTS = 1,   // llama.cpp's: int8 blocks of 32 values
+  WIDE_ACTS = 2,   // 16-bit: integers within +-16383 per 256 values (wide_impl.inc)
+};
+
 // Activations of one call, prepared once and shared by every weight they meet. With
-// int8 rounding: per 32 values an int8 block qx and its scale dx (d = max|x| / 127), and
-// xs the sums of the rounded values per 16. Without (qx null): xs the float sums of x per
-// 16. The sums serve the types whose values carry an offset (Q4_1, Q5_1, Q2_K, Q4_K, Q5_K).
+// int8 rounding: per 32 values an int8 block qx and its scale dx (d = max|x| / 127). With
+// 16-bit rounding: x16 and one scale d16 per 256 values. xs: the sums per 16 of the
+// values as rounded (float sums when not rounded); they serve the types whose values
+// carry an offset (Q4_1, Q5_1, Q2_K, Q4_K, Q5_K).
 struct Acts {
-  const float* x;    // [M, K]
-  const int8_t* qx;  // [M, K], or null: float activations
-  const float* dx;   // [M, K/32]
-  const float* xs;   // [M, K/16]
+  const float* x;     // [M, K]
+  const int8_t* qx;   // [M, K], or null
+  const float* dx;    // [M, K/32]
+  const float* xs;    // [M, K/16]
   int64_t M, K;
+  const int16_t* x16 = nullptr;  // [M, K], or null
+  const float* d16 = nullptr;    // [M, ceil(K/256)]
 };
 
 // The per-instruction-set entry points (same arithmetic, same results up to float rounding).
@@ -68,6 +78,7 @@ struct Acts {
   namespace ns {                                                                                       \
   void quantize_acts(const float* x, int64_t m0, int64_t m1, int64_t K, int8_t* qx, float* dx, float* xs); \
   void float_sums(const float* x, int64_t m0, int64_t m1, int64_t K, float* xs);                        \
+  void quantize_wide(const float* x, int64_t m0, int64_t m1, int64_t K, int16_t* x16, float* d16, float* xs); \
   void rms_rows(const float* x, const float* w, int64_t m0, int64_t m1, int64_t D, float eps, float* out); \
   void linear_rows(int type, const uint8_t* w, int64_t n0, int64_t n1, const Acts& a, float* y, int64_t ldy); \
   void dequant_rows(int type, const uint8_t* w, int64_t n0, int64_t n1, int64_t K, float* out);         \
