@@ -105,13 +105,15 @@ class BlockWeight:
         """Some rows (an index tensor or a slice), still in blocks."""
         return BlockWeight(self.qtype, self.data[rows].contiguous(), self.cols)
 
-    def dequantize(self, rows: torch.Tensor | slice | None = None) -> torch.Tensor:
-        """The float32 values of all rows, or of ``rows`` -> [n, cols]."""
+    def dequantize(self, rows: torch.Tensor | slice | None = None, into: torch.Tensor | None = None) -> torch.Tensor:
+        """The float32 values of all rows, or of ``rows`` -> [n, cols] (written into
+        ``into``, a contiguous [n, cols] float32 tensor, when given)."""
         data = self.data if rows is None else self.data[rows]  # [n, row_bytes]
         if _blocks is not None:
-            return _blocks.block_dequant(data.contiguous(), int(self.qtype), self.cols)
+            return _blocks.block_dequant(data.contiguous(), int(self.qtype), self.cols, into)
         values = gguf.quants.dequantize(data.numpy(), self.qtype)  # [n, cols]
-        return torch.from_numpy(np.ascontiguousarray(values, dtype=np.float32)).reshape(-1, self.cols)
+        out = torch.from_numpy(np.ascontiguousarray(values, dtype=np.float32)).reshape(-1, self.cols)
+        return out if into is None else into.copy_(out)
 
 
 def block_linear(
@@ -137,11 +139,14 @@ def block_linear(
 
 
 def _tiled(x: torch.Tensor, w: BlockWeight) -> torch.Tensor:
-    """x [M, K] @ w.T through float32 tiles of ``TILE`` weight rows -> [M, N]."""
+    """x [M, K] @ w.T through float32 tiles of ``TILE`` weight rows, decoded into one
+    buffer reused tile after tile -> [M, N]."""
     n = w.shape[0]
     y = torch.empty(x.shape[0], n, dtype=torch.float32)  # [M, N]
+    tile = torch.empty(min(TILE, n), w.cols, dtype=torch.float32)  # [TILE, K]
     for r in range(0, n, TILE):
-        y[:, r : r + TILE] = F.linear(x, w.dequantize(slice(r, r + TILE)))
+        rows = tile[: min(TILE, n - r)]
+        y[:, r : r + TILE] = F.linear(x, w.dequantize(slice(r, r + TILE), into=rows))
     return y
 
 

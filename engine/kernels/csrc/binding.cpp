@@ -5,7 +5,8 @@
 //   mode [ActMode: 0 float, 1 int8, 2 16-bit activations]) -> [M, sum N_i] float32:
 //   x @ W_i.T for each weight, side by side (fused q/k/v, gate/up); the activations are
 //   rounded once for all of them.
-// block_dequant(w [N, row_bytes] uint8, type, K) -> [N, K] float32: the values w stands for.
+// block_dequant(w [N, row_bytes] uint8, type, K, into=None) -> [N, K] float32: the values w
+// stands for (written into ``into`` when given).
 // rms_norm(x [T, D] float32, w [D] float32, eps) -> [T, D]: one call for what eager torch
 // runs as ~8 ops (F.rms_norm on CPU decomposes: ~70 us per decode-step norm, measured).
 
@@ -97,9 +98,17 @@ torch::Tensor block_linear_portable(torch::Tensor x, std::vector<torch::Tensor> 
   return linear(x, weights, types, false, mode);
 }
 
-torch::Tensor block_dequant(torch::Tensor w, int64_t type, int64_t K) {
+torch::Tensor block_dequant(torch::Tensor w, int64_t type, int64_t K, c10::optional<torch::Tensor> into) {
   check_weight(w, type, K);
-  auto out = torch::empty({w.size(0), K}, torch::kFloat32);
+  torch::Tensor out;
+  if (into.has_value()) {  // a reused buffer: no fresh pages to fault in per call
+    out = into.value();
+    TORCH_CHECK(out.scalar_type() == torch::kFloat32 && out.is_contiguous() && out.dim() == 2 &&
+                    out.size(0) == w.size(0) && out.size(1) == K,
+                "into: a contiguous [N, K] float32 tensor");
+  } else {
+    out = torch::empty({w.size(0), K}, torch::kFloat32);
+  }
   const uint8_t* src = w.data_ptr<uint8_t>();
   float* dst = out.data_ptr<float>();
   at::parallel_for(0, w.size(0), 16, [&](int64_t n0, int64_t n1) {
@@ -131,7 +140,8 @@ std::string isa() { return kAvx2 ? "avx2" : "portable"; }
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("block_linear", &slotserve::block_linear, "x @ W.T for weights in GGUF blocks, side by side");
   m.def("block_linear_portable", &slotserve::block_linear_portable, "block_linear on the portable kernels, any CPU");
-  m.def("block_dequant", &slotserve::block_dequant, "the float32 values of weights in GGUF blocks");
+  m.def("block_dequant", &slotserve::block_dequant, "the float32 values of weights in GGUF blocks", py::arg("w"),
+        py::arg("type"), py::arg("K"), py::arg("into") = py::none());
   m.def("rms_norm", &slotserve::rms_norm, "w * x / sqrt(mean(x^2) + eps) per row, float32");
   m.def("isa", &slotserve::isa, "the instruction set the kernels run on this CPU");
 }
