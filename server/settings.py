@@ -61,6 +61,11 @@ class ServerSettings(BaseSettings):
         description="quantize a float checkpoint's linear layers at load (vLLM's flag) into GGUF blocks: "
         "q8_0, q4_0 or q4_k (float32 activations)",
     )
+    mmap: bool = Field(
+        True,
+        description="map a GGUF file's quantized weights instead of reading them into memory of their own "
+        "(llama.cpp's default; --no-mmap reads them)",
+    )
     slot_save_path: Path | None = Field(None, description="folder for slot files (slot save/restore off without it)")
     api_key: str | None = Field(None, description="comma-separated API keys (Bearer or X-Api-Key)")
     api_key_file: Path | None = Field(None, description="file with one API key per line")
@@ -297,6 +302,7 @@ FLAGS: dict[str, tuple[str, ...]] = {
 }
 SWITCHES: dict[str, tuple[str | tuple[str, ...], str | tuple[str, ...]]] = {
     "kv_unified": ("--kv-unified", "--no-kv-unified"),
+    "mmap": ("--mmap", "--no-mmap"),
     "swa_full": ("--swa-full", "--no-swa-full"),
     "kv_cache_demand_paged": ("--kv-cache-demand-paged", "--no-kv-cache-demand-paged"),
     "context_shift": ("--context-shift", "--no-context-shift"),

@@ -50,6 +50,7 @@ class ServerState:
                 model=s.model,
                 dtype=s.dtype,
                 quantization=s.quantization,
+                mmap=s.mmap,
                 block_size=s.block_size,
                 n_ctx=s.ctx_size,
                 n_seq_max=s.parallel,

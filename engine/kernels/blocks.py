@@ -48,6 +48,16 @@ TILE = 256  # weight rows decoded at a time off the compiled path
 # K-quants at 64 (Q8_0 even); at batch 32 the 88M Q4_K_M decode step takes 111 ms compiled,
 # 193 ms tiled. Decode batches stay compiled, prefill chunks go to the GEMM.
 COMPILED_MAX_ROWS = 48
+# F16/BF16 weights are converted row by row and dotted in float32 with each activation
+# row: 2x faster than the tiles at 1 row, even at 2, slower from 8 (at 32: 3-4x slower).
+FLOAT_MAX_ROWS = 8
+
+
+def compiled_rows(parts: list[BlockWeight]) -> int:
+    """Activation rows from which the tiles beat the compiled kernel for these parts."""
+    return FLOAT_MAX_ROWS if any(p.qtype in (T.F16, T.BF16) for p in parts) else COMPILED_MAX_ROWS
+
+
 ACT_MODES = {"float": 0, "int8": 1, "int16": 2}  # how the compiled kernels round activations
 ACTIVATIONS = "int16"  # the default (see above)
 
@@ -123,13 +133,13 @@ def block_linear(
 ) -> torch.Tensor:
     """x [..., K] @ W.T for W the parts stacked by rows -> [..., sum of their rows], in
     x's dtype. ``compiled`` forces the compiled kernel (True) or decoded tiles (False);
-    by default the compiled kernel below ``COMPILED_MAX_ROWS`` rows, where it is built.
+    by default the compiled kernel below ``compiled_rows(parts)`` rows, where it is built.
     ``acts``: how the compiled kernel rounds the activations (a key of ``ACT_MODES``;
     default ``ACTIVATIONS``)."""
     lead, k = x.shape[:-1], x.shape[-1]
     rows = x.reshape(-1, k).float()  # [M, K]
     if compiled is None:
-        compiled = _blocks is not None and rows.shape[0] < COMPILED_MAX_ROWS
+        compiled = _blocks is not None and rows.shape[0] < compiled_rows(parts)
     if compiled:
         if _blocks is None:
             raise RuntimeError("the compiled kernels are not built")
@@ -163,6 +173,7 @@ class BlockLinear(nn.Module):
         self.out_features = sum(part_rows)
         self.parts: list[BlockWeight | None] = [None] * len(part_rows)
         self._args: tuple[list[torch.Tensor], list[int]] | None = None  # set once every part is in
+        self._max_rows = 0  # below it, the compiled kernel (compiled_rows)
         self.bias = nn.Parameter(torch.empty(self.out_features), requires_grad=False) if bias else None
 
     def set_part(self, i: int, weight: BlockWeight) -> None:
@@ -172,6 +183,7 @@ class BlockLinear(nn.Module):
         self.parts[i] = weight
         if not self.missing:  # what the compiled call takes, built once (a decode step makes ~50 calls)
             self._args = ([p.data for p in self.parts], [int(p.qtype) for p in self.parts])
+            self._max_rows = compiled_rows(self.parts)
 
     @property
     def missing(self) -> list[int]:
@@ -182,7 +194,7 @@ class BlockLinear(nn.Module):
         return sum(p.nbytes for p in self.parts if p is not None)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if _blocks is not None and x.dim() == 2 and x.dtype == torch.float32 and x.shape[0] < COMPILED_MAX_ROWS:
+        if _blocks is not None and x.dim() == 2 and x.dtype == torch.float32 and x.shape[0] < self._max_rows:
             y = _blocks.block_linear(x, *self._args, ACT_MODES[ACTIVATIONS])  # decode: straight to the kernel
         else:
             y = block_linear(x, self.parts)  # [..., out]

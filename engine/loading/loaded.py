@@ -27,7 +27,7 @@ class LoadedModel:
 def load(config: EngineConfig, progress: Progress | None = None) -> LoadedModel:
     """Raises CheckpointError (or UnsupportedArchitecture) naming the file and field;
     ValueError for a ``--chat-template`` that is neither a built-in name nor a template."""
-    gguf = GGUFCheckpoint(config.model) if is_gguf(config.model) else None
+    gguf = GGUFCheckpoint(config.model, mmap=config.mmap) if is_gguf(config.model) else None
     if gguf is not None:
         model_config = parse_model_config(gguf.hf_config(), config.model)
         tokenizer = gguf_tokenizer(gguf)

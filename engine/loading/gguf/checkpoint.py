@@ -1,14 +1,16 @@
 """A GGUF file (llama.cpp, Ollama, LM Studio) as a checkpoint: its metadata turned into
-the config.json a Hugging Face folder would have, its tensors read one at a time (no
-memory map kept resident) and named as the Hugging Face checkpoint names them, and its
-tokenizer rebuilt (engine/gguf_tokenizer.py). A tensor the model keeps in blocks
-(engine/kernels/blocks.py) comes as the file's bytes; any other is dequantized.
+the config.json a Hugging Face folder would have, its tensors read one at a time and
+named as the Hugging Face checkpoint names them, and its tokenizer rebuilt
+(engine/gguf_tokenizer.py). A tensor the model keeps in blocks (engine/kernels/blocks.py)
+comes as the file's bytes, mapped (``mmap``, the default of the engine) or read; any
+other is read and dequantized.
 
 What each architecture's metadata and tensors stand for is in engine/gguf_archs.py.
 """
 
 from __future__ import annotations
 
+import mmap
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -33,8 +35,11 @@ class GGUFCheckpoint:
     """Raises CheckpointError naming the problem: not a GGUF, an architecture or a
     tensor type slotserve cannot serve, a tensor the model needs that is missing."""
 
-    def __init__(self, path: Path):
-        self.path = path
+    def __init__(self, path: Path, mmap: bool = False):
+        """``mmap``: tensors kept in blocks are read-only views of a private mapping of the
+        file (its pages shared with the page cache and with other processes serving it,
+        faulted in on first use); otherwise every tensor is read into memory of its own."""
+        self.path, self.mmap = path, mmap
         try:
             reader = gguf.GGUFReader(str(path), "r")
         except Exception as exc:  # the reader raises ValueError, struct errors, OSError...
@@ -74,16 +79,24 @@ class GGUFCheckpoint:
         found = gguf_name(self, names, hf_name)
         return self.tensors[found][:2] if found in self.tensors else None
 
-    def tensor(self, name: str, fd: int, blocks: bool = False) -> torch.Tensor | BlockWeight:
+    def tensor(
+        self, name: str, fd: int, blocks: bool = False, mapped: mmap.mmap | None = None
+    ) -> torch.Tensor | BlockWeight:
         """One tensor in row-major (Hugging Face) shape: with ``blocks``, a 2-D tensor of a
-        kept type as its bytes (``BlockWeight``); otherwise float32 (float16 and bfloat16
-        stay as they are, for the copy into the model to convert). Read with
-        ``os.preadv`` into a buffer of its own: nothing of the file stays mapped."""
+        kept type as its bytes (``BlockWeight``: a view of ``mapped`` when given);
+        otherwise float32 (float16 and bfloat16 stay as they are, for the copy into the
+        model to convert). Read with ``os.preadv`` into a buffer of its own."""
         qtype, shape, offset, n_bytes = self.tensors[name]
+        keep = blocks and qtype in KEPT and len(shape) == 2
+        if keep and mapped is not None:
+            if offset + n_bytes > len(mapped):
+                raise CheckpointError(f"{self.path}: tensor '{name}' is cut short (file truncated?)")
+            view = torch.frombuffer(mapped, dtype=torch.uint8, count=n_bytes, offset=offset)
+            return BlockWeight.from_bytes(qtype, view, *shape)
         buf = bytearray(n_bytes)
         if os.preadv(fd, [buf], offset) != n_bytes:
             raise CheckpointError(f"{self.path}: tensor '{name}' is cut short (file truncated?)")
-        if blocks and qtype in KEPT and len(shape) == 2:
+        if keep:
             return BlockWeight.from_bytes(qtype, buf, *shape)
         plain = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}.get(qtype.name)
         if plain is not None:
@@ -106,6 +119,9 @@ class GGUFCheckpoint:
         arch = ARCHITECTURES[self.arch]
         kept: dict[str, torch.Tensor] = {}
         fd = os.open(self.path, os.O_RDONLY)
+        # copy-on-write: writable for torch.frombuffer, never written; the mapping lives
+        # as long as the tensors that view it (closing the descriptor leaves it valid)
+        mapped = mmap.mmap(fd, 0, access=mmap.ACCESS_COPY) if self.mmap and keep else None
         blocks = False  # whether the HF name being read is one kept in blocks
 
         def read(name: str) -> torch.Tensor | BlockWeight:
@@ -113,7 +129,7 @@ class GGUFCheckpoint:
                 return kept[name]
             if name not in self.tensors:
                 raise CheckpointError(f"{self.path}: no tensor '{name}'")
-            tensor = self.tensor(name, fd, blocks)
+            tensor = self.tensor(name, fd, blocks, mapped)
             if len(self.tensors[name][1]) == 3:  # [experts, out, in]: one HF tensor per expert
                 if kept and next(iter(kept)).split(".")[1] != name.split(".")[1]:
                     kept.clear()  # a new layer
