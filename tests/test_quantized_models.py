@@ -191,6 +191,18 @@ def test_the_quantization_flag_is_checked():
     assert ServerSettings(quantization="q4_k").quantization == "q4_k"
 
 
+def test_the_mmap_flags_are_llama_cpps():
+    from server.cli import build_parser
+    from server.settings import settings_from_args
+
+    def parsed(*argv: str):
+        return settings_from_args(build_parser().parse_args(["serve", *argv]))
+
+    assert parsed().mmap is True
+    assert parsed("--no-mmap").mmap is False
+    assert parsed("--mmap").mmap is True
+
+
 def _random_blocks(rng, qtype, rows: int, cols: int) -> np.ndarray:
     """Random blocks whose float16 scales are small and finite (Q4_K: d, dmin; Q6_K: d)."""
     values, size = gguf.GGML_QUANT_SIZES[qtype]
