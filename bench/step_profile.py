@@ -25,12 +25,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 
-def make_engine(folder: Path, batch: int, context: int, layout: str, linear: str):
+def make_engine(folder: Path, batch: int, context: int, layout: str, linear: str, mmap: bool = True):
     from engine import Engine
 
     n_ctx = batch * (context + 256)
     return Engine.from_pretrained(
-        str(folder), n_ctx=n_ctx, n_seq_max=batch, linear=linear, kv_unified=layout == "unified"
+        str(folder), n_ctx=n_ctx, n_seq_max=batch, linear=linear, kv_unified=layout == "unified", mmap=mmap
     )
 
 
@@ -81,6 +81,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--layout", default="stream", choices=["stream", "unified"])
     ap.add_argument("--linear", default="auto", choices=["auto", "torch", "onednn"])
+    ap.add_argument("--no-mmap", action="store_true", help="read a GGUF's weights instead of mapping them")
     ap.add_argument("--profile", type=int, default=0, metavar="BATCH", help="profile this batch size's steps")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
@@ -93,7 +94,7 @@ def main() -> None:
         print(f"threads {torch.get_num_threads()}, layout {args.layout}, context ~{args.context}")
         print(f"{'batch':>5} {'step p50 ms':>12} {'p90':>7} {'tok/s':>7} {'linears ms':>11} {'rest ms':>8}")
         for batch in [int(b) for b in args.batches.split(",")]:
-            engine = make_engine(folder, batch, args.context, args.layout, args.linear)
+            engine = make_engine(folder, batch, args.context, args.layout, args.linear, not args.no_mmap)
             fill(engine, batch, args.context)
             times = time_steps(engine, args.steps)
             p50 = statistics.median(times)
