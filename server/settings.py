@@ -59,7 +59,7 @@ class ServerSettings(BaseSettings):
         None,
         pattern="^(q8_0|q4_0|q4_k)$",
         description="quantize a float checkpoint's linear layers at load (vLLM's flag) into GGUF blocks: "
-        "q8_0, q4_0 or q4_k (float32 activations)",
+        "q8_0, q4_0 or q4_k (with --dtype float32)",
     )
     mmap: bool = Field(
         True,
