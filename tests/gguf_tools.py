@@ -17,6 +17,8 @@ import sys
 import tarfile
 from pathlib import Path
 
+import gguf
+
 PACKAGE = "llama-cpp-python==0.3.36"
 CACHE = Path(os.environ.get("SLOTSERVE_CACHE", Path.home() / ".cache" / "slotserve")) / "llama-cpp-converter"
 WRAPPER = """
@@ -126,3 +128,26 @@ def convert_many(jobs: list[tuple[Path, Path, str]], processes: int = 2) -> list
         if proc.returncode != 0:
             raise RuntimeError(f"convert_hf_to_gguf.py failed: {err[-2000:]}")
     return [out for _, out, _ in jobs]
+
+
+def write_gguf(src: Path, dst: Path, tensors, overrides: dict | None = None) -> Path:
+    """A GGUF with ``src``'s metadata (``overrides`` replacing some values) and
+    ``tensors``: (name, array, raw type or None) triples."""
+    reader = gguf.GGUFReader(str(src))
+    writer = gguf.GGUFWriter(str(dst), reader.fields["general.architecture"].contents())
+    overrides = overrides or {}
+    for field in reader.fields.values():
+        if field.name.startswith("GGUF.") or field.name == "general.architecture":
+            continue
+        vtype = field.types[0]
+        sub = field.types[-1] if vtype == gguf.GGUFValueType.ARRAY else None
+        writer.add_key_value(field.name, overrides.pop(field.name, field.contents()), vtype, sub_type=sub)
+    for key, value in overrides.items():  # integers the source does not have
+        writer.add_uint32(key, value)
+    for name, data, raw_dtype in tensors:
+        writer.add_tensor(name, data, raw_dtype=raw_dtype)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return dst

@@ -6,6 +6,7 @@ loading."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import random
@@ -19,7 +20,7 @@ import numpy as np
 import pytest
 import torch
 from checkpoints import FALCON_H1_TINY, GEMMA3N_TINY, GRANITE_HYBRID_TINY, JAMBA_TINY, make_checkpoint
-from gguf_tools import convert, convert_many, converter_tree
+from gguf_tools import convert, convert_many, converter_tree, write_gguf
 from safetensors.torch import load_file, save_file
 from unavailable import unavailable
 
@@ -246,6 +247,38 @@ def test_each_architecture_converts_and_matches_transformers(converted, arch):
     ours = _greedy(path, ARCH_PROMPTS)
     assert ours == transformers_greedy(ckpt, ARCH_PROMPTS)
     assert len({t for row in ours for t in row}) > 4  # not a degenerate repeat
+
+
+@pytest.mark.parametrize("arch", ["gemma3n", "granitemoehybrid", "jamba"])
+def test_architectures_with_rebuilt_tensors_keep_the_rest_in_blocks(converted, folder, monkeypatch, arch):
+    """Gemma 3n's stacked AltUp projections, Granite's split gate/up and Jamba's stacked
+    experts are rebuilt in float at load; every other matrix of a Q8_0 file stays in its
+    blocks, and greedy tokens equal those of the same file fully dequantized."""
+    from block_packers import pack
+
+    from engine.kernels.blocks import BlockEmbedding, BlockLinear
+    from engine.loading.gguf import archs
+
+    _, f32 = converted[arch]
+    q8 = gguf.GGMLQuantizationType.Q8_0
+
+    def tensors():
+        for t in gguf.GGUFReader(str(f32)).tensors:
+            data = np.asarray(t.data)
+            if data.ndim == 2 and data.shape[1] % 32 == 0 and data.shape[0] > 1:
+                yield t.name, pack(data, q8), q8
+            else:
+                yield t.name, data, None
+
+    path = write_gguf(f32, folder / f"{arch}-q8_0.gguf", list(tensors()))
+    kept = Engine.from_pretrained(str(path), n_seq_max=1).model
+    n_kept = sum(isinstance(m, BlockLinear | BlockEmbedding) for m in kept.modules())
+    assert n_kept >= 20, f"{n_kept} layers in blocks"
+    ours = _greedy(path, ARCH_PROMPTS)
+    key = GGUFCheckpoint(path).arch
+    monkeypatch.setitem(archs.ARCHITECTURES, key, dataclasses.replace(archs.ARCHITECTURES[key], keeps_blocks=False))
+    assert not any(isinstance(m, BlockLinear) for m in Engine.from_pretrained(str(path), n_seq_max=1).model.modules())
+    assert ours == _greedy(path, ARCH_PROMPTS)
 
 
 def test_a_sentencepiece_gguf_tokenizer_gives_the_hf_tokenizers_ids(converted):

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import torch
 from block_packers import pack
-from gguf_tools import convert, converter_tree
+from gguf_tools import convert, converter_tree, write_gguf
 from safetensors.torch import save_file
 from unavailable import unavailable
 
@@ -67,29 +67,6 @@ def teacher_forced_top1(engine: Engine, ids: list[int]) -> torch.Tensor:
 
 def _agreement(ours: Engine, reference: Engine, ids: list[int]) -> float:
     return (teacher_forced_top1(ours, ids) == teacher_forced_top1(reference, ids)).double().mean().item()
-
-
-def write_gguf(src: Path, dst: Path, tensors, overrides: dict | None = None) -> Path:
-    """A GGUF with ``src``'s metadata (``overrides`` replacing some values) and
-    ``tensors``: (name, array, raw type or None) triples."""
-    reader = gguf.GGUFReader(str(src))
-    writer = gguf.GGUFWriter(str(dst), reader.fields["general.architecture"].contents())
-    overrides = overrides or {}
-    for field in reader.fields.values():
-        if field.name.startswith("GGUF.") or field.name == "general.architecture":
-            continue
-        vtype = field.types[0]
-        sub = field.types[-1] if vtype == gguf.GGUFValueType.ARRAY else None
-        writer.add_key_value(field.name, overrides.pop(field.name, field.contents()), vtype, sub_type=sub)
-    for key, value in overrides.items():  # integers the source does not have
-        writer.add_uint32(key, value)
-    for name, data, raw_dtype in tensors:
-        writer.add_tensor(name, data, raw_dtype=raw_dtype)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return dst
 
 
 def requantize(src: Path, dst: Path, qtype: gguf.GGMLQuantizationType) -> Path:

@@ -265,10 +265,11 @@ class Gemma3nForCausalLM(DecoderLM):
         """input_ids, positions: [T]; logit_rows: [S] rows to project -> logits [S, vocab] float32."""
         m, cfg = self.model, self.cfg
         n_layers, hpl = cfg.n_layers, self.per_layer_hidden
-        x = m.embed_tokens(input_ids) * torch.tensor(cfg.hidden_size**0.5, dtype=m.embed_tokens.weight.dtype)
+        x = m.embed_tokens(input_ids)  # [T, hidden], in the table's dtype (float32 from blocks)
+        x = x * torch.tensor(cfg.hidden_size**0.5, dtype=x.dtype)
         ids = torch.where((input_ids >= 0) & (input_ids < self.vocab_per_layer), input_ids, 0)
-        scale = torch.tensor(hpl**0.5, dtype=m.embed_tokens_per_layer.weight.dtype)
-        per_layer = (m.embed_tokens_per_layer(ids) * scale).reshape(-1, n_layers, hpl)  # [T, L, hpl]
+        per_layer = m.embed_tokens_per_layer(ids)  # [T, L * hpl]
+        per_layer = (per_layer * torch.tensor(hpl**0.5, dtype=per_layer.dtype)).reshape(-1, n_layers, hpl)
         proj = m.per_layer_model_projection(x) * torch.tensor(cfg.hidden_size**-0.5, dtype=x.dtype)
         proj = m.per_layer_projection_norm(proj.reshape(-1, n_layers, hpl))
         per_layer = (proj + per_layer) * torch.rsqrt(torch.tensor(2.0, dtype=x.dtype))  # [T, L, hpl]

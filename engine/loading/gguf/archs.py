@@ -46,8 +46,10 @@ class GGUFArch:
     # (checkpoint, HF name, GGUF name the table gives, read) -> the HF tensor, or None
     # where the plain renamed tensor is right
     tensor: Callable[[GGUFMetadata, str, str, Read], torch.Tensor | None] | None = None
-    # whether 2-D weights may stay in blocks: the ``tensor`` hook only moves their rows
-    # (those of Granite, Jamba and Gemma 3n compute on them: they are dequantized)
+    # whether 2-D weights may stay in blocks (every architecture today): a ``tensor``
+    # hook only moves the rows of a kept weight; what it rebuilds (Granite's split
+    # gate/up, Jamba's and Gemma 3n's stacked tensors) is read in float, as the plan
+    # keeps only weights stored under their own name
     keeps_blocks: bool = True
 
 
@@ -330,9 +332,9 @@ ARCHITECTURES: dict[str, GGUFArch] = {
     "qwen3": GGUFArch("Qwen3ForCausalLM", _llama_like("qwen3")),
     "gemma2": GGUFArch("Gemma2ForCausalLM", _gemma("gemma2"), _gemma_tensor),
     "gemma3": GGUFArch("Gemma3ForCausalLM", _gemma("gemma3_text"), _gemma_tensor),
-    "gemma3n": GGUFArch("Gemma3nForCausalLM", _gemma3n, _gemma3n_tensor, keeps_blocks=False),
+    "gemma3n": GGUFArch("Gemma3nForCausalLM", _gemma3n, _gemma3n_tensor),
     "mamba2": GGUFArch("Mamba2ForCausalLM", _mamba2, _ssm_tensor),
-    "granitehybrid": GGUFArch("GraniteMoeHybridForCausalLM", _granite_hybrid, _granite_tensor, keeps_blocks=False),
+    "granitehybrid": GGUFArch("GraniteMoeHybridForCausalLM", _granite_hybrid, _granite_tensor),
     "falcon-h1": GGUFArch("FalconH1ForCausalLM", _falcon_h1, _ssm_tensor),
-    "jamba": GGUFArch("JambaForCausalLM", _jamba, _jamba_tensor, keeps_blocks=False),
+    "jamba": GGUFArch("JambaForCausalLM", _jamba, _jamba_tensor),
 }
