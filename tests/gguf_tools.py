@@ -18,6 +18,7 @@ import tarfile
 from pathlib import Path
 
 import gguf
+import numpy as np
 
 PACKAGE = "llama-cpp-python==0.3.36"
 CACHE = Path(os.environ.get("SLOTSERVE_CACHE", Path.home() / ".cache" / "slotserve")) / "llama-cpp-converter"
@@ -151,3 +152,26 @@ def write_gguf(src: Path, dst: Path, tensors, overrides: dict | None = None) -> 
     writer.write_tensors_to_file()
     writer.close()
     return dst
+
+
+def requantize(
+    src: Path, dst: Path, qtype: gguf.GGMLQuantizationType, fallback: gguf.GGMLQuantizationType | None = None
+) -> Path:
+    """``src`` (an F32 GGUF) with its 2-D weights in ``qtype``. A matrix whose rows are
+    not a whole number of ``qtype``'s blocks goes to ``fallback`` (default Q8_0, as
+    llama-quantize falls back) where its rows fit that, else stays as it is."""
+    from block_packers import pack
+
+    fallback = gguf.GGMLQuantizationType.Q8_0 if fallback is None else fallback
+
+    def tensors():
+        for t in gguf.GGUFReader(str(src)).tensors:
+            data = np.asarray(t.data)
+            kind = next((k for k in (qtype, fallback) if data.ndim == 2 and _fits(data, k)), None)
+            yield (t.name, pack(data, kind), kind) if kind is not None else (t.name, data, None)
+
+    return write_gguf(src, dst, list(tensors()))
+
+
+def _fits(data: np.ndarray, qtype: gguf.GGMLQuantizationType) -> bool:
+    return data.shape[1] % gguf.GGML_QUANT_SIZES[qtype][0] == 0

@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 import torch
 from checkpoints import FALCON_H1_TINY, GEMMA3N_TINY, GRANITE_HYBRID_TINY, JAMBA_TINY, make_checkpoint
-from gguf_tools import convert, convert_many, converter_tree, write_gguf
+from gguf_tools import convert, convert_many, converter_tree, requantize
 from safetensors.torch import load_file, save_file
 from unavailable import unavailable
 
@@ -254,23 +254,12 @@ def test_architectures_with_rebuilt_tensors_keep_the_rest_in_blocks(converted, f
     """Gemma 3n's stacked AltUp projections, Granite's split gate/up and Jamba's stacked
     experts are rebuilt in float at load; every other matrix of a Q8_0 file stays in its
     blocks, and greedy tokens equal those of the same file fully dequantized."""
-    from block_packers import pack
-
     from engine.kernels.blocks import BlockEmbedding, BlockLinear
     from engine.loading.gguf import archs
 
     _, f32 = converted[arch]
     q8 = gguf.GGMLQuantizationType.Q8_0
-
-    def tensors():
-        for t in gguf.GGUFReader(str(f32)).tensors:
-            data = np.asarray(t.data)
-            if data.ndim == 2 and data.shape[1] % 32 == 0 and data.shape[0] > 1:
-                yield t.name, pack(data, q8), q8
-            else:
-                yield t.name, data, None
-
-    path = write_gguf(f32, folder / f"{arch}-q8_0.gguf", list(tensors()))
+    path = requantize(f32, folder / f"{arch}-q8_0.gguf", q8, fallback=q8)  # other rows stay F32
     kept = Engine.from_pretrained(str(path), n_seq_max=1).model
     n_kept = sum(isinstance(m, BlockLinear | BlockEmbedding) for m in kept.modules())
     assert n_kept >= 20, f"{n_kept} layers in blocks"

@@ -16,8 +16,7 @@ import gguf
 import numpy as np
 import pytest
 import torch
-from block_packers import pack
-from gguf_tools import convert, converter_tree, write_gguf
+from gguf_tools import convert, converter_tree, requantize, write_gguf
 from safetensors.torch import save_file
 from unavailable import unavailable
 
@@ -67,22 +66,6 @@ def teacher_forced_top1(engine: Engine, ids: list[int]) -> torch.Tensor:
 
 def _agreement(ours: Engine, reference: Engine, ids: list[int]) -> float:
     return (teacher_forced_top1(ours, ids) == teacher_forced_top1(reference, ids)).double().mean().item()
-
-
-def requantize(src: Path, dst: Path, qtype: gguf.GGMLQuantizationType) -> Path:
-    """``src`` (an F32 GGUF) with its 2-D weights in ``qtype``, or Q8_0 where a row is
-    not a whole number of ``qtype``'s blocks (as llama-quantize falls back)."""
-
-    def tensors():
-        for t in gguf.GGUFReader(str(src)).tensors:
-            data = np.asarray(t.data)
-            if data.ndim != 2:
-                yield t.name, data, None
-                continue
-            kind = qtype if data.shape[1] % gguf.GGML_QUANT_SIZES[qtype][0] == 0 else T.Q8_0
-            yield t.name, pack(data, kind), kind
-
-    return write_gguf(src, dst, list(tensors()))
 
 
 def dequantized_folder(path: Path, dst: Path) -> Path:

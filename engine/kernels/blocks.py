@@ -8,7 +8,7 @@ uint8: row-major blocks, byte for byte the file's, so rows can be permuted and s
 without decoding anything.
 
 Matmuls run the compiled kernels (engine/kernels/csrc; AVX2 where the CPU has it) below
-``COMPILED_MAX_ROWS`` activation rows. How they round the activations (``acts``):
+``compiled_rows(parts)`` activation rows. How they round the activations (``acts``):
 
 - ``"int16"``, the default: each 256 values of an activation row become integers within
   +-16383 and one scale, so a value moves by at most max|x| / 32766 of its group; one
