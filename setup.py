@@ -32,11 +32,12 @@ if os.environ.get("SLOTSERVE_NO_EXT") != "1":
                     print(f"slotserve: {ext.name} not built ({exc}); torch-only paths", file=sys.stderr)
 
         flags = ["-O3", "-fopenmp", "-std=c++20"]
+        HEADERS = ("blocks.h", "blocks_impl.inc", "wide_impl.inc", "attention_impl.inc", "rope_impl.inc")
         ext_modules = [
             CppExtension(
                 "engine.kernels._blocks",
                 [f"engine/kernels/csrc/{f}.cpp" for f in ("binding", "blocks_avx2", "blocks_portable")],
-                depends=[f"engine/kernels/csrc/{f}" for f in ("blocks.h", "blocks_impl.inc", "wide_impl.inc")],
+                depends=[f"engine/kernels/csrc/{f}" for f in HEADERS],
                 extra_compile_args=flags,
                 extra_link_args=["-fopenmp"],
             )

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import itertools
 from abc import abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cached_property
 
@@ -25,6 +26,22 @@ import torch.nn.functional as F
 from memory.kv_state import FAR
 from memory.paged_store import PagedStore
 from memory.protocol import ForwardView, MemoryBatch
+
+DecodeKernel = Callable[..., torch.Tensor]
+"""(q [B, H, D], k, v [B, KVH, L, D], kv_pos [B, L], q_pos [B], window, scale, softcap)
+-> [B, H, D] float32: one query row per sequence, seeing the keys at positions p with
+p <= q_pos and, with a window W > 0, p > q_pos - W; softcap <= 0: none. The engine
+installs its compiled one (engine/kernels); memory imports no engine code."""
+
+_decode_kernel: DecodeKernel | None = None
+
+
+def set_decode_kernel(kernel: DecodeKernel | None) -> DecodeKernel | None:
+    """Decode rows (one query per sequence, float32 on the CPU) attend through
+    ``kernel`` instead of SDPA and a mask; None: SDPA. Returns the one it replaces."""
+    global _decode_kernel
+    previous, _decode_kernel = _decode_kernel, kernel
+    return previous
 
 
 @dataclass
@@ -146,6 +163,11 @@ class GroupedKVView(ForwardView):
             qp[lay.q_rows] = q
             qp = qp.view(n_seqs, n_q, n_heads, head_dim)  # [B, Q, H, D]
         keys, values = self._read(layer, lay.keys, n_seqs, n_kv)  # [B, KVH, L, D]
+        kernel = _decode_kernel
+        if kernel is not None and n_q == 1 and q.device.type == "cpu" and q.dtype == keys.dtype == torch.float32:
+            window = self.windows.get(layer) or 0
+            scale = head_dim**-0.5 if scale is None else scale
+            return kernel(q, keys, values, lay.kv_pos, lay.q_pos[:, 0], window, scale, softcap or 0.0)  # [B, H, D]
         q4, k4, v4 = qp.transpose(1, 2), keys.to(q.dtype), values.to(q.dtype)  # [B, H, Q, D], [B, KVH, L, D]
         mask = lay.mask(self.windows.get(layer), q.dtype)  # [B, 1, Q, L]
         if softcap is None and n_q == 1:  # decode: a KV head's query heads are its G query rows

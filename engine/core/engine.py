@@ -19,6 +19,7 @@ from engine.core.planner import Chunk, plan_step
 from engine.core.runner import ModelRunner
 from engine.core.sequence import FinishReason, Sequence, StepEvent, TokenLogprob
 from engine.errors import StepFailed, check_token_ids
+from engine.kernels.attention import install_decode_attention
 from engine.kernels.blocks import block_modules, log_kernel_choice, weight_bytes_by_type
 from engine.kernels.packed_linear import onednn_available, pack_linears
 from engine.kernels.quantize import quantize_linears
@@ -61,6 +62,7 @@ class Engine:
             self.fingerprint = {**self.fingerprint, "quantization": config.quantization}
         if block_modules(self.model):
             log_kernel_choice()
+        install_decode_attention()  # memory's decode rows attend in one compiled call, where built
         if self._use_onednn():
             pack_linears(self.model)
         self.weight_bytes = weight_bytes_by_type(self.model)  # resident, by type (/props, /metrics)

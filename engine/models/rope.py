@@ -8,6 +8,7 @@ import math
 
 import torch
 
+from engine.kernels.rotary import fused_rotate
 from engine.models.config import RopeConfig
 
 
@@ -84,5 +85,8 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
 
     Rotate-half (transformers' layout): x * cos + cat(-x2, x1) * sin. With the sign in
     ``sin``, cat(-x2, x1) * sin == roll(x) * signed sin exactly, in three ops."""
+    fused = fused_rotate(x, cos, sin)  # one compiled call, where built
+    if fused is not None:
+        return fused
     out = torch.addcmul(x * cos, x.roll(x.shape[-1] // 2, -1), sin)
     return out if out.dtype == x.dtype else out.to(x.dtype)

@@ -9,11 +9,17 @@
 // stands for (written into ``into`` when given).
 // rms_norm(x [T, D] float32, w [D] float32, eps) -> [T, D]: one call for what eager torch
 // runs as ~8 ops (F.rms_norm on CPU decomposes: ~70 us per decode-step norm, measured).
+// decode_attention(q [B, H, D], k, v [B, KVH, L, D], kv_pos [B, L] int64, q_pos [B] int64,
+//   window, scale, softcap, portable=False) -> [B, H, D] float32: one query row per sequence
+//   (see attention_impl.inc; window and softcap <= 0: none; portable: the any-CPU kernel).
+// rope(x [T, N, D], cos [T, 1, D], sin [T, 1, D], portable=False) -> [T, N, D]: rotate-half rotary embedding
+//   (rope_impl.inc); x's rows may be strided (a view of a fused q/k/v output).
 
 #include <torch/extension.h>
 
 #include <ATen/Parallel.h>
 
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -133,6 +139,52 @@ torch::Tensor rms_norm(torch::Tensor x, torch::Tensor w, double eps) {
   return out;
 }
 
+torch::Tensor decode_attention(torch::Tensor q, torch::Tensor k, torch::Tensor v, torch::Tensor kv_pos,
+                               torch::Tensor q_pos, int64_t window, double scale, double softcap, bool any_cpu) {
+  TORCH_CHECK(q.dim() == 3 && k.dim() == 4 && v.dim() == 4, "q: [B, H, D]; k, v: [B, KVH, L, D]");
+  for (const auto* t : {&q, &k, &v})
+    TORCH_CHECK(t->scalar_type() == torch::kFloat32 && t->device().is_cpu() && t->stride(-1) == 1,
+                "q, k, v: float32 on the CPU, last dimension contiguous");
+  q = q.contiguous();
+  const int64_t B = q.size(0), H = q.size(1), D = q.size(2), KVH = k.size(1), L = k.size(2);
+  TORCH_CHECK(k.sizes() == v.sizes() && k.size(0) == B && k.size(3) == D && KVH > 0 && H % KVH == 0,
+              "k, v: [B, KVH, L, D] with KVH dividing H");
+  TORCH_CHECK(kv_pos.scalar_type() == torch::kInt64 && kv_pos.dim() == 2 && kv_pos.size(0) == B &&
+                  kv_pos.size(1) == L,
+              "kv_pos: [B, L] int64");
+  q_pos = q_pos.contiguous();
+  TORCH_CHECK(q_pos.scalar_type() == torch::kInt64 && q_pos.numel() == B, "q_pos: [B] int64");
+  auto out = torch::empty({B, H, D}, q.options());
+  DecodeAttention a{q.data_ptr<float>(), k.data_ptr<float>(), v.data_ptr<float>(),
+                    k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1), v.stride(2),
+                    kv_pos.data_ptr<int64_t>(), kv_pos.stride(0), kv_pos.stride(1), q_pos.data_ptr<int64_t>(),
+                    B, H, KVH, L, D, window, static_cast<float>(scale), static_cast<float>(softcap),
+                    out.data_ptr<float>()};
+  const int64_t grain = std::max<int64_t>(1, 32768 / std::max<int64_t>(1, (H / KVH) * L * D));
+  at::parallel_for(0, B * KVH, grain, [&](int64_t t0, int64_t t1) {
+    (kAvx2 && !any_cpu ? avx2::decode_attention : portable::decode_attention)(a, t0, t1);
+  });
+  return out;
+}
+
+torch::Tensor rope(torch::Tensor x, torch::Tensor cos, torch::Tensor sin, bool any_cpu) {
+  TORCH_CHECK(x.dim() == 3 && x.scalar_type() == torch::kFloat32 && x.device().is_cpu(), "x: [T, N, D] float32");
+  const int64_t T = x.size(0), N = x.size(1), D = x.size(2);
+  if (x.stride(2) != 1 || x.stride(1) != D) x = x.contiguous();
+  TORCH_CHECK(D % 2 == 0, "D must be even");
+  cos = cos.reshape({T, D}).contiguous();
+  sin = sin.reshape({T, D}).contiguous();
+  TORCH_CHECK(cos.scalar_type() == torch::kFloat32 && sin.scalar_type() == torch::kFloat32, "cos, sin: float32");
+  auto out = torch::empty({T, N, D}, x.options());
+  const float* xp = x.data_ptr<float>();
+  const int64_t st = x.stride(0);
+  at::parallel_for(0, T, std::max<int64_t>(1, 16384 / (N * D)), [&](int64_t t0, int64_t t1) {
+    (kAvx2 && !any_cpu ? avx2::rope_rows : portable::rope_rows)(xp, st, N, D, cos.data_ptr<float>(), sin.data_ptr<float>(), t0,
+                                                    t1, out.data_ptr<float>());
+  });
+  return out;
+}
+
 std::string isa() { return kAvx2 ? "avx2" : "portable"; }
 
 }  // namespace slotserve
@@ -143,5 +195,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("block_dequant", &slotserve::block_dequant, "the float32 values of weights in GGUF blocks", py::arg("w"),
         py::arg("type"), py::arg("K"), py::arg("into") = py::none());
   m.def("rms_norm", &slotserve::rms_norm, "w * x / sqrt(mean(x^2) + eps) per row, float32");
+  m.def("decode_attention", &slotserve::decode_attention, "one query row per sequence against its stored keys",
+        py::arg("q"), py::arg("k"), py::arg("v"), py::arg("kv_pos"), py::arg("q_pos"), py::arg("window"),
+        py::arg("scale"), py::arg("softcap"), py::arg("portable") = false);
+  m.def("rope", &slotserve::rope, "rotate-half rotary embedding in one pass, float32", py::arg("x"), py::arg("cos"),
+        py::arg("sin"), py::arg("portable") = false);
   m.def("isa", &slotserve::isa, "the instruction set the kernels run on this CPU");
 }

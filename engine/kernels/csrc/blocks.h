@@ -73,6 +73,23 @@ struct Acts {
   const float* d16 = nullptr;    // [M, ceil(K/256)]
 };
 
+// One decode attention call (attention_impl.inc): q [B, H, D]; k, v [B, KVH, L, D] given by
+// strides in floats (D contiguous); kv_pos [B, L] by strides; q_pos [B]; out [B, H, D].
+// Tasks are (sequence, KV head) pairs, t = b * KVH + h.
+struct DecodeAttention {
+  const float* q;
+  const float* k;
+  const float* v;
+  int64_t k_sb, k_sh, k_sl, v_sb, v_sh, v_sl;
+  const int64_t* kv_pos;
+  int64_t pos_sb, pos_sl;
+  const int64_t* q_pos;
+  int64_t B, H, KVH, L, D;
+  int64_t window;  // <= 0: none
+  float scale;
+  float softcap;  // <= 0: none
+  float* out;
+};
 // The per-instruction-set entry points (same arithmetic, same results up to float rounding).
 #define SLOTSERVE_DECLARE_ISA(ns)                                                                      \
   namespace ns {                                                                                       \
@@ -82,6 +99,9 @@ struct Acts {
   void rms_rows(const float* x, const float* w, int64_t m0, int64_t m1, int64_t D, float eps, float* out); \
   void linear_rows(int type, const uint8_t* w, int64_t n0, int64_t n1, const Acts& a, float* y, int64_t ldy); \
   void dequant_rows(int type, const uint8_t* w, int64_t n0, int64_t n1, int64_t K, float* out);         \
+  void decode_attention(const DecodeAttention& a, int64_t t0, int64_t t1);                              \
+  void rope_rows(const float* x, int64_t x_st, int64_t N, int64_t D, const float* cos, const float* sin,  \
+                 int64_t t0, int64_t t1, float* out);                                                    \
   }
 
 SLOTSERVE_DECLARE_ISA(portable)

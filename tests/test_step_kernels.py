@@ -1,0 +1,140 @@
+"""The compiled kernels of the decode step's small ops (engine/kernels/csrc:
+attention_impl.inc, rope_impl.inc) against float64 references, on the AVX2 and the
+portable units; and the engine's decode rows really attending through the kernel, with
+torch's SDPA path (no extension) still matching transformers."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from checkpoints import greedy_reference, load_reference, make_checkpoint
+from unavailable import unavailable
+
+import memory
+from engine import Engine, SamplingParams
+from engine.kernels import blocks, rotary
+from engine.models.rope import rotate
+from memory import kv_view
+
+FAR = 2**62
+
+
+@pytest.fixture(scope="module")
+def compiled():
+    if blocks.compiled_isa() is None:
+        unavailable("the compiled kernels are not built (pip install -e . with a C++ compiler)", "SLOTSERVE_SKIP_EXT")
+    return blocks._blocks
+
+
+def reference_attention(q, k, v, kv_pos, q_pos, window, scale, softcap):
+    """float64: q [B, H, D], k, v [B, KVH, L, D] -> [B, H, D]; a row that sees no key is 0."""
+    groups = q.shape[1] // k.shape[1]
+    seen = kv_pos <= q_pos[:, None]  # [B, L]
+    if window > 0:
+        seen &= kv_pos > q_pos[:, None] - window
+    kk, vv = k.double().repeat_interleave(groups, 1), v.double().repeat_interleave(groups, 1)  # [B, H, L, D]
+    s = torch.einsum("bhd,bhld->bhl", q.double(), kk) * scale
+    if softcap > 0:
+        s = torch.tanh(s / softcap) * softcap
+    s = s.masked_fill(~seen[:, None, :], float("-inf"))
+    p = torch.softmax(s, -1).nan_to_num(0.0)  # [B, H, L]
+    return torch.einsum("bhl,bhld->bhd", p, vv)
+
+
+CASES = {  # (B, H, KVH, L, D, window, softcap)
+    "gqa": (1, 12, 4, 192, 64, 0, 0.0),
+    "mha-wide-head": (3, 8, 8, 50, 128, 0, 0.0),
+    "window": (4, 8, 2, 300, 64, 37, 0.0),
+    "softcap-one-kv-head": (2, 4, 1, 33, 256, 0, 50.0),
+    "odd-head-dim": (2, 6, 3, 21, 40, 5, 0.0),  # D not a multiple of 32: the columns' tail
+}
+
+
+@pytest.mark.parametrize("any_cpu", [False, True], ids=["isa", "portable"])
+@pytest.mark.parametrize("case", CASES)
+def test_decode_attention_is_softmax_attention(compiled, case, any_cpu):
+    b, h, kvh, n, d, window, softcap = CASES[case]
+    gen = torch.Generator().manual_seed(len(case))
+    cache_k, cache_v = (torch.randn(b + 2, kvh, n + 9, d, generator=gen) for _ in "kv")
+    k, v = cache_k[1 : b + 1, :, :n], cache_v[1 : b + 1, :, :n]  # strided views, as a stream cache gives them
+    q = torch.randn(b, h, d, generator=gen) * 3
+    kv_pos = torch.randint(0, n, (b, n + 4), generator=gen)[:, :n]  # positions out of order, repeated
+    kv_pos[:, -3:] = FAR + 1  # cells holding no key
+    q_pos = torch.randint(n // 2, n, (b,), generator=gen)
+    q_pos[-1] = -1  # a query that sees no key: zeros
+    out = compiled.decode_attention(q, k, v, kv_pos, q_pos, window, d**-0.5, softcap, portable=any_cpu)
+    expected = reference_attention(q, k, v, kv_pos, q_pos, window, d**-0.5, softcap)
+    torch.testing.assert_close(out.double(), expected, atol=2e-6, rtol=1e-5)
+    assert out[-1].abs().max() == 0
+
+
+@pytest.mark.parametrize("any_cpu", [False, True], ids=["isa", "portable"])
+def test_rope_is_rotate_half(compiled, any_cpu):
+    gen = torch.Generator().manual_seed(0)
+    qkv = torch.randn(5, 20, 64, generator=gen)
+    x = qkv[:, :16]  # q and k heads of a fused projection: rows 20 heads apart
+    cos, sin = torch.randn(5, 1, 64, generator=gen), torch.randn(5, 1, 64, generator=gen)
+    x64, half = x.double(), 32
+    rolled = torch.cat([x64[..., half:], x64[..., :half]], dim=-1)  # roll by D/2: the signed sin does the rest
+    expected = x64 * cos.double() + rolled * sin.double()
+    torch.testing.assert_close(compiled.rope(x, cos, sin, portable=any_cpu).double(), expected, atol=1e-6, rtol=1e-6)
+
+
+def test_rotate_takes_the_compiled_call_only_where_it_can(compiled, monkeypatch):
+    x, cos, sin = torch.randn(3, 4, 8), torch.randn(3, 1, 8), torch.randn(3, 1, 8)
+    fused = rotary.fused_rotate(x, cos, sin)
+    assert fused is not None
+    torch.testing.assert_close(rotate(x, cos, sin), fused, rtol=0, atol=0)
+    assert rotary.fused_rotate(x.bfloat16(), cos, sin) is None  # float32 only
+    assert rotary.fused_rotate(x, cos[:1], sin[:1]) is None  # one cos/sin row per token only
+    monkeypatch.setattr(rotary, "_blocks", None)
+    torch.testing.assert_close(rotate(x, cos, sin), fused, atol=1e-6, rtol=1e-6)  # torch's three ops
+
+
+def _greedy(folder, kv_unified: bool, prompts: list[list[int]], n: int) -> tuple[list[list[int]], list]:
+    engine = Engine.from_pretrained(str(folder), n_ctx=512, n_seq_max=4, block_size=8, kv_unified=kv_unified)
+    params = SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True)
+    seqs = [engine.add_sequence(p, params, seq_id=i) for i, p in enumerate(prompts)]
+    logits: list[list[torch.Tensor]] = [[] for _ in prompts]
+    while engine.has_work:
+        for ev in engine.step(keep_logits=True):
+            if ev.logits is not None:
+                logits[seqs.index(ev.seq)].append(ev.logits)
+    return [s.output_ids for s in seqs], logits
+
+
+@pytest.mark.parametrize("layout", ["stream", "unified"])
+@pytest.mark.parametrize("arch,overrides", [("llama", {}), ("gemma2", {"num_hidden_layers": 4, "sliding_window": 8})])
+def test_decode_rows_attend_through_the_kernel_and_sdpa_alike(compiled, tmp_path, monkeypatch, arch, overrides, layout):
+    """Both paths equal transformers; the default one calls the kernel once per layer
+    per decode step (Gemma 2: soft-capped scores and windowed layers)."""
+    folder = make_checkpoint(tmp_path / arch, arch, **overrides)
+    gen = torch.Generator().manual_seed(3)
+    prompts = [torch.randint(0, 300, (n,), generator=gen).tolist() for n in (5, 23)]
+    ref_model = load_reference(folder)
+    expected = [greedy_reference(ref_model, p, 12) for p in prompts]
+    calls, kernel = [], compiled.decode_attention
+
+    def counting(*args):
+        calls.append(args[0].shape[0])
+        return kernel(*args)
+
+    monkeypatch.setattr(compiled, "decode_attention", counting)
+    previous = memory.set_decode_kernel(None)
+    try:
+        for path in ("kernel", "sdpa"):
+            calls.clear()
+            if path == "sdpa":
+                monkeypatch.setattr("engine.kernels.attention._blocks", None)  # as without the extension
+            tokens, logits = _greedy(folder, layout == "unified", prompts, 12)
+            n_layers = overrides.get("num_hidden_layers", 2)
+            if path == "kernel":
+                assert len(calls) >= 11 * n_layers, "decode steps did not take the kernel"
+            else:
+                assert not calls and kv_view._decode_kernel is None
+            for i, (ref_tokens, ref_logits) in enumerate(expected):
+                assert tokens[i] == ref_tokens, f"{path}: prompt {i}"
+                torch.testing.assert_close(torch.stack(logits[i]), ref_logits.float(), atol=1e-4, rtol=0)
+            memory.set_decode_kernel(None)
+    finally:
+        memory.set_decode_kernel(previous)
