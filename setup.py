@@ -32,7 +32,15 @@ if os.environ.get("SLOTSERVE_NO_EXT") != "1":
                     print(f"slotserve: {ext.name} not built ({exc}); torch-only paths", file=sys.stderr)
 
         flags = ["-O3", "-fopenmp", "-std=c++20"]
-        HEADERS = ("blocks.h", "blocks_impl.inc", "wide_impl.inc", "attention_impl.inc", "rope_impl.inc")
+        HEADERS = (
+            "blocks.h",
+            "blocks_impl.inc",
+            "wide_impl.inc",
+            "exp_impl.inc",
+            "attention_impl.inc",
+            "rope_impl.inc",
+            "mlp_impl.inc",
+        )
         ext_modules = [
             CppExtension(
                 "engine.kernels._blocks",

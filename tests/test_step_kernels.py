@@ -1,5 +1,5 @@
 """The compiled kernels of the decode step's small ops (engine/kernels/csrc:
-attention_impl.inc, rope_impl.inc) against float64 references, on the AVX2 and the
+attention_impl.inc, rope_impl.inc, mlp_impl.inc) against float64 references, on the AVX2 and the
 portable units; and the engine's decode rows really attending through the kernel, with
 torch's SDPA path (no extension) still matching transformers."""
 
@@ -89,6 +89,33 @@ def test_rotate_takes_the_compiled_call_only_where_it_can(compiled, monkeypatch)
     assert rotary.fused_rotate(x, cos[:1], sin[:1]) is None  # one cos/sin row per token only
     monkeypatch.setattr(rotary, "_blocks", None)
     torch.testing.assert_close(rotate(x, cos, sin), fused, atol=1e-6, rtol=1e-6)  # torch's three ops
+
+
+@pytest.mark.parametrize("any_cpu", [False, True], ids=["isa", "portable"])
+def test_silu_mul_is_the_gated_activation(compiled, any_cpu):
+    gen = torch.Generator().manual_seed(1)
+    gate_up = torch.randn(7, 2 * 1003, generator=gen) * 6  # F not a multiple of 8: the tail
+    gate, up = gate_up[:, :1003].double(), gate_up[:, 1003:].double()
+    expected = gate / (1 + torch.exp(-gate)) * up
+    torch.testing.assert_close(compiled.silu_mul(gate_up, portable=any_cpu).double(), expected, atol=1e-6, rtol=1e-6)
+
+
+def test_the_gated_mlp_takes_the_compiled_call(compiled, monkeypatch):
+    from engine.kernels import activation
+    from engine.models.layers import GatedMLP
+
+    mlp = GatedMLP(16, 24)
+    x = torch.randn(3, 16)
+    calls = []
+    kernel = compiled.silu_mul
+    monkeypatch.setattr(compiled, "silu_mul", lambda gu: calls.append(gu.shape) or kernel(gu))
+    with torch.no_grad():
+        fused = mlp(x)
+        assert calls == [(3, 48)]
+        monkeypatch.setattr(activation, "_blocks", None)
+        gate, up = mlp.gate_up_proj(x).split(24, dim=-1)
+        torch.testing.assert_close(mlp(x), mlp.down_proj(torch.nn.functional.silu(gate) * up), rtol=0, atol=0)
+    torch.testing.assert_close(fused, mlp(x).detach(), atol=1e-6, rtol=1e-5)
 
 
 def _greedy(folder, kv_unified: bool, prompts: list[list[int]], n: int) -> tuple[list[list[int]], list]:

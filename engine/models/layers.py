@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from engine.kernels.activation import fused_silu_mul
 from engine.kernels.norm import fused_rms_norm
 from engine.models.rope import rotate
 from memory import ForwardView
@@ -56,8 +57,12 @@ class GatedMLP(nn.Module):
         self.down_proj = nn.Linear(ffn, hidden, bias=bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).split(self.ffn, dim=-1)  # [T, ffn] each
-        return self.down_proj(F.silu(gate) * up)  # [T, hidden]
+        gate_up = self.gate_up_proj(x)  # [T, 2 * ffn]
+        hidden = fused_silu_mul(gate_up)  # one compiled call, where built
+        if hidden is None:
+            gate, up = gate_up.split(self.ffn, dim=-1)  # [T, ffn] each
+            hidden = F.silu(gate) * up
+        return self.down_proj(hidden)  # [T, hidden]
 
 
 class Attention(nn.Module):

@@ -14,6 +14,7 @@
 //   (see attention_impl.inc; window and softcap <= 0: none; portable: the any-CPU kernel).
 // rope(x [T, N, D], cos [T, 1, D], sin [T, 1, D], portable=False) -> [T, N, D]: rotate-half rotary embedding
 //   (rope_impl.inc); x's rows may be strided (a view of a fused q/k/v output).
+// silu_mul(gu [T, 2F], portable=False) -> [T, F]: silu(gu[:, :F]) * gu[:, F:] (mlp_impl.inc).
 
 #include <torch/extension.h>
 
@@ -185,6 +186,20 @@ torch::Tensor rope(torch::Tensor x, torch::Tensor cos, torch::Tensor sin, bool a
   return out;
 }
 
+torch::Tensor silu_mul(torch::Tensor gu, bool any_cpu) {
+  TORCH_CHECK(gu.dim() == 2 && gu.scalar_type() == torch::kFloat32 && gu.device().is_cpu() && gu.size(1) % 2 == 0,
+              "gu: [T, 2F] float32");
+  if (gu.stride(1) != 1) gu = gu.contiguous();
+  const int64_t T = gu.size(0), F = gu.size(1) / 2;
+  auto out = torch::empty({T, F}, gu.options());
+  const float* gp = gu.data_ptr<float>();
+  const int64_t ld = gu.stride(0);
+  at::parallel_for(0, T, std::max<int64_t>(1, 32768 / F), [&](int64_t t0, int64_t t1) {
+    (kAvx2 && !any_cpu ? avx2::silu_mul_rows : portable::silu_mul_rows)(gp, ld, F, t0, t1, out.data_ptr<float>());
+  });
+  return out;
+}
+
 std::string isa() { return kAvx2 ? "avx2" : "portable"; }
 
 }  // namespace slotserve
@@ -200,5 +215,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("scale"), py::arg("softcap"), py::arg("portable") = false);
   m.def("rope", &slotserve::rope, "rotate-half rotary embedding in one pass, float32", py::arg("x"), py::arg("cos"),
         py::arg("sin"), py::arg("portable") = false);
+  m.def("silu_mul", &slotserve::silu_mul, "silu(first half) * second half of each row, float32", py::arg("gu"),
+        py::arg("portable") = false);
   m.def("isa", &slotserve::isa, "the instruction set the kernels run on this CPU");
 }

@@ -102,6 +102,7 @@ struct DecodeAttention {
   void decode_attention(const DecodeAttention& a, int64_t t0, int64_t t1);                              \
   void rope_rows(const float* x, int64_t x_st, int64_t N, int64_t D, const float* cos, const float* sin,  \
                  int64_t t0, int64_t t1, float* out);                                                    \
+  void silu_mul_rows(const float* gu, int64_t ld, int64_t F, int64_t t0, int64_t t1, float* out);        \
   }
 
 SLOTSERVE_DECLARE_ISA(portable)
