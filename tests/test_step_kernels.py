@@ -165,3 +165,42 @@ def test_decode_rows_attend_through_the_kernel_and_sdpa_alike(compiled, tmp_path
             memory.set_decode_kernel(None)
     finally:
         memory.set_decode_kernel(previous)
+
+
+def test_a_long_kernel_call_lets_other_python_threads_run(compiled):
+    """The matmul lets go of the GIL, as torch's ops do: the server's event loop runs
+    during a decode step's matmuls instead of waiting for the step's next Python line."""
+    import sys
+    import threading
+    import time
+
+    import gguf
+    from block_packers import pack
+
+    raw = pack((torch.randn(2048, 4096) * 0.05).numpy(), gguf.GGMLQuantizationType.Q8_0)
+    weight = torch.from_numpy(raw).reshape(2048, -1)
+    x = torch.randn(40, 4096)
+    ticks, started, stop = [0], threading.Event(), threading.Event()
+
+    def count():
+        started.set()
+        while not stop.is_set():
+            ticks[0] += 1
+            time.sleep(0.0002)  # lets go of the GIL: the main thread takes it back at once
+
+    thread = threading.Thread(target=count, daemon=True)
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(30.0)  # the main thread is never made to let go between two lines: only a call can
+    thread.start()
+    started.wait(10)
+    try:
+        during = []
+        for _ in range(5):  # each call ~10-50 ms; the counter moves only if the GIL is free meanwhile
+            before = ticks[0]
+            compiled.block_linear(x, [weight], [int(gguf.GGMLQuantizationType.Q8_0)], 2)
+            during.append(ticks[0] - before)
+    finally:
+        stop.set()
+        thread.join(10)
+        sys.setswitchinterval(interval)
+    assert max(during) > 0, during

@@ -205,14 +205,17 @@ std::string isa() { return kAvx2 ? "avx2" : "portable"; }
 }  // namespace slotserve
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("block_linear", &slotserve::block_linear, "x @ W.T for weights in GGUF blocks, side by side");
+  // The long calls let go of the GIL (as torch's own ops do), so the server's event loop
+  // runs while a matmul does; the short ones keep it (no hand-over per few microseconds).
+  const auto free_gil = py::call_guard<py::gil_scoped_release>();
+  m.def("block_linear", &slotserve::block_linear, "x @ W.T for weights in GGUF blocks, side by side", free_gil);
   m.def("block_linear_portable", &slotserve::block_linear_portable, "block_linear on the portable kernels, any CPU");
   m.def("block_dequant", &slotserve::block_dequant, "the float32 values of weights in GGUF blocks", py::arg("w"),
-        py::arg("type"), py::arg("K"), py::arg("into") = py::none());
+        py::arg("type"), py::arg("K"), py::arg("into") = py::none(), free_gil);
   m.def("rms_norm", &slotserve::rms_norm, "w * x / sqrt(mean(x^2) + eps) per row, float32");
   m.def("decode_attention", &slotserve::decode_attention, "one query row per sequence against its stored keys",
         py::arg("q"), py::arg("k"), py::arg("v"), py::arg("kv_pos"), py::arg("q_pos"), py::arg("window"),
-        py::arg("scale"), py::arg("softcap"), py::arg("portable") = false);
+        py::arg("scale"), py::arg("softcap"), py::arg("portable") = false, free_gil);
   m.def("rope", &slotserve::rope, "rotate-half rotary embedding in one pass, float32", py::arg("x"), py::arg("cos"),
         py::arg("sin"), py::arg("portable") = false);
   m.def("silu_mul", &slotserve::silu_mul, "silu(first half) * second half of each row, float32", py::arg("gu"),
