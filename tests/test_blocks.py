@@ -124,16 +124,18 @@ def test_matmul_is_within_the_derived_bound(request, monkeypatch, path, qtype):
 
 def test_the_fused_kernels_agree_with_the_decoding_ones(compiled):
     """The 16-bit path's fused AVX2 kernels (Q4_K, Q5_K, Q6_K, Q8_0, Q4_0) and the portable
-    decode-then-dot kernels compute the same integer sums: equal up to float32 order."""
+    decode-then-dot kernels compute the same integer sums: equal up to float32 order (1 and 3
+    rows: one activation row at a time; 6: four at a time, then one)."""
     if compiled.isa() != "avx2":
         pytest.skip("the fused kernels are AVX2 ones")
     T = gguf.GGMLQuantizationType
     for qtype in (T.Q4_K, T.Q5_K, T.Q6_K, T.Q8_0, T.Q4_0):
-        w, _ = _blocks(qtype, 40, 1024, seed=3)
-        x = torch.randn(6, 1024, generator=torch.Generator().manual_seed(4))
-        fused = compiled.block_linear(x, [w.data], [int(qtype)], blocks.ACT_MODES["int16"])
-        portable = compiled.block_linear_portable(x, [w.data], [int(qtype)], blocks.ACT_MODES["int16"])
-        torch.testing.assert_close(fused, portable, rtol=1e-5, atol=1e-4)
+        w, _ = _blocks(qtype, 41, 1024, seed=3)
+        for rows in (1, 3, 6):
+            x = torch.randn(rows, 1024, generator=torch.Generator().manual_seed(4))
+            fused = compiled.block_linear(x, [w.data], [int(qtype)], blocks.ACT_MODES["int16"])
+            portable = compiled.block_linear_portable(x, [w.data], [int(qtype)], blocks.ACT_MODES["int16"])
+            torch.testing.assert_close(fused, portable, rtol=1e-5, atol=1e-4, msg=f"{qtype.name}, {rows} rows")
 
 
 def test_fused_parts_of_different_types_are_one_matmul(compiled):
