@@ -20,6 +20,7 @@ from engine.errors import BadSlotFile, NoRoom, SlotError, SlotFilesOff
 from engine.sampling.grammar import Constraint
 from engine.sampling.params import SamplingParams
 from engine.scheduling import slot_io
+from engine.scheduling.prompt_cache import PromptCache
 from engine.scheduling.request import Request, RequestEnd
 from engine.scheduling.scheduler import Health, Scheduler, SlotInfo
 from engine.scheduling.task_board import Sink
@@ -37,6 +38,7 @@ class CacheStats:
     n_slots: int
     n_slots_busy: int
     n_checkpoint_restores: int = 0  # prefix reuses that restarted from a kept checkpoint
+    prompt_cache: dict | None = None  # PromptCache.report(); None when off
 
 
 @dataclass(frozen=True)
@@ -71,11 +73,18 @@ class EngineService:
         max_queue: int = 256,
         stall_timeout: float = 60.0,
         on_request_end: Callable[[RequestEnd], None] | None = None,
+        cache_ram_mib: int = 0,
+        cache_idle_slots: bool = True,
     ) -> None:
         """Start the engine thread; events go to sinks on ``loop``. ``on_request_end``
         is called on the engine thread as each request ends, before its slot is released
-        (so it must be quick and thread-safe: a metrics counter)."""
-        self._scheduler = Scheduler(self._engine, similarity, max_queue, stall_timeout, loop, on_request_end)
+        (so it must be quick and thread-safe: a metrics counter). ``cache_ram_mib``: the
+        host-RAM prompt cache (llama-server's ``--cache-ram``: -1 no limit, 0 off), which
+        also holds at most the context's worth of tokens, as llama-server's does."""
+        cache = PromptCache.from_mib(cache_ram_mib, limit_tokens=self._engine.config.n_ctx)
+        self._scheduler = Scheduler(
+            self._engine, similarity, max_queue, stall_timeout, loop, on_request_end, cache, cache_idle_slots
+        )
         self._scheduler.start()
 
     def stop(self, timeout: float | None = 30.0) -> bool:
@@ -162,7 +171,12 @@ class EngineService:
         """Memory statistics (a racy read, for monitoring)."""
         busy = [s.id for s in self._sched.table.slots if s.busy]
         usage = self._engine.memory.usage(held_by=busy)
-        return CacheStats(usage, self.n_slots, len(busy), self._engine.n_checkpoint_restores)
+        return CacheStats(usage, self.n_slots, len(busy), self._engine.n_checkpoint_restores, self.prompt_cache())
+
+    def prompt_cache(self) -> dict | None:
+        """The host-RAM prompt cache's report (a racy read), None when it is off."""
+        cache = self._sched.prompt_cache
+        return cache.report() if cache is not None and cache.enabled else None
 
     async def memory_report(self) -> dict:
         """Usage and integrity check of the memory, taken between two steps."""

@@ -88,6 +88,10 @@ class LayerReuse(Memory):
         self.inner.load_seq(seq, state)
 
     @property
+    def cuts_anywhere(self) -> bool:
+        return self.inner.cuts_anywhere
+
+    @property
     def can_shift(self) -> bool:
         return self.inner.can_shift
 

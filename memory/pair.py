@@ -77,6 +77,10 @@ class MemoryPair(Memory):
                 return max(r, 0)
             q = r
 
+    @property
+    def cuts_anywhere(self) -> bool:
+        return self.lead.cuts_anywhere and self.follower.cuts_anywhere
+
     def checkpoint(self, seq: int) -> None:
         self.lead.checkpoint(seq)
         self.follower.checkpoint(seq)

@@ -199,6 +199,13 @@ class Memory(ABC):
         point needs (kinds that forget, e.g. sliding windows). Default: nothing."""
         return None
 
+    @property
+    def cuts_anywhere(self) -> bool:
+        """Whether a sequence (or a state restored into one) can be cut at every
+        position it holds (``seq_cut_point(seq, p) == p``): what a restore from the
+        prompt cache needs to know before it restores. Default: yes."""
+        return True
+
     def checkpoints(self, seq: int) -> list[int]:
         """Positions ``seq`` keeps a checkpoint for (oldest first); [] for kinds that
         need none to cut anywhere."""

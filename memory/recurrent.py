@@ -120,6 +120,10 @@ class RecurrentMemory(Memory):
             self.n[seq] += n_new
         return RecurrentView(self, batch)
 
+    @property
+    def cuts_anywhere(self) -> bool:
+        return False  # only where a checkpoint was kept, or at the end
+
     def seq_cut_point(self, seq: int, p: int) -> int:
         self._check_seq(seq)
         if p >= self.n[seq]:

@@ -150,6 +150,10 @@ class SlidingKVCache(Memory):
         write_rows = torch.cat(rows) if rows else torch.empty(0, dtype=torch.long)  # [T] rows of [S * R]
         return StreamKVView(self, batch, write_rows)
 
+    @property
+    def cuts_anywhere(self) -> bool:
+        return False  # the window before an earlier position is gone, unless checkpointed
+
     def seq_cut_point(self, seq: int, p: int) -> int:
         self._check_seq(seq)
         p = min(p, self.n[seq])

@@ -122,6 +122,7 @@ class _LiveCollector(Collector):
         yield from _step_families(health)
         yield from _slot_families(health, stats)
         yield from _cache_families(stats)
+        yield from _prompt_cache_families(stats.prompt_cache)
 
 
 def _step_families(health) -> Iterable:
@@ -184,6 +185,29 @@ def _cache_families(stats) -> Iterable:
         "Prefix reuses that restarted from a kept checkpoint (recurrent or sliding-window caches)",
         value=stats.n_checkpoint_restores,
     )
+
+
+def _prompt_cache_families(report: dict | None) -> Iterable:
+    """The host-RAM prompt cache (--cache-ram): entries, bytes, hits, restores, evictions."""
+    if report is None:
+        report = dict.fromkeys(("n_entries", "n_bytes", "n_tokens", "hits", "misses", "tokens_restored"), 0)
+        report.update(saves=0, evictions=0)
+    gauges = {
+        "entries": ("Slot states held in the host-RAM prompt cache", "n_entries"),
+        "bytes": ("Bytes held in the host-RAM prompt cache", "n_bytes"),
+        "tokens": ("Tokens the host-RAM prompt cache's entries hold", "n_tokens"),
+    }
+    for name, (doc, key) in gauges.items():
+        yield GaugeMetricFamily(f"slotserve_prompt_cache_{name}", doc, value=report[key])
+    counters = {
+        "hits": "Requests that restored a prompt cache entry",
+        "misses": "Requests that found no prompt cache entry better than the slots",
+        "tokens_restored": "Prompt tokens restored from the prompt cache instead of computed",
+        "saves": "Slot states saved into the prompt cache",
+        "evictions": "Prompt cache entries dropped for room (least recently used first)",
+    }
+    for name, doc in counters.items():
+        yield CounterMetricFamily(f"slotserve_prompt_cache_{name}", doc, value=report[name])
 
 
 class StatusCounter:

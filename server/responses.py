@@ -160,6 +160,7 @@ class Props(_Out):
     is_sleeping: bool
     memory: dict[str, Any]
     weights: dict[str, Any]  # {"bytes": resident weight bytes, "types": bytes by stored type}
+    prompt_cache: dict[str, Any]  # the host-RAM prompt cache: limits, entries, bytes, hits, restores
 
 
 class SlotState(_Out):

@@ -70,6 +70,15 @@ class ServerSettings(BaseSettings):
     api_key: str | None = Field(None, description="comma-separated API keys (Bearer or X-Api-Key)")
     api_key_file: Path | None = Field(None, description="file with one API key per line")
     slot_prompt_similarity: float = Field(0.1, ge=0, le=1, description="prefix share that picks a slot")
+    cache_ram: int = Field(
+        8192,
+        ge=-1,
+        description="MiB of host RAM for the prompt cache: states of slots taken for other prompts, restored "
+        "when a prompt starts the same way (llama-server's; -1: no limit, 0: off)",
+    )
+    cache_idle_slots: bool = Field(
+        True, description="save an idle slot's state to the prompt cache before the slot takes another prompt"
+    )
     context_shift: bool = Field(False, description="a full slot drops old tokens instead of stopping")
     n_predict: int = Field(-1, ge=-1, description="default max tokens when a request sets none (-1: to context)")
     threads: int | None = Field(None, gt=0, description="torch threads for the engine")
@@ -280,6 +289,7 @@ FLAGS: dict[str, tuple[str, ...]] = {
     "api_key": ("--api-key",),
     "api_key_file": ("--api-key-file",),
     "slot_prompt_similarity": ("-sps", "--slot-prompt-similarity"),
+    "cache_ram": ("-cram", "--cache-ram"),
     "n_predict": ("-n", "--n-predict"),
     "threads": ("-t", "--threads"),
     "timeout": ("-to", "--timeout"),
@@ -303,6 +313,7 @@ FLAGS: dict[str, tuple[str, ...]] = {
 SWITCHES: dict[str, tuple[str | tuple[str, ...], str | tuple[str, ...]]] = {
     "kv_unified": ("--kv-unified", "--no-kv-unified"),
     "mmap": ("--mmap", "--no-mmap"),
+    "cache_idle_slots": ("--cache-idle-slots", "--no-cache-idle-slots"),
     "swa_full": ("--swa-full", "--no-swa-full"),
     "kv_cache_demand_paged": ("--kv-cache-demand-paged", "--no-kv-cache-demand-paged"),
     "context_shift": ("--context-shift", "--no-context-shift"),

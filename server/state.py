@@ -70,7 +70,13 @@ class ServerState:
                 if self._closing.is_set():  # shut down while loading: start no engine thread
                     return
                 engine.start(
-                    self.loop, s.slot_prompt_similarity, s.max_queue, s.stall_timeout, self.metrics.request_ended
+                    self.loop,
+                    s.slot_prompt_similarity,
+                    s.max_queue,
+                    s.stall_timeout,
+                    self.metrics.request_ended,
+                    s.cache_ram,
+                    s.cache_idle_slots,
                 )
                 self.engine = engine
         except Exception as exc:  # a bad checkpoint or setting: one clear line, then the process ends

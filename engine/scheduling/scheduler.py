@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from engine.core.engine import Engine
 from engine.errors import EngineStopped, QueueFull, RequestError, SlotBusy, StepFailed, check_token_ids
 from engine.sampling.params import SamplingParams
+from engine.scheduling.prompt_cache import PromptCache
 from engine.scheduling.request import Failed, Request, RequestEnd, RequestEvent
 from engine.scheduling.slots import SlotTable
 from engine.scheduling.task_board import STEP_FAULT, Sink, Task, TaskBoard
@@ -88,9 +89,12 @@ class Scheduler:
         stall_timeout: float = 60.0,
         loop: asyncio.AbstractEventLoop | None = None,
         on_end: Callable[[RequestEnd], None] | None = None,
+        prompt_cache: PromptCache | None = None,
+        cache_idle_slots: bool = True,
     ):
         """``on_end``: told of every request's end, on the engine thread, before its last
-        slot is released (see TaskBoard)."""
+        slot is released (see TaskBoard). ``prompt_cache``: host-RAM states of slots taken
+        for other prompts (see TaskBoard)."""
         self.engine = engine
         self.loop = loop
         self._outbox: list[tuple[Sink, RequestEvent]] = []  # engine thread only
@@ -104,7 +108,8 @@ class Scheduler:
         self._calls: deque[_Call] = deque()  # guarded by _cv
         self._deferred: list[_Call] = []  # calls waiting for their slot to be idle (engine thread only)
         self._n_waiting = 0  # queued, not yet in a slot (guarded by _cv)
-        self.board = TaskBoard(engine, self.table, self._emit, on_end)  # engine thread only
+        self.prompt_cache = prompt_cache
+        self.board = TaskBoard(engine, self.table, self._emit, on_end, prompt_cache, cache_idle_slots)  # engine thread
         self._stop = False
         self._busy_since: float | None = None
         self.n_faults = 0

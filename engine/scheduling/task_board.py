@@ -16,9 +16,10 @@ from dataclasses import dataclass
 
 from engine.core.engine import Engine
 from engine.core.sequence import Sequence, StepEvent
+from engine.scheduling.prompt_cache import PromptCache
 from engine.scheduling.request import Admitted, Delta, Failed, Progress, Request, RequestEnd, RequestEvent
 from engine.scheduling.slots import Slot, SlotTable, common_prefix
-from memory import CacheFull
+from memory import CacheFull, StateMismatch
 
 log = logging.getLogger("slotserve.scheduler")
 Sink = Callable[[RequestEvent], None]
@@ -45,13 +46,19 @@ class TaskBoard:
         table: SlotTable,
         emit: Callable[[Task, RequestEvent], None],
         on_end: Callable[[RequestEnd], None] | None = None,
+        prompt_cache: PromptCache | None = None,
+        cache_idle_slots: bool = True,
     ):
         """``on_end`` hears of every task's end (on this thread), before its last slot
-        is released."""
+        is released. ``prompt_cache``: where an idle slot's state goes before the slot is
+        taken for another prompt (``cache_idle_slots``), and where prompts look for a
+        longer prefix than the slots hold."""
         self.engine = engine
         self.table = table
         self.emit = emit
         self.on_end = on_end
+        self.prompt_cache = prompt_cache if prompt_cache is not None and prompt_cache.enabled else None
+        self.cache_idle_slots = cache_idle_slots
         self.waiting: deque[Task] = deque()
         self.active: dict[int, Task] = {}  # by request id
         self._by_seq: dict[Sequence, tuple[Task, int]] = {}
@@ -83,7 +90,10 @@ class TaskBoard:
 
     def _start(self, task: Task, slots: list[Slot]) -> None:
         req = task.req
-        for slot in slots:
+        for i, slot in enumerate(slots):
+            keeps = common_prefix(slot.cached, req.prompt_ids) if i == 0 and req.cache_prompt else 0
+            if keeps < len(slot.cached):  # what the slot holds past the shared prefix is about to go
+                self._save_idle(slot)
             self.table.take(slot, req.id)
         task.slots, task.seqs = slots, [None] * req.n
         self.active[req.id] = task
@@ -109,6 +119,9 @@ class TaskBoard:
             n = memory.seq_cut_point(other.id, common_prefix(self.cached_tokens(other), prompt))
             if n > n_best:
                 best, n_best = other, n
+        restored = self._restore_cached(slot, prompt, n_best)
+        if restored is not None:
+            return restored
         if best is None:
             return own
         try:
@@ -117,6 +130,55 @@ class TaskBoard:
             return 0  # seq_cp replaced nothing; the slot may still hold its own prefix, but be safe
         slot.cached = prompt[:n_best]
         return n_best
+
+    # ---- the host-RAM prompt cache -----------------------------------------------
+
+    def _save_idle(self, slot: Slot) -> None:
+        """An idle slot's state into the prompt cache (a copy), when it holds exactly
+        its cached tokens; a failure to save loses nothing but the cache entry."""
+        cache = self.prompt_cache
+        if cache is None or not self.cache_idle_slots or slot.busy or not slot.cached:
+            return
+        memory = self.engine.memory
+        if memory.seq_pos_max(slot.id) + 1 != len(slot.cached):
+            return
+        try:
+            cache.put(slot.cached, memory.save_seq(slot.id))
+        except Exception:  # noqa: BLE001 (a cache entry is an optimization: never fail the request for it)
+            log.exception("saving slot %d to the prompt cache failed", slot.id)
+
+    def _restore_cached(self, slot: Slot, prompt: list[int], n_slots: int) -> int | None:
+        """Restore the cache entry sharing the longest prefix with ``prompt`` into
+        ``slot`` when it beats ``n_slots`` (what the slots offer). A memory that cannot
+        cut anywhere (recurrent states, sliding windows) restores an entry only where it
+        ends: the prompt must extend the entry's tokens whole. Returns the tokens the
+        slot holds then, or None when the cache offers nothing better (slot unchanged)."""
+        cache = self.prompt_cache
+        if cache is None or not prompt:
+            return None
+        memory = self.engine.memory
+        entry, n = cache.best(prompt)
+        if entry is not None and n < len(entry.tokens) and not memory.cuts_anywhere:
+            n = 0  # would have to cut inside the entry: this kind cannot, in general
+        if entry is None or n <= n_slots:
+            cache.missed()
+            return None
+        try:
+            memory.load_seq(slot.id, entry.state)  # all or nothing
+        except (CacheFull, StateMismatch) as exc:
+            log.info("prompt cache entry of %d tokens not restored into slot %d: %s", len(entry.tokens), slot.id, exc)
+            cache.missed()
+            return None
+        cut = memory.seq_cut_point(slot.id, n)
+        if cut < len(entry.tokens) and not memory.seq_rm(slot.id, cut):
+            cut = 0  # cannot cut there after all: start over
+            memory.seq_rm(slot.id)
+        slot.cached = prompt[:cut]
+        if cut == 0:  # the slot's own content is gone too: nothing is reused
+            cache.missed()
+        else:
+            cache.restored(entry, cut)
+        return cut
 
     def cached_tokens(self, slot: Slot) -> list[int]:
         """Tokens whose cache the slot holds: its idle cache, or a running choice's computed tokens."""
@@ -278,6 +340,7 @@ class TaskBoard:
         used first); when none is left, fail the newest running request."""
         idle = sorted((s for s in self.table.idle if s.cached), key=lambda s: s.last_used)
         if idle:
+            self._save_idle(idle[0])  # kept in host RAM, if there is a prompt cache
             self.engine.memory.seq_rm(idle[0].id)
             idle[0].cached = []
             return

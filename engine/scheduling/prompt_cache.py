@@ -1,0 +1,157 @@
+"""The host-RAM prompt cache (llama-server's ``--cache-ram``): states of slots that were
+taken for other prompts, kept by their tokens, so that a later prompt starting the same
+way restores one instead of recomputing its history. It acts as extra, idle slots: a
+new request restores the entry sharing the longest prefix with its prompt when that
+beats what the slots themselves hold (engine/scheduling/task_board.py decides).
+
+Engine thread only (the scheduler's turn), except the counters, which monitoring reads
+racily. Entries are ``SeqState`` copies (memory.save_seq): layout-independent, so an
+entry saved from one slot restores into any other; memory validates it on restore.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+
+from memory import SeqState
+
+MIB = 1024 * 1024
+
+
+def shared_prefix(a: list[int], b: list[int]) -> int:
+    """Length of the common prefix of two token lists, by bisection over slice
+    comparisons (each in C): ~log2(n) list compares instead of n Python steps."""
+    lo, hi = 0, min(len(a), len(b))
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if a[:mid] == b[:mid]:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+def state_bytes(state: SeqState) -> int:
+    tensors = [state.positions, *state.tensors.values()]
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+@dataclass(eq=False)
+class CacheEntry:
+    tokens: list[int]  # one per position the state holds, from 0
+    state: SeqState
+    nbytes: int
+    last_used: int = 0
+
+
+@dataclass
+class CacheCounters:
+    hits: int = 0  # requests that restored an entry
+    misses: int = 0  # requests that looked and found nothing better than the slots
+    tokens_restored: int = 0
+    saves: int = 0
+    evictions: int = 0  # entries dropped for room (least recently used first)
+
+
+@dataclass
+class PromptCache:
+    """``limit_bytes``: None for no limit, 0 for off (llama-server's ``--cache-ram``
+    -1 and 0); ``limit_tokens``: most tokens held over all entries (llama-server bounds
+    it by the context size), None for no limit."""
+
+    limit_bytes: int | None
+    limit_tokens: int | None = None
+    entries: list[CacheEntry] = field(default_factory=list)
+    counters: CacheCounters = field(default_factory=CacheCounters)
+
+    def __post_init__(self) -> None:
+        self._clock = itertools.count(1)
+
+    @classmethod
+    def from_mib(cls, cache_ram_mib: int, limit_tokens: int | None = None) -> PromptCache:
+        if cache_ram_mib < -1:
+            raise ValueError(f"--cache-ram must be -1 (no limit), 0 (off) or a size in MiB, got {cache_ram_mib}")
+        return cls(None if cache_ram_mib == -1 else cache_ram_mib * MIB, limit_tokens)
+
+    @property
+    def enabled(self) -> bool:
+        return self.limit_bytes != 0
+
+    @property
+    def n_bytes(self) -> int:
+        return sum(e.nbytes for e in self.entries)
+
+    @property
+    def n_tokens(self) -> int:
+        return sum(len(e.tokens) for e in self.entries)
+
+    def _fits(self, nbytes: int, n_tokens: int) -> bool:
+        return (self.limit_bytes is None or nbytes <= self.limit_bytes) and (
+            self.limit_tokens is None or n_tokens <= self.limit_tokens
+        )
+
+    def put(self, tokens: list[int], state: SeqState) -> bool:
+        """Keep ``state`` (for ``tokens``) unless an entry already covers it; entries it
+        covers (their tokens a prefix of these) go. Evicts least recently used entries
+        until the limits hold; a state alone over a limit is not kept. Returns whether
+        it was stored."""
+        if not self.enabled or not tokens:
+            return False
+        for entry in self.entries:
+            if len(entry.tokens) >= len(tokens) and entry.tokens[: len(tokens)] == tokens:
+                entry.last_used = next(self._clock)  # already held (as this, or more)
+                return False
+        nbytes = state_bytes(state)
+        if not self._fits(nbytes, len(tokens)):
+            return False
+        self.entries = [e for e in self.entries if e.tokens != tokens[: len(e.tokens)]]
+        self.entries.append(CacheEntry(list(tokens), state, nbytes, next(self._clock)))
+        self.counters.saves += 1
+        self._evict()
+        return True
+
+    def _evict(self) -> None:
+        while self.entries and not self._fits(self.n_bytes, self.n_tokens):
+            oldest = min(self.entries, key=lambda e: e.last_used)
+            self.entries.remove(oldest)
+            self.counters.evictions += 1
+
+    def best(self, prompt: list[int]) -> tuple[CacheEntry | None, int]:
+        """The entry sharing the longest prefix with ``prompt`` and that length."""
+        best, n_best = None, 0
+        for entry in self.entries:
+            n = shared_prefix(entry.tokens, prompt)
+            if n > n_best:
+                best, n_best = entry, n
+        return best, n_best
+
+    def restored(self, entry: CacheEntry, n_tokens: int) -> None:
+        entry.last_used = next(self._clock)
+        self.counters.hits += 1
+        self.counters.tokens_restored += n_tokens
+
+    def missed(self) -> None:
+        self.counters.misses += 1
+
+    def report(self) -> dict:
+        """What /props, /slots and /metrics show (a racy read from another thread)."""
+        entries, c = list(self.entries), self.counters
+        return {
+            "enabled": self.enabled,
+            "limit_bytes": self.limit_bytes,
+            "limit_tokens": self.limit_tokens,
+            "n_entries": len(entries),
+            "n_bytes": sum(e.nbytes for e in entries),
+            "n_tokens": sum(len(e.tokens) for e in entries),
+            "hits": c.hits,
+            "misses": c.misses,
+            "tokens_restored": c.tokens_restored,
+            "saves": c.saves,
+            "evictions": c.evictions,
+        }
+
+    def clear(self) -> int:
+        """Drop every entry; returns how many there were."""
+        n, self.entries = len(self.entries), []
+        return n

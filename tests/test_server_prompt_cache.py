@@ -1,0 +1,107 @@
+"""The host-RAM prompt cache through a real server: more conversations than slots, and
+each follow-up turn restores its history from host RAM instead of recomputing it, with
+the same tokens as a cold run; for a Llama (both KV layouts), a sliding-window model
+and a hybrid (restored only at a position the state holds exactly)."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+from checkpoints import GRANITE_HYBRID_TINY, make_checkpoint
+from prometheus_client.parser import text_string_to_metric_families
+from server_proc import ServerProcess
+
+N_SLOTS, N_CONVERSATIONS, N_NEW = 2, 4, 8
+
+
+def complete(srv, prompt: list[int], **kw) -> dict:
+    body = {"prompt": prompt, "n_predict": N_NEW, "temperature": 0, "ignore_eos": True, **kw}
+    r = httpx.post(srv.url + "/completion", json=body, timeout=120)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def metric(srv, name: str) -> float:
+    for family in text_string_to_metric_families(httpx.get(srv.url + "/metrics").text):
+        for s in family.samples:
+            if s.name == name:
+                return s.value
+    raise AssertionError(f"{name} not in /metrics")
+
+
+def conversations(srv) -> list[list[int]]:
+    ids = lambda text: httpx.post(srv.url + "/tokenize", json={"content": text}).json()["tokens"]  # noqa: E731
+    topics = ["parsing a file", "sorting a list", "opening a socket", "hashing a password"]
+    return [
+        ids(f"# a long helper module about {t}\n" + f"def step_{i}(x):\n    return x + {i}\n" * 6)
+        for i, t in enumerate(topics)
+    ]
+
+
+def two_rounds(srv) -> list[tuple[dict, list[int], int]]:
+    """Round one: every conversation's first turn (more conversations than slots, so
+    the first ones' slots are taken by the later ones). Round two: each follow-up.
+    Returns (follow-up answer, its prompt, tokens the first turn consumed) per conversation."""
+    prompts = conversations(srv)
+    firsts = [complete(srv, p) for p in prompts]
+    out = []
+    for p, first in zip(prompts, firsts):
+        follow = p + first["tokens"] + p[:7]
+        out.append((complete(srv, follow), follow, len(p) + len(first["tokens"]) - 1))
+    return out
+
+
+def check_exact(srv, rounds) -> None:
+    for answer, follow, _ in rounds:  # cache_prompt false: computed from scratch
+        cold = complete(srv, follow, cache_prompt=False)
+        assert cold["tokens_cached"] == 0 and answer["tokens"] == cold["tokens"]
+
+
+@pytest.mark.parametrize("layout", ["--kv-unified", "--no-kv-unified"])
+def test_more_conversations_than_slots_continue_from_host_ram(tmp_path, layout):
+    with ServerProcess("-np", str(N_SLOTS), "-c", "2048", layout, log=tmp_path / "s.log") as srv:
+        srv.wait_ready()
+        rounds = two_rounds(srv)
+        for answer, _, consumed in rounds[: N_CONVERSATIONS - N_SLOTS]:  # their slots went to others
+            assert answer["tokens_cached"] == consumed
+        assert metric(srv, "slotserve_prompt_cache_hits_total") >= N_CONVERSATIONS - N_SLOTS
+        assert metric(srv, "slotserve_prompt_cache_tokens_restored_total") >= sum(c for _, _, c in rounds[:2])
+        assert 0 < metric(srv, "slotserve_prompt_cache_bytes") <= 8192 * 2**20
+        check_exact(srv, rounds)
+        props = httpx.get(srv.url + "/props").json()
+        assert props["prompt_cache"]["n_entries"] >= N_CONVERSATIONS - N_SLOTS
+        assert props["memory"]["integrity"] == "ok"
+
+
+def test_without_the_cache_the_history_is_recomputed(tmp_path):
+    with ServerProcess("-np", str(N_SLOTS), "-c", "2048", "--cache-ram", "0", log=tmp_path / "s.log") as srv:
+        srv.wait_ready()
+        rounds = two_rounds(srv)
+        for answer, _, consumed in rounds[: N_CONVERSATIONS - N_SLOTS]:  # only the header all conversations share
+            assert answer["tokens_cached"] < consumed // 4
+        assert metric(srv, "slotserve_prompt_cache_hits_total") == 0
+
+
+@pytest.mark.parametrize(
+    "arch,overrides",
+    [("mistral", {"sliding_window": 16}), ("granitemoehybrid", GRANITE_HYBRID_TINY)],
+    ids=["sliding-window", "hybrid"],
+)
+def test_windowed_and_hybrid_models_restore_exactly(tmp_path, arch, overrides):
+    folder = make_checkpoint(tmp_path / arch, arch, **overrides)
+    with ServerProcess("-m", str(folder), "-np", str(N_SLOTS), "-c", "2048", log=tmp_path / "s.log") as srv:
+        srv.wait_ready()
+        rounds = two_rounds(srv)
+        for answer, _, consumed in rounds[: N_CONVERSATIONS - N_SLOTS]:
+            assert answer["tokens_cached"] == consumed  # restored where the state ends: nothing to cut
+        check_exact(srv, rounds)
+        assert httpx.get(srv.url + "/props").json()["memory"]["integrity"] == "ok"
+
+
+def test_a_small_cache_evicts_and_stays_under_its_cap(tmp_path):
+    with ServerProcess("-np", "1", "-c", "2048", "--cache-ram", "1", log=tmp_path / "s.log") as srv:
+        srv.wait_ready()
+        for prompt in conversations(srv):
+            complete(srv, prompt)
+            assert metric(srv, "slotserve_prompt_cache_bytes") <= 2**20
+        assert metric(srv, "slotserve_prompt_cache_evictions_total") >= 1
