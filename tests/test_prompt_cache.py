@@ -65,6 +65,20 @@ def test_the_token_limit_bounds_the_entries_too():
     assert cache.n_tokens <= 25 and [e.tokens[0] for e in cache.entries] == [2, 3]
 
 
+def test_with_a_byte_limit_the_token_limit_grows_to_what_the_bytes_hold():
+    """llama-server's rule: a context-sized token limit does not cap a cache whose
+    byte limit holds more (32 conversations of 600 tokens on a 2,048-token context)."""
+    one = state_bytes(state(10))
+    cache = PromptCache(100 * one, limit_tokens=25)
+    for i in range(8):
+        cache.put([i] * 10, state(10))
+    assert len(cache.entries) == 8 and cache.counters.evictions == 0
+    small = PromptCache(3 * one, limit_tokens=25)
+    for i in range(8):
+        small.put([i] * 10, state(10))
+    assert len(small.entries) == 3 and small.n_tokens == 30  # raised from 25 to the 30 tokens the bytes hold
+
+
 def test_cache_ram_follows_llama_servers_values():
     assert PromptCache.from_mib(-1).limit_bytes is None
     assert PromptCache.from_mib(8192).limit_bytes == 8192 * MIB

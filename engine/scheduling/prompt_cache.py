@@ -57,8 +57,10 @@ class CacheCounters:
 @dataclass
 class PromptCache:
     """``limit_bytes``: None for no limit, 0 for off (llama-server's ``--cache-ram``
-    -1 and 0); ``limit_tokens``: most tokens held over all entries (llama-server bounds
-    it by the context size), None for no limit."""
+    -1 and 0); ``limit_tokens``: most tokens held over all entries, None for no limit.
+    As llama-server's, the token limit (the context size there) grows to what the byte
+    limit holds at the entries' mean bytes per token, so with a byte limit the bytes
+    decide."""
 
     limit_bytes: int | None
     limit_tokens: int | None = None
@@ -87,9 +89,14 @@ class PromptCache:
         return sum(len(e.tokens) for e in self.entries)
 
     def _fits(self, nbytes: int, n_tokens: int) -> bool:
-        return (self.limit_bytes is None or nbytes <= self.limit_bytes) and (
-            self.limit_tokens is None or n_tokens <= self.limit_tokens
-        )
+        if self.limit_bytes is not None and nbytes > self.limit_bytes:
+            return False
+        if self.limit_tokens is None:
+            return True
+        limit = self.limit_tokens
+        if self.limit_bytes is not None and n_tokens:
+            limit = max(limit, self.limit_bytes // max(1, nbytes // n_tokens))
+        return n_tokens <= limit
 
     def put(self, tokens: list[int], state: SeqState) -> bool:
         """Keep ``state`` (for ``tokens``) unless an entry already covers it; entries it

@@ -54,7 +54,9 @@ def build_tokenizer(fields: dict[str, Any], where: str) -> HFTokenizer:
 
 
 def _added(tokens: list[str], types: list[int], kinds: tuple[int, ...]) -> list[dict]:
-    """Tokens matched whole before the model runs: special unless user-defined."""
+    """Tokens matched whole before the model runs: special unless user-defined. Unused
+    tokens (Gemma's ``<unusedN>``) are special too, as in the checkpoints' tokenizer.json:
+    a model that emits one prints nothing, as llama-server prints nothing for it."""
     return [
         {"id": i, "content": t, "single_word": False, "lstrip": False, "rstrip": False, "normalized": False,
          "special": types[i] != USER_DEFINED}
@@ -99,7 +101,7 @@ def _byte_level_spec(fields: dict[str, Any], tokens: list[str], types: list[int]
         "vocab": {t: i for i, t in enumerate(tokens)},
         "merges": [m.split(" ", 1) for m in merges],
     }
-    added = _added(tokens, types, (CONTROL, USER_DEFINED))
+    added = _added(tokens, types, (CONTROL, USER_DEFINED, UNUSED))
     normalizer = {"type": "NFC"} if split is QWEN2 else None
     return _spec(added, pre_tokenizer, {**byte_level, "use_regex": True}, model, normalizer)
 
@@ -140,7 +142,7 @@ def _sentencepiece_spec(fields: dict[str, Any], tokens: list[str], types: list[i
         "vocab": vocab,
         "merges": [[left, right] for _, left, right in merges],
     }
-    added = _added(tokens, types, (UNKNOWN, CONTROL, USER_DEFINED))
+    added = _added(tokens, types, (UNKNOWN, CONTROL, USER_DEFINED, UNUSED))
     return _spec(added, metaspace, {"type": "Sequence", "decoders": steps}, model)
 
 

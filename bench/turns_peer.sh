@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# More conversations than slots (bench/turns_bench.py), slotserve beside llama-server on
+# the same GGUF, each with its prompt cache on (both default to 8192 MiB of host RAM)
+# and off; one server at a time (2 cores). Needs bench/peer_llamacpp.sh's build first
+# (BUILD_ONLY=1 bash bench/peer_llamacpp.sh): llama-server and the 88M bench GGUF.
+#
+#   bash bench/turns_peer.sh                       # every row
+#   ROWS="ours ours-cram0" bash bench/turns_peer.sh
+#
+# Rows: llama (default), llama-cram0 (-cram 0), ours (default), ours-cram0 (--cache-ram 0);
+# all -np 4 -c 8192 -t 2. Results: one JSON line per row in $CACHE/88m/turns-<row>.json.
+set -euo pipefail
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+CACHE=${SLOTSERVE_PEER_CACHE:-$HOME/.cache/slotserve-peer}
+PY=${PYTHON:-$ROOT/.venv/bin/python}
+M=$CACHE/88m
+GGUF=${GGUF:-$M/bench.gguf}
+ROWS=${ROWS:-llama llama-cram0 ours ours-cram0}
+ARGS=(-np 4 -c 8192 -t 2)
+
+wait_ready() {  # url: ready when a one-token completion succeeds
+  for _ in $(seq 1 600); do
+    curl -sf "$1/completion" -H 'Content-Type: application/json' -d '{"prompt": "a", "n_predict": 1}' \
+      > /dev/null 2>&1 && return 0
+    sleep 0.5
+  done
+  echo "server at $1 did not come up" >&2
+  return 1
+}
+
+run_row() {  # name port -- command...
+  local name=$1 port=$2
+  shift 3
+  if curl -s -o /dev/null "http://127.0.0.1:$port/health"; then
+    echo "port $port is taken by another server: stop it first" >&2
+    exit 1
+  fi
+  setsid "$@" > "$M/turns-$name.log" 2>&1 < /dev/null &
+  local pid=$!
+  trap "kill $pid 2>/dev/null || true" EXIT
+  wait_ready "http://127.0.0.1:$port"
+  echo "== $name" >&2
+  "$PY" "$ROOT/bench/turns_bench.py" "http://127.0.0.1:$port" | tee "$M/turns-$name.json"
+  kill "$pid" 2> /dev/null || true
+  wait "$pid" 2> /dev/null || true
+  trap - EXIT
+}
+
+cd "$ROOT"
+for row in $ROWS; do
+  case $row in
+    llama) run_row llama 8191 -- "$CACHE/llama-server" --port 8191 "${ARGS[@]}" -tb 2 --no-webui -m "$GGUF" ;;
+    llama-cram0) run_row llama-cram0 8191 -- "$CACHE/llama-server" --port 8191 "${ARGS[@]}" -tb 2 --no-webui \
+      -m "$GGUF" -cram 0 ;;
+    ours) run_row ours 8192 -- "$PY" -m server.cli serve --port 8192 "${ARGS[@]}" -m "$GGUF" ;;
+    ours-cram0) run_row ours-cram0 8192 -- "$PY" -m server.cli serve --port 8192 "${ARGS[@]}" -m "$GGUF" \
+      --cache-ram 0 ;;
+    *) echo "unknown row $row" >&2; exit 2 ;;
+  esac
+done
