@@ -57,6 +57,22 @@ def check_exact(srv, rounds) -> None:
         assert cold["tokens_cached"] == 0 and answer["tokens"] == cold["tokens"]
 
 
+def concurrent_hits(srv, first_round) -> None:
+    """Two requests for the same next turn at once: both start from the one entry (or
+    one from it and one from the other's slot), and both equal a cold run."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    answer, follow, _ = first_round
+    third = follow + answer["tokens"] + follow[:5]
+    hits = metric(srv, "slotserve_prompt_cache_hits_total")
+    with ThreadPoolExecutor(2) as pool:
+        a, b = pool.map(lambda _: complete(srv, third), range(2))
+    assert metric(srv, "slotserve_prompt_cache_hits_total") >= hits + 1
+    assert min(a["tokens_cached"], b["tokens_cached"]) >= len(follow)
+    cold = complete(srv, third, cache_prompt=False)
+    assert a["tokens"] == b["tokens"] == cold["tokens"]
+
+
 @pytest.mark.parametrize("layout", ["--kv-unified", "--no-kv-unified"])
 def test_more_conversations_than_slots_continue_from_host_ram(tmp_path, layout):
     with ServerProcess("-np", str(N_SLOTS), "-c", "2048", layout, log=tmp_path / "s.log") as srv:
@@ -68,6 +84,7 @@ def test_more_conversations_than_slots_continue_from_host_ram(tmp_path, layout):
         assert metric(srv, "slotserve_prompt_cache_tokens_restored_total") >= sum(c for _, _, c in rounds[:2])
         assert 0 < metric(srv, "slotserve_prompt_cache_bytes") <= 8192 * 2**20
         check_exact(srv, rounds)
+        concurrent_hits(srv, rounds[0])
         props = httpx.get(srv.url + "/props").json()
         assert props["prompt_cache"]["n_entries"] >= N_CONVERSATIONS - N_SLOTS
         assert props["memory"]["integrity"] == "ok"
