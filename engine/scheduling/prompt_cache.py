@@ -12,9 +12,13 @@ entry saved from one slot restores into any other; memory validates it on restor
 from __future__ import annotations
 
 import itertools
+import logging
 from dataclasses import dataclass, field
 
-from memory import SeqState
+from engine.scheduling.slots import Slot
+from memory import CacheFull, Memory, SeqState, StateMismatch
+
+log = logging.getLogger("slotserve.scheduler")
 
 MIB = 1024 * 1024
 
@@ -157,6 +161,51 @@ class PromptCache:
             "saves": c.saves,
             "evictions": c.evictions,
         }
+
+    # ---- slots in and out (engine thread, between steps) ---------------------------
+
+    def save_slot(self, memory: Memory, slot: Slot) -> None:
+        """An idle slot's state into the cache (a copy), when memory holds exactly its
+        cached tokens; a failure to save loses nothing but the cache entry."""
+        if not self.enabled or slot.busy or not slot.cached:
+            return
+        if memory.seq_pos_max(slot.id) + 1 != len(slot.cached):
+            return
+        try:
+            self.put(slot.cached, memory.save_seq(slot.id))
+        except Exception:  # noqa: BLE001 (a cache entry is an optimization: never fail the request for it)
+            log.exception("saving slot %d to the prompt cache failed", slot.id)
+
+    def restore_into(self, memory: Memory, slot: Slot, prompt: list[int], n_slots: int) -> int | None:
+        """Restore the entry sharing the longest prefix with ``prompt`` into ``slot``
+        when it beats ``n_slots`` (what the slots offer). A memory that cannot cut
+        anywhere (recurrent states, sliding windows) restores an entry only where it
+        ends: the prompt must extend the entry's tokens whole. Returns the tokens the
+        slot holds then, or None when the cache offers nothing better (slot unchanged)."""
+        if not self.enabled or not prompt:
+            return None
+        entry, n = self.best(prompt)
+        if entry is not None and n < len(entry.tokens) and not memory.cuts_anywhere:
+            n = 0  # would have to cut inside the entry: this kind cannot, in general
+        if entry is None or n <= n_slots:
+            self.missed()
+            return None
+        try:
+            memory.load_seq(slot.id, entry.state)  # all or nothing
+        except (CacheFull, StateMismatch) as exc:
+            log.info("prompt cache entry of %d tokens not restored into slot %d: %s", len(entry.tokens), slot.id, exc)
+            self.missed()
+            return None
+        cut = memory.seq_cut_point(slot.id, n)
+        if cut < len(entry.tokens) and not memory.seq_rm(slot.id, cut):
+            cut = 0  # cannot cut there after all: start over
+            memory.seq_rm(slot.id)
+        slot.cached = prompt[:cut]
+        if cut == 0:  # the slot's own content is gone too: nothing is reused
+            self.missed()
+        else:
+            self.restored(entry, cut)
+        return cut
 
     def clear(self) -> int:
         """Drop every entry; returns how many there were."""

@@ -19,7 +19,7 @@ from engine.core.sequence import Sequence, StepEvent
 from engine.scheduling.prompt_cache import PromptCache
 from engine.scheduling.request import Admitted, Delta, Failed, Progress, Request, RequestEnd, RequestEvent
 from engine.scheduling.slots import Slot, SlotTable, common_prefix
-from memory import CacheFull, StateMismatch
+from memory import CacheFull
 
 log = logging.getLogger("slotserve.scheduler")
 Sink = Callable[[RequestEvent], None]
@@ -119,7 +119,7 @@ class TaskBoard:
             n = memory.seq_cut_point(other.id, common_prefix(self.cached_tokens(other), prompt))
             if n > n_best:
                 best, n_best = other, n
-        restored = self._restore_cached(slot, prompt, n_best)
+        restored = self.prompt_cache.restore_into(memory, slot, prompt, n_best) if self.prompt_cache else None
         if restored is not None:
             return restored
         if best is None:
@@ -131,54 +131,9 @@ class TaskBoard:
         slot.cached = prompt[:n_best]
         return n_best
 
-    # ---- the host-RAM prompt cache -----------------------------------------------
-
     def _save_idle(self, slot: Slot) -> None:
-        """An idle slot's state into the prompt cache (a copy), when it holds exactly
-        its cached tokens; a failure to save loses nothing but the cache entry."""
-        cache = self.prompt_cache
-        if cache is None or not self.cache_idle_slots or slot.busy or not slot.cached:
-            return
-        memory = self.engine.memory
-        if memory.seq_pos_max(slot.id) + 1 != len(slot.cached):
-            return
-        try:
-            cache.put(slot.cached, memory.save_seq(slot.id))
-        except Exception:  # noqa: BLE001 (a cache entry is an optimization: never fail the request for it)
-            log.exception("saving slot %d to the prompt cache failed", slot.id)
-
-    def _restore_cached(self, slot: Slot, prompt: list[int], n_slots: int) -> int | None:
-        """Restore the cache entry sharing the longest prefix with ``prompt`` into
-        ``slot`` when it beats ``n_slots`` (what the slots offer). A memory that cannot
-        cut anywhere (recurrent states, sliding windows) restores an entry only where it
-        ends: the prompt must extend the entry's tokens whole. Returns the tokens the
-        slot holds then, or None when the cache offers nothing better (slot unchanged)."""
-        cache = self.prompt_cache
-        if cache is None or not prompt:
-            return None
-        memory = self.engine.memory
-        entry, n = cache.best(prompt)
-        if entry is not None and n < len(entry.tokens) and not memory.cuts_anywhere:
-            n = 0  # would have to cut inside the entry: this kind cannot, in general
-        if entry is None or n <= n_slots:
-            cache.missed()
-            return None
-        try:
-            memory.load_seq(slot.id, entry.state)  # all or nothing
-        except (CacheFull, StateMismatch) as exc:
-            log.info("prompt cache entry of %d tokens not restored into slot %d: %s", len(entry.tokens), slot.id, exc)
-            cache.missed()
-            return None
-        cut = memory.seq_cut_point(slot.id, n)
-        if cut < len(entry.tokens) and not memory.seq_rm(slot.id, cut):
-            cut = 0  # cannot cut there after all: start over
-            memory.seq_rm(slot.id)
-        slot.cached = prompt[:cut]
-        if cut == 0:  # the slot's own content is gone too: nothing is reused
-            cache.missed()
-        else:
-            cache.restored(entry, cut)
-        return cut
+        if self.prompt_cache is not None and self.cache_idle_slots:
+            self.prompt_cache.save_slot(self.engine.memory, slot)
 
     def cached_tokens(self, slot: Slot) -> list[int]:
         """Tokens whose cache the slot holds: its idle cache, or a running choice's computed tokens."""
