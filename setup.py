@@ -44,7 +44,7 @@ if os.environ.get("SLOTSERVE_NO_EXT") != "1":
         ext_modules = [
             CppExtension(
                 "engine.kernels._blocks",
-                [f"engine/kernels/csrc/{f}.cpp" for f in ("binding", "blocks_avx2", "blocks_portable")],
+                [f"engine/kernels/csrc/{f}.cpp" for f in ("binding", "blocks_avx512", "blocks_avx2", "blocks_portable")],
                 depends=[f"engine/kernels/csrc/{f}" for f in HEADERS],
                 extra_compile_args=flags,
                 extra_link_args=["-fopenmp"],

@@ -4,6 +4,10 @@ default), on float activations, on int8 activations (llama.cpp's way), and ``F.l
 table (median of ``--repeat`` calls, ms). Weights are random blocks (valid scales).
 
     python bench/quant_bench.py --shapes 2048x8192,8192x2048 --rows 1,8,32 --types Q8_0,Q4_K,Q6_K
+
+``--isas avx2,avx512`` times the rounded-activation paths on each named kernel unit in
+the same run (the units this CPU runs: ``_blocks.isas()``), the last ratio being the first
+unit's 16-bit time over the last's.
 """
 
 from __future__ import annotations
@@ -51,9 +55,13 @@ def main() -> None:
     ap.add_argument("--types", default="Q8_0,Q4_0,Q4_K,Q5_K,Q6_K")
     ap.add_argument("--repeat", type=int, default=20)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--isas", default="", help="kernel units to compare, e.g. avx2,avx512 (default: the best only)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     print(f"compiled kernels: {blocks.compiled_isa()}, {args.threads} threads")
+    if args.isas:
+        compare_isas(args, args.isas.split(","))
+        return
     modes = list(blocks.ACT_MODES)
     heads = " | ".join(f"{a} acts ms" for a in modes)
     print(f"| weight N x K | type | rows | {heads} | F.linear f32 ms | f32 / int16 |")
@@ -72,6 +80,30 @@ def main() -> None:
                 f = median_ms(lambda x=x, dense=dense: F.linear(x, dense), args.repeat)
                 cells = " | ".join(f"{ms[a]:.2f}" for a in modes)
                 print(f"| {n} x {k} | {name} | {m} | {cells} | {f:.2f} | {f / ms['int16']:.2f}x |")
+
+
+def compare_isas(args, isas: list[str]) -> None:
+    """int16 and int8 activations on each kernel unit, same weights and inputs."""
+    from engine.kernels import _blocks
+
+    cols = [(a, isa) for a in ("int16", "int8") for isa in isas]
+    heads = " | ".join(f"{a} {isa} ms" for a, isa in cols)
+    print(f"| weight N x K | type | rows | {heads} | int16 {isas[0]} / {isas[-1]} |")
+    print("|---|---|---:|" + "---:|" * (len(cols) + 1))
+    for shape in args.shapes.split(","):
+        n, k = (int(v) for v in shape.split("x"))
+        for name in args.types.split(","):
+            w = random_blocks(gguf.GGMLQuantizationType[name], n, k)
+            for m in (int(r) for r in args.rows.split(",")):
+                x = torch.randn(m, k)
+
+                def call(a, isa, x=x, w=w):
+                    return _blocks.block_linear_on(x, [w.data], [int(w.qtype)], blocks.ACT_MODES[a], isa)
+
+                ms = {(a, isa): median_ms(lambda a=a, isa=isa: call(a, isa), args.repeat) for a, isa in cols}
+                cells = " | ".join(f"{ms[c]:.2f}" for c in cols)
+                ratio = ms[("int16", isas[0])] / ms[("int16", isas[-1])]
+                print(f"| {n} x {k} | {name} | {m} | {cells} | {ratio:.2f}x |")
 
 
 if __name__ == "__main__":

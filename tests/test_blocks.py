@@ -17,6 +17,10 @@ float32 accumulation only.
 from __future__ import annotations
 
 import logging
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import gguf
 import numpy as np
@@ -95,7 +99,9 @@ def _bound(x: torch.Tensor, deq: torch.Tensor, acts: str | None) -> torch.Tensor
     return (dx / 2).repeat_interleave(block, dim=1)[:, :k] @ w64.abs().T + slack
 
 
-PATHS = ["int16", "int16-portable", "int8", "int8-portable", "float", "float-portable", "torch"]
+# "-portable", "-avx2": that kernel unit by name (the bare path is the best this CPU runs)
+PATHS = [f"{a}{u}" for a in ("int16", "int8") for u in ("", "-portable", "-avx2")]
+PATHS += ["float", "float-portable", "torch"]
 
 
 @pytest.mark.parametrize("path", PATHS)
@@ -103,12 +109,14 @@ PATHS = ["int16", "int16-portable", "int8", "int8-portable", "float", "float-por
 def test_matmul_is_within_the_derived_bound(request, monkeypatch, path, qtype):
     ext = request.getfixturevalue("compiled") if path != "torch" or qtype not in FLOATS else None
     small = gguf.GGML_QUANT_SIZES[qtype][0] < 256  # rows of 11 and 22 blocks: chunks of 8 and a rest
-    acts = path.split("-")[0]
+    acts, _, unit = path.partition("-")
+    if unit == "avx2" and ext.isa() != "avx512":
+        pytest.skip("the AVX2 unit is the bare path's on this CPU (or it has none)")
     for m, n, k in [(1, 37, 352 if small else 256), (5, 300, 704 if small else 512), (33, 64, 1024)]:
         w, deq = _blocks(qtype, n, k, seed=m)
         x = torch.randn(m, k, generator=torch.Generator().manual_seed(m)) * 3
-        if path.endswith("portable"):
-            y = ext.block_linear_portable(x, [w.data], [int(qtype)], blocks.ACT_MODES[acts])  # [m, n]
+        if unit:
+            y = ext.block_linear_on(x, [w.data], [int(qtype)], blocks.ACT_MODES[acts], unit)  # [m, n]
         elif path == "torch":
             y = block_linear(x, [w], compiled=False)  # [m, n]
         else:
@@ -123,19 +131,26 @@ def test_matmul_is_within_the_derived_bound(request, monkeypatch, path, qtype):
 
 
 def test_the_fused_kernels_agree_with_the_decoding_ones(compiled):
-    """The 16-bit path's fused AVX2 kernels (Q4_K, Q5_K, Q6_K, Q8_0, Q4_0) and the portable
-    decode-then-dot kernels compute the same integer sums: equal up to float32 order (1 and 3
-    rows: one activation row at a time; 6: four at a time, then one)."""
-    if compiled.isa() != "avx2":
-        pytest.skip("the fused kernels are AVX2 ones")
+    """The 16-bit path's fused kernels (Q4_K, Q5_K, Q6_K, Q8_0, Q4_0) of every vector unit
+    this CPU runs (AVX2's madd, AVX-512 VNNI's dpwssd) and the portable decode-then-dot
+    kernels compute the same integer sums: equal up to float32 order (1 and 3 rows: one
+    activation row at a time; 6: four at a time, then one). Same for the int8 path."""
+    units = [u for u in compiled.isas() if u != "portable"]
+    if not units:
+        pytest.skip("no vector unit on this CPU")
     T = gguf.GGMLQuantizationType
     for qtype in (T.Q4_K, T.Q5_K, T.Q6_K, T.Q8_0, T.Q4_0):
         w, _ = _blocks(qtype, 41, 1024, seed=3)
         for rows in (1, 3, 6):
             x = torch.randn(rows, 1024, generator=torch.Generator().manual_seed(4))
-            fused = compiled.block_linear(x, [w.data], [int(qtype)], blocks.ACT_MODES["int16"])
-            portable = compiled.block_linear_portable(x, [w.data], [int(qtype)], blocks.ACT_MODES["int16"])
-            torch.testing.assert_close(fused, portable, rtol=1e-5, atol=1e-4, msg=f"{qtype.name}, {rows} rows")
+            for acts in ("int16", "int8"):
+                mode = blocks.ACT_MODES[acts]
+                portable = compiled.block_linear_on(x, [w.data], [int(qtype)], mode, "portable")
+                for unit in units:
+                    fused = compiled.block_linear_on(x, [w.data], [int(qtype)], mode, unit)
+                    torch.testing.assert_close(
+                        fused, portable, rtol=1e-5, atol=1e-4, msg=f"{unit} {acts} {qtype.name}, {rows} rows"
+                    )
 
 
 def test_fused_parts_of_different_types_are_one_matmul(compiled):
@@ -159,6 +174,20 @@ def test_fused_parts_of_different_types_are_one_matmul(compiled):
         torch.testing.assert_close(fused, alone, rtol=0, atol=0)
     with pytest.raises(ValueError, match="expected"):
         layer.set_part(0, parts[1][0])
+
+
+def test_the_kernel_unit_is_chosen_by_the_cpu_and_capped_by_the_environment(compiled):
+    units = compiled.isas()
+    assert units[0] == "portable" and compiled.isa() == units[-1]
+    flags = Path("/proc/cpuinfo").read_text().split("flags")[1].split("\n")[0].split()
+    assert ("avx512" in units) == {"avx2", "avx512f", "avx512bw", "avx512vl", "avx512_vnni"}.issubset(flags)
+    code = "from engine.kernels import _blocks; print(_blocks.isa())"
+    for cap in ("portable", "bogus"):
+        env = {**os.environ, "SLOTSERVE_ISA": cap}
+        out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+        assert out.stdout.strip() == (cap if cap != "bogus" else units[-1])
+    with pytest.raises(RuntimeError, match="unknown instruction set"):
+        compiled.block_linear_on(torch.zeros(1, 32), [torch.zeros(1, 34, dtype=torch.uint8)], [8], 2, "sse9")
 
 
 def test_without_the_extension_the_torch_path_runs_and_says_so(monkeypatch, caplog):

@@ -70,8 +70,9 @@ except ImportError:  # built by `pip install -e .` where a compiler exists
 
 
 def compiled_isa() -> str | None:
-    """The compiled kernels' instruction set on this CPU ("avx2", "portable"), or None
-    when the extension is not built."""
+    """The compiled kernels' unit on this CPU ("avx512": AVX-512 VNNI, "avx2",
+    "portable"; the environment's ``SLOTSERVE_ISA`` may name a lesser one), or None when
+    the extension is not built."""
     return _blocks.isa() if _blocks is not None else None
 
 

@@ -1,10 +1,12 @@
 // The Python face of the block kernels (engine.kernels._blocks): checks, threads, and
-// the choice of instruction set at run time (__builtin_cpu_supports).
+// the choice of instruction set at run time (__builtin_cpu_supports; SLOTSERVE_ISA caps it).
 //
 // block_linear(x [M, K] float32, weights [[N_i, row_bytes_i] uint8], types [GGML type ids],
 //   mode [ActMode: 0 float, 1 int8, 2 16-bit activations]) -> [M, sum N_i] float32:
 //   x @ W_i.T for each weight, side by side (fused q/k/v, gate/up); the activations are
 //   rounded once for all of them.
+// block_linear_on(..., isa): the same on a named kernel unit ("portable", "avx2", "avx512";
+//   isas() lists those this CPU runs): tests and benchmarks compare them in one process.
 // block_dequant(w [N, row_bytes] uint8, type, K, into=None) -> [N, K] float32: the values w
 // stands for (written into ``into`` when given).
 // rms_norm(x [T, D] float32, w [D] float32, eps) -> [T, D]: one call for what eager torch
@@ -21,6 +23,7 @@
 #include <ATen/Parallel.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -29,12 +32,48 @@
 namespace slotserve {
 namespace {
 
-bool cpu_has_avx2() {
+// The kernel units, least to most demanding; the best one this CPU runs is used, unless
+// SLOTSERVE_ISA names a lesser one (to compare them in one machine, or to step around one).
+enum class Isa : int { portable = 0, avx2 = 1, avx512 = 2 };
+constexpr const char* kIsaNames[] = {"portable", "avx2", "avx512"};
+
+bool cpu_runs(Isa isa) {
   __builtin_cpu_init();
-  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+  const bool avx2 =
+      __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+  switch (isa) {
+    case Isa::portable: return true;
+    case Isa::avx2: return avx2;
+    case Isa::avx512:
+      return avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+             __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
+             __builtin_cpu_supports("avx512vnni");
+  }
+  return false;
 }
 
-const bool kAvx2 = cpu_has_avx2();
+Isa isa_named(const std::string& name) {
+  for (int i = 0; i < 3; ++i)
+    if (name == kIsaNames[i]) return static_cast<Isa>(i);
+  TORCH_CHECK(false, "unknown instruction set '", name, "' (portable, avx2, avx512)");
+}
+
+Isa best_isa() {
+  Isa best = Isa::portable;
+  for (Isa isa : {Isa::avx2, Isa::avx512})
+    if (cpu_runs(isa)) best = isa;
+  const char* cap = std::getenv("SLOTSERVE_ISA");
+  if (cap != nullptr && *cap != '\0') {
+    for (int i = 0; i < 3; ++i)
+      if (std::string(cap) == kIsaNames[i] && i < static_cast<int>(best)) best = static_cast<Isa>(i);
+  }
+  return best;
+}
+
+const Isa kIsa = best_isa();
+
+// fn of the unit ``isa`` (a function pointer: the three have one signature)
+#define ON(isa, fn) ((isa) == Isa::avx512 ? avx512::fn : (isa) == Isa::avx2 ? avx2::fn : portable::fn)
 
 void check_weight(const torch::Tensor& w, int64_t type, int64_t K) {
   const BlockInfo info = block_info(static_cast<int>(type));
@@ -48,9 +87,9 @@ void check_weight(const torch::Tensor& w, int64_t type, int64_t K) {
 
 }  // namespace
 
-// x @ W_i.T side by side, on the AVX2 kernels when ``avx2`` (else the portable ones)
+// x @ W_i.T side by side, on the kernels of ``isa``
 torch::Tensor linear(torch::Tensor x, const std::vector<torch::Tensor>& weights, const std::vector<int64_t>& types,
-                     bool avx2, int64_t mode) {
+                     Isa isa, int64_t mode) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat32 && x.device().is_cpu(), "x: [M, K] float32");
   TORCH_CHECK(weights.size() == types.size() && !weights.empty(), "one type per weight");
   TORCH_CHECK(mode == FLOAT_ACTS || mode == INT8_ACTS || mode == WIDE_ACTS, "mode: 0, 1 or 2");
@@ -69,11 +108,11 @@ torch::Tensor linear(torch::Tensor x, const std::vector<torch::Tensor>& weights,
   std::vector<float> d16(mode == WIDE_ACTS ? M * ng : 0);
   at::parallel_for(0, M, 8, [&](int64_t m0, int64_t m1) {
     if (mode == FLOAT_ACTS) {
-      (avx2 ? avx2::float_sums : portable::float_sums)(xp, m0, m1, K, xs.data());
+      ON(isa, float_sums)(xp, m0, m1, K, xs.data());
     } else if (mode == INT8_ACTS) {
-      (avx2 ? avx2::quantize_acts : portable::quantize_acts)(xp, m0, m1, K, qx.data(), dx.data(), xs.data());
+      ON(isa, quantize_acts)(xp, m0, m1, K, qx.data(), dx.data(), xs.data());
     } else {
-      (avx2 ? avx2::quantize_wide : portable::quantize_wide)(xp, m0, m1, K, x16.data(), d16.data(), xs.data());
+      ON(isa, quantize_wide)(xp, m0, m1, K, x16.data(), d16.data(), xs.data());
     }
   });
   Acts acts{xp, mode == INT8_ACTS ? qx.data() : nullptr, dx.data(), xs.data(), M, K};
@@ -88,7 +127,7 @@ torch::Tensor linear(torch::Tensor x, const std::vector<torch::Tensor>& weights,
     const int type = static_cast<int>(types[i]);
     float* out = y.data_ptr<float>() + col;
     at::parallel_for(0, weights[i].size(0), 16, [&](int64_t n0, int64_t n1) {
-      (avx2 ? avx2::linear_rows : portable::linear_rows)(type, w, n0, n1, acts, out, N);
+      ON(isa, linear_rows)(type, w, n0, n1, acts, out, N);
     });
     col += weights[i].size(0);
   }
@@ -97,12 +136,14 @@ torch::Tensor linear(torch::Tensor x, const std::vector<torch::Tensor>& weights,
 
 torch::Tensor block_linear(torch::Tensor x, std::vector<torch::Tensor> weights, std::vector<int64_t> types,
                            int64_t mode) {
-  return linear(x, weights, types, kAvx2, mode);
+  return linear(x, weights, types, kIsa, mode);
 }
 
-torch::Tensor block_linear_portable(torch::Tensor x, std::vector<torch::Tensor> weights, std::vector<int64_t> types,
-                                    int64_t mode) {
-  return linear(x, weights, types, false, mode);
+torch::Tensor block_linear_on(torch::Tensor x, std::vector<torch::Tensor> weights, std::vector<int64_t> types,
+                              int64_t mode, const std::string& name) {
+  const Isa isa = isa_named(name);
+  TORCH_CHECK(cpu_runs(isa), "this CPU does not run the ", name, " kernels");
+  return linear(x, weights, types, isa, mode);
 }
 
 torch::Tensor block_dequant(torch::Tensor w, int64_t type, int64_t K, c10::optional<torch::Tensor> into) {
@@ -119,7 +160,7 @@ torch::Tensor block_dequant(torch::Tensor w, int64_t type, int64_t K, c10::optio
   const uint8_t* src = w.data_ptr<uint8_t>();
   float* dst = out.data_ptr<float>();
   at::parallel_for(0, w.size(0), 16, [&](int64_t n0, int64_t n1) {
-    (kAvx2 ? avx2::dequant_rows : portable::dequant_rows)(static_cast<int>(type), src, n0, n1, K, dst);
+    ON(kIsa, dequant_rows)(static_cast<int>(type), src, n0, n1, K, dst);
   });
   return out;
 }
@@ -135,7 +176,7 @@ torch::Tensor rms_norm(torch::Tensor x, torch::Tensor w, double eps) {
   const float* wp = w.data_ptr<float>();
   float* op = out.data_ptr<float>();
   at::parallel_for(0, x.size(0), 16, [&](int64_t m0, int64_t m1) {
-    (kAvx2 ? avx2::rms_rows : portable::rms_rows)(xp, wp, m0, m1, D, static_cast<float>(eps), op);
+    ON(kIsa, rms_rows)(xp, wp, m0, m1, D, static_cast<float>(eps), op);
   });
   return out;
 }
@@ -163,7 +204,7 @@ torch::Tensor decode_attention(torch::Tensor q, torch::Tensor k, torch::Tensor v
                     out.data_ptr<float>()};
   const int64_t grain = std::max<int64_t>(1, 32768 / std::max<int64_t>(1, (H / KVH) * L * D));
   at::parallel_for(0, B * KVH, grain, [&](int64_t t0, int64_t t1) {
-    (kAvx2 && !any_cpu ? avx2::decode_attention : portable::decode_attention)(a, t0, t1);
+    ON(any_cpu ? Isa::portable : kIsa, decode_attention)(a, t0, t1);
   });
   return out;
 }
@@ -180,7 +221,7 @@ torch::Tensor rope(torch::Tensor x, torch::Tensor cos, torch::Tensor sin, bool a
   const float* xp = x.data_ptr<float>();
   const int64_t st = x.stride(0);
   at::parallel_for(0, T, std::max<int64_t>(1, 16384 / (N * D)), [&](int64_t t0, int64_t t1) {
-    (kAvx2 && !any_cpu ? avx2::rope_rows : portable::rope_rows)(xp, st, N, D, cos.data_ptr<float>(), sin.data_ptr<float>(), t0,
+    ON(any_cpu ? Isa::portable : kIsa, rope_rows)(xp, st, N, D, cos.data_ptr<float>(), sin.data_ptr<float>(), t0,
                                                     t1, out.data_ptr<float>());
   });
   return out;
@@ -195,12 +236,19 @@ torch::Tensor silu_mul(torch::Tensor gu, bool any_cpu) {
   const float* gp = gu.data_ptr<float>();
   const int64_t ld = gu.stride(0);
   at::parallel_for(0, T, std::max<int64_t>(1, 32768 / F), [&](int64_t t0, int64_t t1) {
-    (kAvx2 && !any_cpu ? avx2::silu_mul_rows : portable::silu_mul_rows)(gp, ld, F, t0, t1, out.data_ptr<float>());
+    ON(any_cpu ? Isa::portable : kIsa, silu_mul_rows)(gp, ld, F, t0, t1, out.data_ptr<float>());
   });
   return out;
 }
 
-std::string isa() { return kAvx2 ? "avx2" : "portable"; }
+std::string isa() { return kIsaNames[static_cast<int>(kIsa)]; }
+
+std::vector<std::string> isas() {
+  std::vector<std::string> out;
+  for (int i = 0; i < 3; ++i)
+    if (cpu_runs(static_cast<Isa>(i))) out.emplace_back(kIsaNames[i]);
+  return out;
+}
 
 }  // namespace slotserve
 
@@ -209,7 +257,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   // runs while a matmul does; the short ones keep it (no hand-over per few microseconds).
   const auto free_gil = py::call_guard<py::gil_scoped_release>();
   m.def("block_linear", &slotserve::block_linear, "x @ W.T for weights in GGUF blocks, side by side", free_gil);
-  m.def("block_linear_portable", &slotserve::block_linear_portable, "block_linear on the portable kernels, any CPU");
+  m.def("block_linear_on", &slotserve::block_linear_on, "block_linear on the named kernel unit (one of isas())",
+        free_gil);
   m.def("block_dequant", &slotserve::block_dequant, "the float32 values of weights in GGUF blocks", py::arg("w"),
         py::arg("type"), py::arg("K"), py::arg("into") = py::none(), free_gil);
   m.def("rms_norm", &slotserve::rms_norm, "w * x / sqrt(mean(x^2) + eps) per row, float32");
@@ -221,4 +270,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("silu_mul", &slotserve::silu_mul, "silu(first half) * second half of each row, float32", py::arg("gu"),
         py::arg("portable") = false);
   m.def("isa", &slotserve::isa, "the instruction set the kernels run on this CPU");
+  m.def("isas", &slotserve::isas, "every kernel unit this CPU runs, least demanding first");
 }

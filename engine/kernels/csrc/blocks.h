@@ -1,6 +1,7 @@
 // GGUF's block types as the kernels see them: the GGML type number, how many values a
 // block holds and how many bytes it takes. The layouts themselves are decoded in
-// blocks_impl.inc, compiled once per instruction set (blocks_avx2.cpp, blocks_portable.cpp).
+// blocks_impl.inc, compiled once per instruction set (blocks_avx512.cpp, blocks_avx2.cpp,
+// blocks_portable.cpp).
 #pragma once
 
 #include <cstdint>
@@ -107,5 +108,6 @@ struct DecodeAttention {
 
 SLOTSERVE_DECLARE_ISA(portable)
 SLOTSERVE_DECLARE_ISA(avx2)
+SLOTSERVE_DECLARE_ISA(avx512)
 
 }  // namespace slotserve
