@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 from engine.config import EngineConfig
 from engine.core.engine import Engine
@@ -20,7 +21,8 @@ from engine.errors import BadSlotFile, NoRoom, SlotError, SlotFilesOff
 from engine.sampling.grammar import Constraint
 from engine.sampling.params import SamplingParams
 from engine.scheduling import slot_io
-from engine.scheduling.prompt_cache import PromptCache
+from engine.scheduling.prompt_cache import MIB, PromptCache
+from engine.scheduling.prompt_disk import DiskTier
 from engine.scheduling.request import Request, RequestEnd
 from engine.scheduling.scheduler import Health, Scheduler, SlotInfo
 from engine.scheduling.task_board import Sink
@@ -75,13 +77,22 @@ class EngineService:
         on_request_end: Callable[[RequestEnd], None] | None = None,
         cache_ram_mib: int = 0,
         cache_idle_slots: bool = True,
+        cache_disk: Path | None = None,
+        cache_disk_mib: int = -1,
     ) -> None:
         """Start the engine thread; events go to sinks on ``loop``. ``on_request_end``
         is called on the engine thread as each request ends, before its slot is released
         (so it must be quick and thread-safe: a metrics counter). ``cache_ram_mib``: the
         host-RAM prompt cache (llama-server's ``--cache-ram``: -1 no limit, 0 off), which
-        also holds at most the context's worth of tokens, as llama-server's does."""
-        cache = PromptCache.from_mib(cache_ram_mib, limit_tokens=self._engine.config.n_ctx)
+        also holds at most the context's worth of tokens, as llama-server's does.
+        ``cache_disk``: the directory of its disk tier (None: none), holding at most
+        ``cache_disk_mib`` MiB (-1: no limit)."""
+        disk = None
+        if cache_disk is not None:
+            engine = self._engine
+            limit = None if cache_disk_mib == -1 else cache_disk_mib * MIB
+            disk = DiskTier(Path(cache_disk), limit, engine.fingerprint, self.vocab_size, self.n_ctx)
+        cache = PromptCache.from_mib(cache_ram_mib, limit_tokens=self._engine.config.n_ctx, disk=disk)
         self._scheduler = Scheduler(
             self._engine, similarity, max_queue, stall_timeout, loop, on_request_end, cache, cache_idle_slots
         )

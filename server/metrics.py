@@ -208,6 +208,25 @@ def _prompt_cache_families(report: dict | None) -> Iterable:
     }
     for name, doc in counters.items():
         yield CounterMetricFamily(f"slotserve_prompt_cache_{name}", doc, value=report[name])
+    yield from _disk_tier_families(report.get("disk"))
+
+
+def _disk_tier_families(disk: dict | None) -> Iterable:
+    """The prompt cache's disk tier (--cache-disk): entries, bytes, writes, hits, skipped files."""
+    disk = disk or dict.fromkeys(("n_entries", "n_bytes", "writes", "hits", "skipped", "evictions", "dropped"), 0)
+    yield GaugeMetricFamily("slotserve_prompt_cache_disk_entries", "Entries in the disk tier", value=disk["n_entries"])
+    yield GaugeMetricFamily(
+        "slotserve_prompt_cache_disk_bytes", "Bytes of the disk tier's files", value=disk["n_bytes"]
+    )
+    counters = {
+        "writes": "Prompt cache entries written to the disk tier",
+        "hits": "Disk tier entries restored into a slot",
+        "skipped": "Disk tier files skipped: unreadable, corrupt or from another model",
+        "evictions": "Disk tier entries removed for room (least recently used first)",
+        "dropped": "Prompt cache entries not written to disk (the writer behind, or the write failed)",
+    }
+    for name, doc in counters.items():
+        yield CounterMetricFamily(f"slotserve_prompt_cache_disk_{name}", doc, value=disk[name])
 
 
 class StatusCounter:

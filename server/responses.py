@@ -160,7 +160,7 @@ class Props(_Out):
     is_sleeping: bool
     memory: dict[str, Any]
     weights: dict[str, Any]  # {"bytes": resident weight bytes, "types": bytes by stored type}
-    prompt_cache: dict[str, Any]  # the host-RAM prompt cache: limits, entries, bytes, hits, restores
+    prompt_cache: dict[str, Any]  # the prompt cache: limits, entries, bytes, hits, restores; its disk tier
 
 
 class SlotState(_Out):
@@ -175,6 +175,7 @@ class SlotState(_Out):
     n_decoded: int
     cache: list[dict[str, Any]]
     checkpoints: list[int]
+    prompt_cache: dict[str, Any] | None = None  # its latest prompt's restore: {"tier": "ram" | "disk", "n_tokens"}
     params: dict[str, Any] | None = None
 
 

@@ -79,6 +79,14 @@ class ServerSettings(BaseSettings):
     cache_idle_slots: bool = Field(
         True, description="save an idle slot's state to the prompt cache before the slot takes another prompt"
     )
+    cache_disk: Path | None = Field(
+        None,
+        description="folder for the prompt cache's disk tier: what falls out of --cache-ram is written there "
+        "as slot files, found again after a restart and by replicas sharing the folder (off without it)",
+    )
+    cache_disk_size: int = Field(
+        32768, ge=-1, description="MiB the disk tier's entries may take (least recently used go first; -1: no limit)"
+    )
     context_shift: bool = Field(False, description="a full slot drops old tokens instead of stopping")
     n_predict: int = Field(-1, ge=-1, description="default max tokens when a request sets none (-1: to context)")
     threads: int | None = Field(None, gt=0, description="torch threads for the engine")
@@ -290,6 +298,8 @@ FLAGS: dict[str, tuple[str, ...]] = {
     "api_key_file": ("--api-key-file",),
     "slot_prompt_similarity": ("-sps", "--slot-prompt-similarity"),
     "cache_ram": ("-cram", "--cache-ram"),
+    "cache_disk": ("--cache-disk",),
+    "cache_disk_size": ("--cache-disk-size",),
     "n_predict": ("-n", "--n-predict"),
     "threads": ("-t", "--threads"),
     "timeout": ("-to", "--timeout"),

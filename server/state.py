@@ -77,6 +77,8 @@ class ServerState:
                     self.metrics.request_ended,
                     s.cache_ram,
                     s.cache_idle_slots,
+                    s.cache_disk,
+                    s.cache_disk_size,
                 )
                 self.engine = engine
         except Exception as exc:  # a bad checkpoint or setting: one clear line, then the process ends

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 import torch
 
 from engine.scheduling.prompt_cache import MIB, PromptCache, shared_prefix, state_bytes
+from engine.scheduling.prompt_disk import DiskTier
 from memory import SeqState
 
 
@@ -86,3 +89,64 @@ def test_cache_ram_follows_llama_servers_values():
     assert not off.enabled and not off.put([1], state(1)) and off.entries == []
     with pytest.raises(ValueError, match="cache-ram"):
         PromptCache.from_mib(-2)
+
+
+# ---- the disk tier --------------------------------------------------------------
+
+FP = {"architecture": "Test", "weights_sha256": "abc"}
+
+
+def disk(path, limit_bytes=None, **kw) -> DiskTier:
+    return DiskTier(path, limit_bytes, FP, vocab_size=100, n_ctx=64, **kw)
+
+
+def test_what_ram_evicts_goes_to_disk_and_comes_back_from_either_tier(tmp_path):
+    tier = disk(tmp_path)
+    cache = PromptCache(state_bytes(state(10)), disk=tier)
+    cache.put([1] * 10, state(10))
+    cache.put([2] * 10, state(10))  # evicts [1] * 10 to the disk tier
+    assert [e.tokens for e in cache.entries] == [[2] * 10]
+    entry, n = cache.best([1] * 10 + [5])
+    assert n == 10 and entry.tokens == [1] * 10  # found while pending or after the write
+    assert tier.drain(10) and len(list(tmp_path.glob("pc-*.slot"))) == 1
+    entry, n = cache.best([1] * 10 + [5])
+    assert entry.pending is None and torch.equal(tier.load(entry).positions, torch.arange(10))
+    assert tier.counters.hits == 1 and tier.counters.writes == 1
+
+
+def test_the_disk_cap_holds_and_the_least_recently_used_file_goes(tmp_path):
+    tier = disk(tmp_path)
+    tier.put([1] * 10, state(10))
+    assert tier.drain(10)
+    size = tier.report()["n_bytes"]
+    tier = disk(tmp_path, limit_bytes=int(2.5 * size))  # a restarted server finds the first file
+    assert [e.tokens for e in tier.entries()] == [[1] * 10]
+    for i in (2, 3):
+        tier.put([i] * 10, state(10))
+        assert tier.drain(10)
+    on_disk = lambda: sum(f.stat().st_size for f in tmp_path.glob("pc-*.slot"))  # noqa: E731
+    assert on_disk() <= 2.5 * size and tier.counters.evictions == 1
+    assert sorted(e.tokens[0] for e in tier.entries()) == [2, 3]
+    tier.load(tier.best([2] * 10, shared_prefix)[0])  # a hit renews [2] * 10: [3] * 10 goes next
+    tier.put([4] * 10, state(10))
+    assert tier.drain(10) and sorted(e.tokens[0] for e in tier.entries()) == [2, 4]
+    assert on_disk() <= 2.5 * size
+
+
+def test_entries_another_replica_writes_are_found_and_foreign_or_bad_files_skipped(tmp_path, caplog):
+    ours, other = disk(tmp_path, rescan_s=0), disk(tmp_path, rescan_s=0)
+    other.put([7] * 12, state(12))
+    assert other.drain(10)
+    entry, n = ours.best([7] * 12, shared_prefix)
+    assert n == 12 and ours.load(entry) is not None
+    (tmp_path / "pc-junk.slot").write_bytes(b"not a slot file")
+    foreign = DiskTier(tmp_path, None, {**FP, "weights_sha256": "other"}, 100, 64)
+    foreign.put([8] * 12, state(12))
+    assert foreign.drain(10)
+    (tmp_path / "saved-by-a-user.bin").write_bytes(b"left alone")
+    caplog.clear()  # (the foreign tier logged ours and the junk as it started)
+    with caplog.at_level(logging.WARNING, logger="slotserve.scheduler"):
+        assert ours.best([8] * 12, shared_prefix) == (None, 0)
+    assert ours.counters.skipped == 2 and len(caplog.records) == 2
+    ours.best([8] * 12, shared_prefix)  # not read (nor logged) again while unchanged
+    assert ours.counters.skipped == 2 and (tmp_path / "saved-by-a-user.bin").exists()

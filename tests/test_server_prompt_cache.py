@@ -5,6 +5,8 @@ and a hybrid (restored only at a position the state holds exactly)."""
 
 from __future__ import annotations
 
+import time
+
 import httpx
 import pytest
 from checkpoints import GRANITE_HYBRID_TINY, make_checkpoint
@@ -122,3 +124,71 @@ def test_a_small_cache_evicts_and_stays_under_its_cap(tmp_path):
             complete(srv, prompt)
             assert metric(srv, "slotserve_prompt_cache_bytes") <= 2**20
         assert metric(srv, "slotserve_prompt_cache_evictions_total") >= 1
+
+
+def wait_for(condition, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "condition not met in time"
+        time.sleep(0.05)
+
+
+def disk_files(folder) -> list:
+    return sorted(folder.glob("pc-*.slot"))
+
+
+def test_the_disk_tier_keeps_entries_across_a_restart_and_skips_bad_ones(tmp_path):
+    """RAM off, disk on: every history restores from its file; after a graceful restart
+    (SIGTERM) the files are found again; a corrupted file and one from another model are
+    skipped with a log line (the prompt is computed instead) and never served."""
+    import signal
+
+    from memory.slot_file import decode, encode
+
+    cache = tmp_path / "cache"
+    args = ("-np", "1", "-c", "2048", "--cache-ram", "0", "--cache-disk", str(cache))
+    with ServerProcess(*args, log=tmp_path / "one.log") as srv:
+        srv.wait_ready()
+        rounds = two_rounds(srv)
+        for answer, _, consumed in rounds:  # one slot: every follow-up's history came back from disk
+            assert answer["tokens_cached"] == consumed
+        assert metric(srv, "slotserve_prompt_cache_disk_hits_total") >= N_CONVERSATIONS
+        on_disk = lambda: sum(f.stat().st_size for f in disk_files(cache))  # noqa: E731
+        wait_for(lambda: 0 < metric(srv, "slotserve_prompt_cache_disk_bytes") == on_disk())  # the writer is a thread
+        slot = httpx.get(srv.url + "/slots").json()[0]
+        assert slot["prompt_cache"] == {"tier": "disk", "n_tokens": rounds[-1][2]}
+        check_exact(srv, rounds)  # (cold runs: the slot now holds conversation 3's follow-up)
+        follow = rounds[0][1]
+        body = {"prompt": follow + rounds[0][0]["tokens"], "max_tokens": 2, "temperature": 0}
+        usage = httpx.post(srv.url + "/v1/completions", json=body, timeout=120).json()["usage"]
+        assert usage["prompt_tokens_details"]["cached_tokens"] >= len(follow)  # restored tokens count as cached
+        srv.signal(signal.SIGTERM)  # the idle slot's state goes to disk on the way out
+        assert srv.proc.wait(60) == 0
+    files = disk_files(cache)
+    assert files and not list(cache.glob(".*"))  # no temporary file left
+    first, second = rounds[0], rounds[1]
+    third = [first[1] + first[0]["tokens"] + first[1][:5], second[1] + second[0]["tokens"] + second[1][:5]]
+    # damage the file of conversation 1's follow-up (the longest entry that starts its third turn)
+    by_tokens = {tuple(decode(f.read_bytes()).tokens): f for f in files}
+    victim = max((t for t in by_tokens if list(t) == third[1][: len(t)]), key=len)
+    data = bytearray(by_tokens[victim].read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    by_tokens[victim].write_bytes(bytes(data))
+    # and a file from another model: a copy of conversation 0's with another fingerprint
+    donor = decode(by_tokens[max((t for t in by_tokens if list(t) == third[0][: len(t)]), key=len)].read_bytes())
+    foreign = encode(donor.tokens, donor.state, {"arch": "other"})
+    (cache / "pc-0000000000000000000000000000000000000000.slot").write_bytes(foreign)
+    with ServerProcess(*args, log=tmp_path / "two.log") as srv:
+        srv.wait_ready()
+        kept = complete(srv, third[0])
+        assert (
+            kept["tokens_cached"] >= len(first[1])
+            and kept["tokens"] == complete(srv, third[0], cache_prompt=False)["tokens"]
+        )
+        bad = complete(srv, third[1])
+        assert bad["tokens_cached"] < len(victim)  # not served from the damaged file
+        assert bad["tokens"] == complete(srv, third[1], cache_prompt=False)["tokens"]
+        assert metric(srv, "slotserve_prompt_cache_disk_skipped_total") >= 2
+    log = (tmp_path / "two.log").read_text()
+    assert "skipping pc-0000000000000000000000000000000000000000.slot" in log
+    assert f"skipping {by_tokens[victim].name}" in log and "checksum" in log

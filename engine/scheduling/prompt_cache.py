@@ -7,6 +7,9 @@ beats what the slots themselves hold (engine/scheduling/task_board.py decides).
 Engine thread only (the scheduler's turn), except the counters, which monitoring reads
 racily. Entries are ``SeqState`` copies (memory.save_seq): layout-independent, so an
 entry saved from one slot restores into any other; memory validates it on restore.
+With a disk tier (engine/scheduling/prompt_disk.py), what the RAM limits evict (or
+what RAM cannot hold) is written there, and a prompt restores from whichever tier
+shares the longest prefix with it.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import itertools
 import logging
 from dataclasses import dataclass, field
 
+from engine.scheduling.prompt_disk import DiskEntry, DiskTier
 from engine.scheduling.slots import Slot
 from memory import CacheFull, Memory, SeqState, StateMismatch
 
@@ -68,6 +72,7 @@ class PromptCache:
 
     limit_bytes: int | None
     limit_tokens: int | None = None
+    disk: DiskTier | None = None
     entries: list[CacheEntry] = field(default_factory=list)
     counters: CacheCounters = field(default_factory=CacheCounters)
 
@@ -75,14 +80,14 @@ class PromptCache:
         self._clock = itertools.count(1)
 
     @classmethod
-    def from_mib(cls, cache_ram_mib: int, limit_tokens: int | None = None) -> PromptCache:
+    def from_mib(cls, cache_ram_mib: int, limit_tokens: int | None = None, disk: DiskTier | None = None) -> PromptCache:
         if cache_ram_mib < -1:
             raise ValueError(f"--cache-ram must be -1 (no limit), 0 (off) or a size in MiB, got {cache_ram_mib}")
-        return cls(None if cache_ram_mib == -1 else cache_ram_mib * MIB, limit_tokens)
+        return cls(None if cache_ram_mib == -1 else cache_ram_mib * MIB, limit_tokens, disk)
 
     @property
     def enabled(self) -> bool:
-        return self.limit_bytes != 0
+        return self.limit_bytes != 0 or self.disk is not None
 
     @property
     def n_bytes(self) -> int:
@@ -114,8 +119,8 @@ class PromptCache:
                 entry.last_used = next(self._clock)  # already held (as this, or more)
                 return False
         nbytes = state_bytes(state)
-        if not self._fits(nbytes, len(tokens)):
-            return False
+        if self.limit_bytes == 0 or not self._fits(nbytes, len(tokens)):
+            return self.disk is not None and self.disk.put(tokens, state)  # past RAM: straight to disk
         self.entries = [e for e in self.entries if e.tokens != tokens[: len(e.tokens)]]
         self.entries.append(CacheEntry(list(tokens), state, nbytes, next(self._clock)))
         self.counters.saves += 1
@@ -127,18 +132,26 @@ class PromptCache:
             oldest = min(self.entries, key=lambda e: e.last_used)
             self.entries.remove(oldest)
             self.counters.evictions += 1
+            if self.disk is not None:
+                self.disk.put(oldest.tokens, oldest.state)
 
-    def best(self, prompt: list[int]) -> tuple[CacheEntry | None, int]:
-        """The entry sharing the longest prefix with ``prompt`` and that length."""
+    def best(self, prompt: list[int]) -> tuple[CacheEntry | DiskEntry | None, int]:
+        """The entry sharing the longest prefix with ``prompt`` and that length, RAM's
+        where the tiers tie."""
         best, n_best = None, 0
         for entry in self.entries:
             n = shared_prefix(entry.tokens, prompt)
             if n > n_best:
                 best, n_best = entry, n
+        if self.disk is not None:
+            on_disk, n = self.disk.best(prompt, shared_prefix)
+            if n > n_best:
+                best, n_best = on_disk, n
         return best, n_best
 
-    def restored(self, entry: CacheEntry, n_tokens: int) -> None:
-        entry.last_used = next(self._clock)
+    def restored(self, entry: CacheEntry | DiskEntry, n_tokens: int) -> None:
+        if isinstance(entry, CacheEntry):
+            entry.last_used = next(self._clock)
         self.counters.hits += 1
         self.counters.tokens_restored += n_tokens
 
@@ -160,6 +173,7 @@ class PromptCache:
             "tokens_restored": c.tokens_restored,
             "saves": c.saves,
             "evictions": c.evictions,
+            "disk": self.disk.report() if self.disk is not None else None,
         }
 
     # ---- slots in and out (engine thread, between steps) ---------------------------
@@ -190,8 +204,12 @@ class PromptCache:
         if entry is None or n <= n_slots:
             self.missed()
             return None
+        state = entry.state if isinstance(entry, CacheEntry) else self.disk.load(entry)
+        if state is None:  # a disk entry that is gone or failed its checks (logged)
+            self.missed()
+            return None
         try:
-            memory.load_seq(slot.id, entry.state)  # all or nothing
+            memory.load_seq(slot.id, state)  # all or nothing
         except (CacheFull, StateMismatch) as exc:
             log.info("prompt cache entry of %d tokens not restored into slot %d: %s", len(entry.tokens), slot.id, exc)
             self.missed()
@@ -205,7 +223,21 @@ class PromptCache:
             self.missed()
         else:
             self.restored(entry, cut)
+            slot.restored = ("ram" if isinstance(entry, CacheEntry) else "disk", cut)
         return cut
+
+    def close(self, memory: Memory, idle: list[Slot], timeout: float = 10.0) -> None:
+        """At shutdown, with a disk tier: the idle slots' states and the RAM entries go
+        to disk (newest first, as the writer keeps up within ``timeout`` s), so that a
+        restarted server finds them."""
+        if self.disk is None:
+            return
+        for slot in idle:
+            self.save_slot(memory, slot)
+        for entry in sorted(self.entries, key=lambda e: -e.last_used):
+            self.disk.put(entry.tokens, entry.state)
+        if not self.disk.drain(timeout):
+            log.warning("prompt cache disk tier: shutdown left entries unwritten after %.0f s", timeout)
 
     def clear(self) -> int:
         """Drop every entry; returns how many there were."""

@@ -46,6 +46,7 @@ class SlotInfo:
     params: SamplingParams | None  # the running request's (None when idle)
     cache: list[dict]  # per layer group: kind, blocks it holds, of those shared with other slots
     checkpoints: list[int]  # positions the slot's cache can be put back to (recurrent / sliding-window kinds)
+    prompt_cache: dict | None = None  # its latest prompt's restore: {"tier": "ram" | "disk", "n_tokens": n}
 
 
 @dataclass(frozen=True)
@@ -218,6 +219,7 @@ class Scheduler:
                     params=task.req.params if task else None,
                     cache=cache,
                     checkpoints=memory.checkpoints(slot.id),
+                    prompt_cache=dict(zip(("tier", "n_tokens"), slot.restored)) if slot.restored else None,
                 )
             )
         return out
@@ -239,6 +241,9 @@ class Scheduler:
             calls, self._calls = [*self._calls, *self._deferred], deque()
         shutting_down = Failed("the server is shutting down", "unavailable_error", 503)
         self.board.fail_all(shutting_down)
+        if self.prompt_cache is not None:  # with a disk tier: what the cache and idle slots hold, kept
+            idle = [s for s in self.table.slots if not s.busy] if self.board.cache_idle_slots else []
+            self.prompt_cache.close(self.engine.memory, idle)
         n_failed = self.board.fail_waiting(shutting_down)
         with self._cv:
             self._n_waiting -= n_failed

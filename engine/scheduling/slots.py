@@ -27,6 +27,7 @@ class Slot:
     cached: list[int] = field(default_factory=list)  # tokens memory holds for this slot (idle slots)
     id_task: int | None = None  # the request using it; None when idle
     last_used: int = 0
+    restored: tuple[str, int] | None = None  # its latest prompt's start from the prompt cache: tier, tokens
 
     @property
     def busy(self) -> bool:

@@ -111,6 +111,7 @@ class TaskBoard:
         """Tokens of the prompt the slot holds after keeping its own prefix or copying a
         longer one from another slot (busy or idle)."""
         prompt, memory = req.prompt_ids, self.engine.memory
+        slot.restored = None
         own = memory.seq_cut_point(slot.id, common_prefix(slot.cached, prompt))
         best, n_best = None, own
         for other in self.table.slots:
