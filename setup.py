@@ -41,10 +41,11 @@ if os.environ.get("SLOTSERVE_NO_EXT") != "1":
             "rope_impl.inc",
             "mlp_impl.inc",
         )
+        UNITS = ("binding", "blocks_avx512", "blocks_avx2", "blocks_portable")
         ext_modules = [
             CppExtension(
                 "engine.kernels._blocks",
-                [f"engine/kernels/csrc/{f}.cpp" for f in ("binding", "blocks_avx512", "blocks_avx2", "blocks_portable")],
+                [f"engine/kernels/csrc/{f}.cpp" for f in UNITS],
                 depends=[f"engine/kernels/csrc/{f}" for f in HEADERS],
                 extra_compile_args=flags,
                 extra_link_args=["-fopenmp"],

@@ -2,6 +2,7 @@
 
     python bench/step_profile.py                         # bench checkpoint, per-stream
     python bench/step_profile.py --layout unified --batches 1,32 --profile
+    python bench/step_profile.py --cache-type q8_0 --context 2048      # a smaller attention cache
 
 For each batch size: every sequence holds a ``--context``-token prompt, then
 ``--steps`` decode steps are timed one by one (median and p90 reported). "linears" is
@@ -25,12 +26,21 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 
-def make_engine(folder: Path, batch: int, context: int, layout: str, linear: str, mmap: bool = True):
+def make_engine(
+    folder: Path, batch: int, context: int, layout: str, linear: str, mmap: bool = True, cache_type: str | None = None
+):
     from engine import Engine
 
     n_ctx = batch * (context + 256)
     return Engine.from_pretrained(
-        str(folder), n_ctx=n_ctx, n_seq_max=batch, linear=linear, kv_unified=layout == "unified", mmap=mmap
+        str(folder),
+        n_ctx=n_ctx,
+        n_seq_max=batch,
+        linear=linear,
+        kv_unified=layout == "unified",
+        mmap=mmap,
+        cache_type_k=cache_type,
+        cache_type_v=cache_type,
     )
 
 
@@ -82,6 +92,7 @@ def main() -> None:
     ap.add_argument("--layout", default="stream", choices=["stream", "unified"])
     ap.add_argument("--linear", default="auto", choices=["auto", "torch", "onednn"])
     ap.add_argument("--no-mmap", action="store_true", help="read a GGUF's weights instead of mapping them")
+    ap.add_argument("--cache-type", default=None, help="-ctk and -ctv: f32, f16, bf16, q8_0 (default: the model's)")
     ap.add_argument("--profile", type=int, default=0, metavar="BATCH", help="profile this batch size's steps")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
@@ -91,10 +102,13 @@ def main() -> None:
 
             folder = Path(tmp)
             build_checkpoint(folder, SHAPE)
-        print(f"threads {torch.get_num_threads()}, layout {args.layout}, context ~{args.context}")
+        cache = args.cache_type or "the model's dtype"
+        print(f"threads {torch.get_num_threads()}, layout {args.layout}, context ~{args.context}, cache {cache}")
         print(f"{'batch':>5} {'step p50 ms':>12} {'p90':>7} {'tok/s':>7} {'linears ms':>11} {'rest ms':>8}")
         for batch in [int(b) for b in args.batches.split(",")]:
-            engine = make_engine(folder, batch, args.context, args.layout, args.linear, not args.no_mmap)
+            engine = make_engine(
+                folder, batch, args.context, args.layout, args.linear, not args.no_mmap, args.cache_type
+            )
             fill(engine, batch, args.context)
             times = time_steps(engine, args.steps)
             p50 = statistics.median(times)

@@ -7,7 +7,9 @@
 #   bash bench/turns_peer.sh                       # every row
 #   ROWS="ours ours-cram0" bash bench/turns_peer.sh
 #
-# Rows: llama (default), llama-cram0 (-cram 0), ours (default), ours-cram0 (--cache-ram 0);
+# Rows: llama (default), llama-cram0 (-cram 0), ours (default), ours-cram0 (--cache-ram 0),
+# and (not in the default set) ours-disk (--cache-ram 0 with the disk tier in a fresh
+# folder: every saved state through a file), ours-q8 (-ctk q8_0 -ctv q8_0);
 # all -np 4 -c 8192 -t 2. Results: one JSON line per row in $CACHE/88m/turns-<row>.json.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -55,6 +57,10 @@ for row in $ROWS; do
     ours) run_row ours 8192 -- "$PY" -m server.cli serve --port 8192 "${ARGS[@]}" -m "$GGUF" ;;
     ours-cram0) run_row ours-cram0 8192 -- "$PY" -m server.cli serve --port 8192 "${ARGS[@]}" -m "$GGUF" \
       --cache-ram 0 ;;
+    ours-disk) rm -rf "$M/turns-disk" && run_row ours-disk 8192 -- "$PY" -m server.cli serve --port 8192 "${ARGS[@]}" \
+      -m "$GGUF" --cache-ram 0 --cache-disk "$M/turns-disk" ;;
+    ours-q8) run_row ours-q8 8192 -- "$PY" -m server.cli serve --port 8192 "${ARGS[@]}" -m "$GGUF" \
+      -ctk q8_0 -ctv q8_0 ;;
     *) echo "unknown row $row" >&2; exit 2 ;;
   esac
 done

@@ -7,6 +7,8 @@ from pathlib import Path
 
 import torch
 
+from memory.kv_codec import CODECS
+
 DEMO_MODEL = Path(__file__).resolve().parent / "demo_model"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -39,6 +41,8 @@ class EngineConfig:
     ssm_checkpoints: int = 4  # recurrent-state snapshots kept per slot (prefix reuse and rollback)
     ssm_checkpoint_every: int | None = 512  # ... taken every this many tokens, besides each prompt's end
     chat_template: str | None = None  # a built-in template's name or jinja text; None: the model's own
+    cache_type_k: str | None = None  # f32 | f16 | bf16 | q8_0 (llama-server's -ctk); None: the model's dtype
+    cache_type_v: str | None = None  # the same for values (-ctv)
 
     @property
     def cache_cells(self) -> int:
@@ -64,6 +68,9 @@ class EngineConfig:
             raise ValueError("ssm_checkpoints must be >= 0 and ssm_checkpoint_every positive")
         if self.n_threads is not None and self.n_threads <= 0:
             raise ValueError("n_threads must be positive")
+        for flag, name in (("--cache-type-k", self.cache_type_k), ("--cache-type-v", self.cache_type_v)):
+            if name is not None and name not in CODECS:
+                raise ValueError(f"{flag} must be one of {', '.join(CODECS)}, got '{name}'")
 
     @property
     def torch_dtype(self) -> torch.dtype:

@@ -26,6 +26,7 @@ import torch.nn.functional as F
 from memory.kv_state import FAR
 from memory.paged_store import PagedStore
 from memory.protocol import ForwardView, MemoryBatch
+from memory.spec import LayerSpec
 
 DecodeKernel = Callable[..., torch.Tensor]
 """(q [B, H, D], k, v [B, KVH, L, D], kv_pos [B, L], q_pos [B], window, scale, softcap)
@@ -79,12 +80,19 @@ class GroupedKVView(ForwardView):
     """The grouping, masks and SDPA; a subclass says where keys are and how to read them."""
 
     def __init__(
-        self, batch: MemoryBatch, write_rows: torch.Tensor, device: torch.device, windows: dict[int, int] | None = None
+        self,
+        batch: MemoryBatch,
+        write_rows: torch.Tensor,
+        device: torch.device,
+        specs: dict[int, LayerSpec],
+        windows: dict[int, int] | None = None,
     ):
-        """``windows``: layer -> sliding window, for layers that attend through one."""
+        """``specs``: the stored layers' specs (their cache types); ``windows``: layer ->
+        sliding window, for layers that attend through one."""
         self.batch = batch
         self.device = device
         self.write_rows = write_rows.to(device)  # [T] rows of the flat [cells, KVH, D] storage
+        self.codecs = {layer: (s.k_codec, s.v_codec) for layer, s in specs.items()}  # memory/kv_codec.py
         self.windows = windows or {}
 
     @abstractmethod
@@ -162,13 +170,15 @@ class GroupedKVView(ForwardView):
             qp = q.new_zeros(n_seqs * n_q, n_heads, head_dim)
             qp[lay.q_rows] = q
             qp = qp.view(n_seqs, n_q, n_heads, head_dim)  # [B, Q, H, D]
-        keys, values = self._read(layer, lay.keys, n_seqs, n_kv)  # [B, KVH, L, D]
+        keys, values = self._read(layer, lay.keys, n_seqs, n_kv)  # [B, KVH, L, stored row]
+        k_codec, v_codec = self.codecs[layer]
+        keys, values = k_codec.decode(keys, q.dtype), v_codec.decode(values, q.dtype)  # [B, KVH, L, D]
         kernel = _decode_kernel
-        if kernel is not None and n_q == 1 and q.device.type == "cpu" and q.dtype == keys.dtype == torch.float32:
+        if kernel is not None and n_q == 1 and q.device.type == "cpu" and q.dtype == torch.float32:
             window = self.windows.get(layer) or 0
             scale = head_dim**-0.5 if scale is None else scale
             return kernel(q, keys, values, lay.kv_pos, lay.q_pos[:, 0], window, scale, softcap or 0.0)  # [B, H, D]
-        q4, k4, v4 = qp.transpose(1, 2), keys.to(q.dtype), values.to(q.dtype)  # [B, H, Q, D], [B, KVH, L, D]
+        q4, k4, v4 = qp.transpose(1, 2), keys, values  # [B, H, Q, D], [B, KVH, L, D]
         mask = lay.mask(self.windows.get(layer), q.dtype)  # [B, 1, Q, L]
         if softcap is None and n_q == 1:  # decode: a KV head's query heads are its G query rows
             n_kv_heads = k4.shape[1]
@@ -199,7 +209,7 @@ def _capped_attention(
 
 class PagedKVView(GroupedKVView):
     def __init__(self, cache: PagedStore, batch: MemoryBatch, slot_mapping: torch.Tensor):
-        super().__init__(batch, slot_mapping, cache.device, cache.windows)
+        super().__init__(batch, slot_mapping, cache.device, cache.specs, cache.windows)
         self.cache = cache
 
     def _keys(self, seqs: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -215,14 +225,16 @@ class PagedKVView(GroupedKVView):
         return blocks.flatten().to(self.device), kv_pos
 
     def _write(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
-        k_cache, v_cache = self.cache.k[layer], self.cache.v[layer]  # [cells, KVH, D]
-        k_cache.index_copy_(0, self.write_rows, k.to(k_cache.dtype))
-        v_cache.index_copy_(0, self.write_rows, v.to(v_cache.dtype))
+        k_cache, v_cache = self.cache.k[layer], self.cache.v[layer]  # [cells, KVH, stored row]
+        k_codec, v_codec = self.codecs[layer]
+        k_cache.index_copy_(0, self.write_rows, k_codec.encode(k))  # k: [T, KVH, D]
+        v_cache.index_copy_(0, self.write_rows, v_codec.encode(v))
 
     def _read(self, layer: int, keys: torch.Tensor, n_seqs: int, n_kv: int) -> tuple[torch.Tensor, torch.Tensor]:
-        k_cache, v_cache = self.cache.k[layer], self.cache.v[layer]  # [cells, KVH, D]
-        kv_shape = (n_seqs, n_kv, *k_cache.shape[1:])
-        by_block = (-1, self.cache.block_size, *k_cache.shape[1:])  # [blocks, bs, KVH, D]
-        k = k_cache.view(by_block).index_select(0, keys).view(kv_shape)  # [B, L, KVH, D]
-        v = v_cache.view(by_block).index_select(0, keys).view(kv_shape)
-        return k.transpose(1, 2), v.transpose(1, 2)  # [B, KVH, L, D]
+        bs = self.cache.block_size
+
+        def gather(cache: torch.Tensor) -> torch.Tensor:  # [cells, KVH, W] -> [B, KVH, L, W] (W: stored row)
+            by_block = cache.view(-1, bs, *cache.shape[1:])  # [blocks, bs, KVH, W]
+            return by_block.index_select(0, keys).view(n_seqs, n_kv, *cache.shape[1:]).transpose(1, 2)
+
+        return gather(self.cache.k[layer]), gather(self.cache.v[layer])

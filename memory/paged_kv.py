@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from memory.kv_state import NO_POS, KVRopeShift, kv_state, validate_kv_state
+from memory.kv_state import NO_POS, KVRopeShift, kv_state, shift_stored, type_meta, validate_kv_state
 from memory.kv_view import PagedKVView
 from memory.paged_store import PagedStore, n_blocks_for
 from memory.protocol import (
@@ -140,8 +140,9 @@ class PagedKVCache(PagedStore, Memory):
         deltas = torch.full((len(cells),), delta, dtype=torch.long)
         dev_cells = cells.to(self.device)
         for layer in self.specs:
-            k = self.k[layer][dev_cells]
-            self.k[layer][dev_cells] = self.rope_shift(layer, k, deltas.to(self.device))
+            k = self.k[layer][dev_cells]  # [m, KVH, stored row]
+            codec = self.specs[layer].k_codec
+            self.k[layer][dev_cells] = shift_stored(codec, self.rope_shift, layer, k, deltas.to(self.device))
         self.cell_pos[cells] += delta
         if delta < 0:
             self.seq_rm(seq, NO_POS, 0)
@@ -164,7 +165,7 @@ class PagedKVCache(PagedStore, Memory):
         dev = cells.to(self.device)
         k = {layer: self.k[layer][dev] for layer in self.specs}
         v = {layer: self.v[layer][dev] for layer in self.specs}
-        return kv_state(self.kind, self.cell_pos[cells], k, v)
+        return kv_state(self.kind, self.cell_pos[cells], k, v, type_meta(self.specs))
 
     def load_seq(self, seq: int, state: SeqState) -> None:
         self._check_seq(seq)
@@ -177,9 +178,9 @@ class PagedKVCache(PagedStore, Memory):
         self.n[seq] = n
         cells = self.cells(seq)
         dev = cells.to(self.device)
-        for layer, spec in self.specs.items():
-            self.k[layer][dev] = state.tensors[f"k.{layer}"].to(self.device, spec.dtype)
-            self.v[layer][dev] = state.tensors[f"v.{layer}"].to(self.device, spec.dtype)
+        for layer in self.specs:
+            self.k[layer][dev] = state.tensors[f"k.{layer}"].to(self.device)  # types checked above
+            self.v[layer][dev] = state.tensors[f"v.{layer}"].to(self.device)
         self.cell_pos[cells] = state.positions.to(torch.long)
 
     @property

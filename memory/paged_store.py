@@ -41,10 +41,12 @@ class PagedStore:
         self.windows = {layer: w for layer, s in self.specs.items() if (w := window_of(s)) is not None}
         self.pool = BlockPool(n_blocks)
         n_cells = n_blocks * block_size
-        shape = lambda s: (n_cells, s.n_kv_heads, s.head_dim)  # noqa: E731
-        self.k = {layer: lazy_zeros(shape(s), s.dtype, self.device) for layer, s in self.specs.items()}
-        self.v = {layer: lazy_zeros(shape(s), s.dtype, self.device) for layer, s in self.specs.items()}
-        # layer -> [cells, kv_heads, head_dim]; memory is committed as cells are first written
+        store = lambda s, kv: lazy_zeros(  # noqa: E731
+            s.stored_shape(kv, n_cells, s.n_kv_heads), s.codec_of(kv).storage, self.device
+        )
+        self.k = {layer: store(s, "k") for layer, s in self.specs.items()}
+        self.v = {layer: store(s, "v") for layer, s in self.specs.items()}
+        # layer -> [cells, kv_heads, stored row] (memory/kv_codec.py); committed as cells are first written
         self.cell_pos = torch.full((n_cells,), NO_POS, dtype=torch.long)  # bookkeeping, on CPU
         self.tables: list[list[int]] = [[] for _ in range(n_seq_max)]
         self.n: list[int] = [0] * n_seq_max

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import torch
 
 from memory.checkpoints import Checkpoints
-from memory.kv_state import validate_kv_state
+from memory.kv_state import type_meta, validate_kv_state
 from memory.protocol import GroupUsage, IntegrityError, Memory, MemoryBatch, MemoryUsage, SeqState, StateMismatch
 from memory.spec import LayerSpec, bytes_per_cell, window_of
 from memory.stream_kv import UNUSED, StreamKVView
@@ -64,9 +64,13 @@ class SlidingKVCache(Memory):
         self.n_checkpoints = n_checkpoints
         self.ring = self.window - 1 + max_step
         self.device = torch.device(device)
-        shape = lambda s: (n_seq_max, s.n_kv_heads, self.ring, s.head_dim)  # noqa: E731
-        self.k = {layer: torch.zeros(shape(s), dtype=s.dtype, device=self.device) for layer, s in self.specs.items()}
-        self.v = {layer: torch.zeros_like(t) for layer, t in self.k.items()}  # [S, KVH, R, D] (as streams)
+        store = lambda s, kv: torch.zeros(  # noqa: E731
+            s.stored_shape(kv, n_seq_max, s.n_kv_heads, self.ring),
+            dtype=s.codec_of(kv).storage,
+            device=self.device,
+        )
+        self.k = {layer: store(s, "k") for layer, s in self.specs.items()}  # [S, KVH, R, stored row] (as streams)
+        self.v = {layer: store(s, "v") for layer, s in self.specs.items()}
         self.cell_pos = torch.full((n_seq_max, self.ring), UNUSED, dtype=torch.long)  # [S, R]
         self.n = [0] * n_seq_max  # next position
         self.lo = [0] * n_seq_max  # lowest position held
@@ -99,11 +103,11 @@ class SlidingKVCache(Memory):
         self.snaps.cut(seq, p)
 
     def _write(self, seq: int, positions: torch.Tensor, k: dict, v: dict) -> None:
-        """Put cells (positions [m], per layer [m, KVH, D]) into ``seq``'s ring."""
+        """Put stored cells (positions [m], per layer [m, KVH, stored row]) into ``seq``'s ring."""
         cells = (positions % self.ring).to(self.device)
         for layer in self.specs:
-            self.k[layer][seq].index_copy_(1, cells, k[layer].to(self.device, self.k[layer].dtype).transpose(0, 1))
-            self.v[layer][seq].index_copy_(1, cells, v[layer].to(self.device, self.v[layer].dtype).transpose(0, 1))
+            self.k[layer][seq].index_copy_(1, cells, k[layer].to(self.device).transpose(0, 1))
+            self.v[layer][seq].index_copy_(1, cells, v[layer].to(self.device).transpose(0, 1))
         self.cell_pos[seq, positions % self.ring] = positions
 
     def _snapshot(self, seq: int, p0: int, p1: int) -> _Checkpoint:
@@ -261,6 +265,7 @@ class SlidingKVCache(Memory):
         tensors = {f"k.{layer}": t.cpu() for layer, t in snap.k.items()}
         tensors.update({f"v.{layer}": t.cpu() for layer, t in snap.v.items()})
         meta = {"memory_kind": self.kind, "layers": ",".join(str(x) for x in self.specs), "window": str(self.window)}
+        meta.update(type_meta(self.specs))
         return SeqState(positions=snap.positions, tensors=tensors, meta=meta)
 
     def validate_state(self, state: SeqState) -> tuple[int, int]:

@@ -13,38 +13,71 @@ from dataclasses import dataclass
 
 import torch
 
+from memory.kv_codec import KVCodec, codec
+
+
+def itemsize(dtype: torch.dtype) -> int:
+    return torch.empty((), dtype=dtype).element_size()
+
+
+class _Stored:
+    """What attention layers store per token: keys as ``cache_k`` says and values as
+    ``cache_v`` (llama-server's ``-ctk``/``-ctv`` names, memory/kv_codec.py; None: plain
+    values in ``dtype``)."""
+
+    n_kv_heads: int
+    head_dim: int
+    dtype: torch.dtype
+    cache_k: str | None
+    cache_v: str | None
+
+    @property
+    def k_codec(self) -> KVCodec:
+        return codec(self.cache_k, self.dtype)
+
+    @property
+    def v_codec(self) -> KVCodec:
+        return codec(self.cache_v, self.dtype)
+
+    def codec_of(self, kv: str) -> KVCodec:
+        """The keys' (``kv`` "k") or the values' ("v") codec."""
+        return self.k_codec if kv == "k" else self.v_codec
+
+    def stored_shape(self, kv: str, *lead: int) -> tuple[int, ...]:
+        """Shape of a K or V cache tensor: ``lead`` dims, then stored rows."""
+        return (*lead, self.codec_of(kv).width(self.head_dim))
+
+    @property
+    def bytes_per_token(self) -> int:
+        per_row = self.k_codec.bytes_per_row(self.head_dim) + self.v_codec.bytes_per_row(self.head_dim)
+        return self.n_kv_heads * per_row  # K and V
+
 
 @dataclass(frozen=True)
-class FullAttentionSpec:
+class FullAttentionSpec(_Stored):
     """A layer that attends to every earlier position of its sequence."""
 
     n_kv_heads: int
     head_dim: int
     dtype: torch.dtype
+    cache_k: str | None = None
+    cache_v: str | None = None
 
     kind = "attention_full"
 
-    @property
-    def bytes_per_token(self) -> int:
-        itemsize = torch.empty((), dtype=self.dtype).element_size()
-        return 2 * self.n_kv_heads * self.head_dim * itemsize  # K and V
-
 
 @dataclass(frozen=True)
-class SlidingWindowSpec:
+class SlidingWindowSpec(_Stored):
     """A layer whose query at position p attends to positions (p - window, p]."""
 
     n_kv_heads: int
     head_dim: int
     dtype: torch.dtype
     window: int
+    cache_k: str | None = None
+    cache_v: str | None = None
 
     kind = "attention_sliding"
-
-    @property
-    def bytes_per_token(self) -> int:
-        itemsize = torch.empty((), dtype=self.dtype).element_size()
-        return 2 * self.n_kv_heads * self.head_dim * itemsize
 
 
 @dataclass(frozen=True)
@@ -82,8 +115,7 @@ class RecurrentSpec:
 
     @property
     def bytes_per_seq(self) -> int:
-        itemsize = torch.empty((), dtype=self.dtype).element_size()
-        return (math.prod(self.conv_shape) + math.prod(self.ssm_shape)) * itemsize
+        return (math.prod(self.conv_shape) + math.prod(self.ssm_shape)) * itemsize(self.dtype)
 
 
 LayerSpec = FullAttentionSpec | SlidingWindowSpec | ReuseSpec | NoCacheSpec | RecurrentSpec

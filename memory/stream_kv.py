@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from memory.kv_state import FAR, NO_POS, KVRopeShift, kv_state, validate_kv_state
+from memory.kv_state import FAR, NO_POS, KVRopeShift, kv_state, shift_stored, type_meta, validate_kv_state
 from memory.kv_view import GroupedKVView
 from memory.lazy_zeros import lazy_zeros
 from memory.protocol import (
@@ -53,10 +53,14 @@ class StreamKVCache(Memory):
         self.specs = dict(layer_specs)
         self.windows = {layer: w for layer, s in self.specs.items() if (w := window_of(s)) is not None}
         self.rope_shift = rope_shift
-        shape = lambda s: (n_seq_max, s.n_kv_heads, stream_cells, s.head_dim)  # noqa: E731
-        self.k = {layer: lazy_zeros(shape(s), s.dtype, self.device) for layer, s in self.specs.items()}
-        self.v = {layer: lazy_zeros(shape(s), s.dtype, self.device) for layer, s in self.specs.items()}
-        # [S, KVH, C, D]; memory is committed as cells are first written
+        store = lambda s, kv: lazy_zeros(  # noqa: E731
+            s.stored_shape(kv, n_seq_max, s.n_kv_heads, stream_cells),
+            s.codec_of(kv).storage,
+            self.device,
+        )
+        self.k = {layer: store(s, "k") for layer, s in self.specs.items()}
+        self.v = {layer: store(s, "v") for layer, s in self.specs.items()}
+        # [S, KVH, C, stored row] (memory/kv_codec.py); memory is committed as cells are first written
         self.cell_pos = torch.full((n_seq_max, stream_cells), UNUSED, dtype=torch.long)  # [S, C]
         self.n: list[int] = [0] * n_seq_max
 
@@ -145,8 +149,9 @@ class StreamKVCache(Memory):
         dev_idx = idx.to(self.device)
         deltas = torch.full((len(idx),), delta, dtype=torch.long, device=self.device)
         for layer in self.specs:
-            k = self.k[layer][seq].index_select(1, dev_idx).transpose(0, 1)  # [m, KVH, D]
-            self.k[layer][seq].index_copy_(1, dev_idx, self.rope_shift(layer, k, deltas).transpose(0, 1))
+            k = self.k[layer][seq].index_select(1, dev_idx).transpose(0, 1)  # [m, KVH, stored row]
+            shifted = shift_stored(self.specs[layer].k_codec, self.rope_shift, layer, k, deltas)
+            self.k[layer][seq].index_copy_(1, dev_idx, shifted.transpose(0, 1))
         self.cell_pos[seq, idx] += delta
         if delta < 0:
             self.seq_rm(seq, NO_POS, 0)
@@ -168,16 +173,16 @@ class StreamKVCache(Memory):
         n = self.n[seq]
         k = {layer: t[seq, :, :n].transpose(0, 1) for layer, t in self.k.items()}  # [n, KVH, D]
         v = {layer: t[seq, :, :n].transpose(0, 1) for layer, t in self.v.items()}
-        return kv_state(self.kind, self.cell_pos[seq, :n], k, v)
+        return kv_state(self.kind, self.cell_pos[seq, :n], k, v, type_meta(self.specs))
 
     def load_seq(self, seq: int, state: SeqState) -> None:
         self._check_seq(seq)
         n = validate_kv_state(self.specs, state, self.kind)
         if n > self.stream_cells:
             raise StateMismatch(f"the state holds {n} cells; a stream holds {self.stream_cells}")
-        for layer, spec in self.specs.items():
-            self.k[layer][seq, :, :n] = state.tensors[f"k.{layer}"].to(self.device, spec.dtype).transpose(0, 1)
-            self.v[layer][seq, :, :n] = state.tensors[f"v.{layer}"].to(self.device, spec.dtype).transpose(0, 1)
+        for layer in self.specs:
+            self.k[layer][seq, :, :n] = state.tensors[f"k.{layer}"].to(self.device).transpose(0, 1)  # types checked
+            self.v[layer][seq, :, :n] = state.tensors[f"v.{layer}"].to(self.device).transpose(0, 1)
         self.cell_pos[seq] = UNUSED
         self.cell_pos[seq, :n] = state.positions.to(torch.long)
         self.n[seq] = n
@@ -214,7 +219,7 @@ class StreamKVView(GroupedKVView):
     ``write_rows`` count cells across streams: row r is cell r % C of stream r // C."""
 
     def __init__(self, cache: StreamKVCache, batch: MemoryBatch, write_rows: torch.Tensor):
-        super().__init__(batch, write_rows, cache.device, cache.windows)
+        super().__init__(batch, write_rows, cache.device, cache.specs, cache.windows)
         self.cache = cache
         self.n_cells = next(iter(cache.k.values())).shape[2] if cache.k else 1
         self.write_seq, self.write_cell = self.write_rows // self.n_cells, self.write_rows % self.n_cells  # [T] each
@@ -242,11 +247,12 @@ class StreamKVView(GroupedKVView):
         return index.to(self.device), self.cache.cell_pos[index, :n_kv]
 
     def _write(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
-        k_cache, v_cache = self.cache.k[layer], self.cache.v[layer]  # [S, KVH, C, D]
-        n_kv_heads, head_dim = k_cache.shape[1], k_cache.shape[3]
-        rows = self._flat_rows(n_kv_heads)  # [T * KVH]
-        k_cache.view(-1, head_dim).index_copy_(0, rows, k.reshape(-1, head_dim).to(k_cache.dtype))  # k: [T, KVH, D]
-        v_cache.view(-1, head_dim).index_copy_(0, rows, v.reshape(-1, head_dim).to(v_cache.dtype))
+        k_cache, v_cache = self.cache.k[layer], self.cache.v[layer]  # [S, KVH, C, stored row]
+        k_codec, v_codec = self.codecs[layer]
+        rows = self._flat_rows(k_cache.shape[1])  # [T * KVH]
+        k_rows, v_rows = k_codec.encode(k), v_codec.encode(v)  # k, v: [T, KVH, D] -> [T, KVH, stored row]
+        k_cache.view(-1, k_cache.shape[3]).index_copy_(0, rows, k_rows.reshape(-1, k_cache.shape[3]))
+        v_cache.view(-1, v_cache.shape[3]).index_copy_(0, rows, v_rows.reshape(-1, v_cache.shape[3]))
 
     def _read(
         self, layer: int, keys: torch.Tensor | slice, n_seqs: int, n_kv: int

@@ -79,6 +79,15 @@ class ServerSettings(BaseSettings):
     cache_idle_slots: bool = Field(
         True, description="save an idle slot's state to the prompt cache before the slot takes another prompt"
     )
+    cache_type_k: str | None = Field(
+        None,
+        pattern="^(f32|f16|bf16|q8_0)$",
+        description="type attention caches store keys in: f32, f16, bf16 or q8_0 (llama-server's; default: the "
+        "model's dtype)",
+    )
+    cache_type_v: str | None = Field(
+        None, pattern="^(f32|f16|bf16|q8_0)$", description="type attention caches store values in (as --cache-type-k)"
+    )
     cache_disk: Path | None = Field(
         None,
         description="folder for the prompt cache's disk tier: what falls out of --cache-ram is written there "
@@ -298,6 +307,8 @@ FLAGS: dict[str, tuple[str, ...]] = {
     "api_key_file": ("--api-key-file",),
     "slot_prompt_similarity": ("-sps", "--slot-prompt-similarity"),
     "cache_ram": ("-cram", "--cache-ram"),
+    "cache_type_k": ("-ctk", "--cache-type-k"),
+    "cache_type_v": ("-ctv", "--cache-type-v"),
     "cache_disk": ("--cache-disk",),
     "cache_disk_size": ("--cache-disk-size",),
     "n_predict": ("-n", "--n-predict"),

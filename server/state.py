@@ -64,6 +64,8 @@ class ServerState:
                 ssm_checkpoint_every=s.ssm_checkpoint_every,
                 kv_cache_tokens=s.kv_cache_tokens,
                 chat_template=s.template_spec,
+                cache_type_k=s.cache_type_k,
+                cache_type_v=s.cache_type_v,
             )
             engine = EngineService(config, self.slot_files, self.load_progress)
             with self._starting:  # close() either sees this engine or stops the start

@@ -274,3 +274,27 @@ def test_without_a_filename_a_slot_uses_its_own_file(server, save_dir):
     ok(action(server, 1, "erase"))
     assert ok(action(server, 1, "restore"))["n_restored"] == saved["n_saved"]
     (save_dir / "slot-1.slot").unlink()
+
+
+def test_a_file_of_other_cache_types_is_refused_and_its_own_restores(server, save_dir, tokenizer, tmp_path):
+    """A float32 server's file into a server storing q8_0 keys and f16 values: 400 naming
+    the flag, the slot unchanged; that server's own files record its types and restore."""
+    prompt = tokenizer.encode("class Stack:\n    def push(self, x):\n")
+    complete(server, prompt, 8, id_slot=3)
+    ok(action(server, 3, "save", "float32.slot"))
+    args = ("-np", "2", "--slot-save-path", str(save_dir), "-ctk", "q8_0", "-ctv", "f16")
+    with ServerProcess(*args, log=tmp_path / "q8.log") as small:
+        small.wait_ready()
+        first = complete(small, prompt, 8, id_slot=0)
+        before = slot_cached(small)
+        r = action(small, 0, "restore", "float32.slot")
+        assert r.status_code == 400 and "--cache-type-k" in r.json()["error"]["message"]
+        assert slot_cached(small) == before
+        ok(action(small, 0, "save", "q8.slot"))
+        meta = read_file(save_dir, "q8.slot").state.meta
+        assert (meta["k_type"], meta["v_type"]) == ("q8_0", "f16")
+        ok(action(small, 1, "restore", "q8.slot"))
+        cont = complete(small, prompt + first["tokens"], 8, id_slot=1)
+        assert cont["tokens_cached"] >= len(prompt) + 7
+        whole = complete(small, prompt + first["tokens"], 8, id_slot=0, cache_prompt=False)
+        assert cont["tokens"] == whole["tokens"]  # a restored q8_0 cache is the cache it was

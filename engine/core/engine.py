@@ -9,6 +9,7 @@ it (``memory.seq_rm``). ``generate`` is the offline convenience built on the sam
 from __future__ import annotations
 
 import concurrent.futures
+import dataclasses
 import random
 from dataclasses import dataclass
 
@@ -29,7 +30,7 @@ from engine.sampling.grammar import BatchMasker, GrammarCompiler
 from engine.sampling.params import SamplingParams
 from engine.sampling.sampler import SampleOutput, SampleRow, sample
 from engine.text.detokenizer import IncrementalDetokenizer, StopMatcher
-from memory import CacheFull, FullAttentionSpec, LayerSpec, MemoryConfig, MemoryError_, build_memory
+from memory import CacheFull, FullAttentionSpec, LayerSpec, MemoryConfig, MemoryError_, SlidingWindowSpec, build_memory
 
 
 def _settle(masks) -> None:
@@ -96,12 +97,19 @@ class Engine:
 
     def _specs(self, specs: list[LayerSpec]) -> list[LayerSpec]:
         """A window no smaller than what a sequence can hold never hides a key: such
-        layers are stored (and attended) as full attention."""
-        n_seq = self.n_ctx_seq
-        return [
-            FullAttentionSpec(s.n_kv_heads, s.head_dim, s.dtype) if getattr(s, "window", 0) >= n_seq else s
-            for s in specs
-        ]
+        layers are stored (and attended) as full attention. Attention caches store the
+        types -ctk/-ctv name."""
+        n_seq, cfg = self.n_ctx_seq, self.config
+        out = []
+        for s in specs:
+            if getattr(s, "window", 0) >= n_seq:
+                s = FullAttentionSpec(s.n_kv_heads, s.head_dim, s.dtype)
+            if isinstance(s, FullAttentionSpec | SlidingWindowSpec):
+                s = dataclasses.replace(s, cache_k=cfg.cache_type_k, cache_v=cfg.cache_type_v)
+                s.k_codec.check(s.head_dim)
+                s.v_codec.check(s.head_dim)
+            out.append(s)
+        return out
 
     def _use_onednn(self) -> bool:
         cfg = self.config

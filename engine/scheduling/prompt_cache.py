@@ -212,6 +212,8 @@ class PromptCache:
             memory.load_seq(slot.id, state)  # all or nothing
         except (CacheFull, StateMismatch) as exc:
             log.info("prompt cache entry of %d tokens not restored into slot %d: %s", len(entry.tokens), slot.id, exc)
+            if isinstance(exc, StateMismatch) and isinstance(entry, DiskEntry):
+                self.disk.skip(entry, str(exc))  # it will never fit this server (e.g. another -ctk)
             self.missed()
             return None
         cut = memory.seq_cut_point(slot.id, n)

@@ -193,6 +193,10 @@ class DiskTier:
             pass
         return file.state
 
+    def skip(self, entry: DiskEntry, why: str) -> None:
+        """Skip ``entry`` from now on (logged): memory refused its state."""
+        self._drop(entry, why, skip=True)
+
     def _drop(self, entry: DiskEntry, why: str, skip: bool) -> None:
         with self._lock:
             self._entries.pop(entry.filename, None)
