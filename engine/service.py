@@ -41,6 +41,7 @@ class CacheStats:
     n_slots_busy: int
     n_checkpoint_restores: int = 0  # prefix reuses that restarted from a kept checkpoint
     prompt_cache: dict | None = None  # PromptCache.report(); None when off
+    n_pool_tokens: int = 0  # prompt tokens taken from blocks the unified pool kept by hash
 
 
 @dataclass(frozen=True)
@@ -182,7 +183,8 @@ class EngineService:
         """Memory statistics (a racy read, for monitoring)."""
         busy = [s.id for s in self._sched.table.slots if s.busy]
         usage = self._engine.memory.usage(held_by=busy)
-        return CacheStats(usage, self.n_slots, len(busy), self._engine.n_checkpoint_restores, self.prompt_cache())
+        restores, pool_tokens = self._engine.n_checkpoint_restores, self._sched.board.n_pool_tokens
+        return CacheStats(usage, self.n_slots, len(busy), restores, self.prompt_cache(), pool_tokens)
 
     def prompt_cache(self) -> dict | None:
         """The host-RAM prompt cache's report (a racy read), None when it is off."""

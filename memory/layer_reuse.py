@@ -69,6 +69,15 @@ class LayerReuse(Memory):
     def seq_keep(self, seq: int) -> None:
         self.inner.seq_keep(seq)
 
+    def publish_prefix(self, seq: int, tokens: list[int]) -> None:
+        self.inner.publish_prefix(seq, tokens)
+
+    def cached_prefix(self, tokens: list[int]) -> int:
+        return self.inner.cached_prefix(tokens)
+
+    def attach_prefix(self, seq: int, tokens: list[int]) -> int:
+        return self.inner.attach_prefix(seq, tokens)
+
     def seq_add(self, seq: int, p0: int, p1: int | None, delta: int) -> None:
         self.inner.seq_add(seq, p0, p1, delta)
 

@@ -6,6 +6,10 @@ because shifting a shared block copies it first.
 
 Keys are stored rotated; ``seq_add`` re-rotates them through the ``rope_shift`` hook
 given by the engine (memory imports no model code).
+
+Whole blocks of a finished prompt are kept by the hash of their tokens
+(``publish_prefix``, memory/block_pool.py): a kept block is never written (a write
+copies it, as a shared one), and a later prompt takes it (``attach_prefix``).
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import torch
 from memory.kv_state import NO_POS, KVRopeShift, kv_state, shift_stored, type_meta, validate_kv_state
 from memory.kv_view import PagedKVView
 from memory.paged_store import PagedStore, n_blocks_for
+from memory.prefix_hash import block_hashes
 from memory.protocol import (
     CacheFull,
     GroupUsage,
@@ -54,14 +59,14 @@ class PagedKVCache(PagedStore, Memory):
             self._check_seq(seq)
             n = self.n[seq]
             need += n_blocks_for(n + n_new, bs) - len(self.tables[seq])
-            if n_new and n % bs and self.pool.refcount[self.tables[seq][-1]] > 1:
-                need += 1  # copy-on-write of the shared, partly filled last block
+            if n_new and n % bs and self._frozen(self.tables[seq][-1]):
+                need += 1  # copy-on-write of the shared or hashed, partly filled last block
         if need > self.pool.n_free:
             raise CacheFull(f"batch needs {need} blocks, {self.pool.n_free} free")
         slots = []
         for seq, n_new in zip(batch.seq_ids, batch.n_tokens):
             n = self.n[seq]
-            if n_new and n % bs and self.pool.refcount[self.tables[seq][-1]] > 1:
+            if n_new and n % bs and self._frozen(self.tables[seq][-1]):
                 self._rewrite_from(seq, n, torch.empty(0, dtype=torch.long))
             self.tables[seq] += self.pool.allocate(n_blocks_for(n + n_new, bs) - len(self.tables[seq]))
             self.n[seq] = n + n_new
@@ -69,6 +74,11 @@ class PagedKVCache(PagedStore, Memory):
         slot_mapping = torch.cat(slots) if slots else torch.empty(0, dtype=torch.long)  # [T]
         self.cell_pos[slot_mapping] = batch.positions.cpu()
         return PagedKVView(self, batch, slot_mapping)
+
+    def _frozen(self, block: int) -> bool:
+        """Whether a write must copy ``block`` first: another sequence holds it, or its
+        content is kept by hash (a kept block never changes)."""
+        return self.pool.refcount[block] > 1 or block in self.pool.hash_of
 
     def seq_rm(self, seq: int, p0: int = 0, p1: int | None = None) -> bool:
         if seq < 0:
@@ -114,6 +124,39 @@ class PagedKVCache(PagedStore, Memory):
         else:
             self._rewrite_from(dst, 0, src_cells)
 
+    def publish_prefix(self, seq: int, tokens: list[int]) -> None:
+        self._check_seq(seq)
+        bs = self.block_size
+        n = min(len(tokens), self.n[seq]) // bs * bs
+        exact = self._positions(seq)[:n] == torch.arange(n)  # a shifted cell is not what its tokens computed
+        n_blocks = int(exact.view(-1, bs).all(1).long().cumprod(0).sum()) if n else 0
+        for block, h in zip(self.tables[seq][:n_blocks], block_hashes(tokens[: n_blocks * bs], bs)):
+            self.pool.publish(block, h)
+
+    def _kept_blocks(self, tokens: list[int]) -> list[int]:
+        blocks = []
+        for h in block_hashes(tokens, self.block_size):
+            block = self.pool.lookup(h)
+            if block is None:
+                break
+            blocks.append(block)
+        return blocks
+
+    def cached_prefix(self, tokens: list[int]) -> int:
+        return len(self._kept_blocks(tokens)) * self.block_size
+
+    def attach_prefix(self, seq: int, tokens: list[int]) -> int:
+        self._check_seq(seq)
+        blocks = self._kept_blocks(tokens)
+        if not blocks:
+            return 0
+        for b in blocks:  # taken before the sequence lets go of its own (which may be the same)
+            self.pool.take(b)
+        self._release_blocks(seq, 0)
+        self.tables[seq] = blocks
+        self.n[seq] = len(blocks) * self.block_size
+        return self.n[seq]
+
     def seq_keep(self, seq: int) -> None:
         self._check_seq(seq)
         for s in range(self.n_seq_max):
@@ -133,8 +176,7 @@ class PagedKVCache(PagedStore, Memory):
             return
         first = int(sel.nonzero()[0])
         bs = self.block_size
-        shared = any(self.pool.refcount[b] > 1 for b in self.tables[seq][first // bs :])
-        if shared:  # copy the affected blocks before writing them
+        if any(self._frozen(b) for b in self.tables[seq][first // bs :]):  # copy them before writing
             self._rewrite_from(seq, first, self.cells(seq, first))
         cells = self.cells(seq)[sel]
         deltas = torch.full((len(cells),), delta, dtype=torch.long)
@@ -200,6 +242,7 @@ class PagedKVCache(PagedStore, Memory):
             n_blocks_held=held,
             bytes_per_block=self.bytes_per_block,
             n_blocks_shared=shared,
+            n_blocks_cached=self.pool.n_cached,
         )
         return MemoryUsage(kind=self.kind, groups=(group,), n_cells_used=sum(self.n))
 

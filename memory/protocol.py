@@ -73,6 +73,7 @@ class GroupUsage:
     n_blocks_held: int  # distinct blocks referenced by the sequences asked about (``usage(held_by)``)
     bytes_per_block: int
     n_blocks_shared: int = 0  # of those, blocks that more than one sequence references
+    n_blocks_cached: int = 0  # blocks no sequence references, kept by their tokens' hash (reusable, evictable)
 
     @property
     def bytes_total(self) -> int:
@@ -210,6 +211,25 @@ class Memory(ABC):
         """Positions ``seq`` keeps a checkpoint for (oldest first); [] for kinds that
         need none to cut anywhere."""
         return []
+
+    # ---- blocks kept by the hash of their tokens (kinds with a shared pool) ----------
+
+    def publish_prefix(self, seq: int, tokens: list[int]) -> None:
+        """``seq`` holds the cache of ``tokens`` from position 0: its whole blocks become
+        findable by their tokens' hashes, and stay in the pool (unreferenced) after the
+        sequence lets go of them, until storage is needed. Default: nothing."""
+        return None
+
+    def cached_prefix(self, tokens: list[int]) -> int:
+        """How many leading tokens of ``tokens`` kept blocks hold (a multiple of the
+        block size). Default: 0."""
+        return 0
+
+    def attach_prefix(self, seq: int, tokens: list[int]) -> int:
+        """Replace ``seq``'s contents with the kept blocks of ``tokens``' longest cached
+        prefix (shared, not copied); returns the tokens it holds then (0: ``seq``
+        unchanged)."""
+        return 0
 
     @abstractmethod
     def seq_keep(self, seq: int) -> None:

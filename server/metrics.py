@@ -173,13 +173,24 @@ def _cache_families(stats) -> Iterable:
         labels=kind,
     )
     bytes_capacity = GaugeMetricFamily("slotserve_cache_bytes_capacity", "Bytes the cache can hold", labels=kind)
+    cached = GaugeMetricFamily(
+        "slotserve_kv_cache_blocks_cached",
+        "Blocks no sequence holds, kept by their tokens' hash for later prompts (unified pool)",
+        labels=kind,
+    )
     for group in stats.usage.groups:
+        cached.add_metric([group.kind], group.n_blocks_cached)
         ratio.add_metric([group.kind], group.n_blocks_held / max(group.n_blocks_total, 1))
         used.add_metric([group.kind], group.n_blocks_used)
         capacity.add_metric([group.kind], group.n_blocks_total)
         bytes_used.add_metric([group.kind], group.bytes_used)
         bytes_capacity.add_metric([group.kind], group.bytes_total)
-    yield from (ratio, used, capacity, bytes_used, bytes_capacity)
+    yield from (ratio, used, capacity, bytes_used, bytes_capacity, cached)
+    yield CounterMetricFamily(
+        "slotserve_prefix_cache_tokens",
+        "Prompt tokens taken from blocks the unified pool kept by their tokens' hash",
+        value=stats.n_pool_tokens,
+    )
     yield CounterMetricFamily(
         "slotserve_checkpoint_restores",
         "Prefix reuses that restarted from a kept checkpoint (recurrent or sliding-window caches)",

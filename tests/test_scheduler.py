@@ -12,6 +12,7 @@ from waiting import wait_for
 from engine import Engine, SamplingParams
 from engine.scheduling.request import Admitted, Delta, Failed, Request
 from engine.scheduling.scheduler import Scheduler
+from engine.scheduling.task_board import WAIT_FOR_SHARED
 
 
 class Collector:
@@ -107,5 +108,34 @@ def test_cancel_a_queued_request(folder):
         sched.submit(Request([7, 8], SamplingParams(temperature=0, max_tokens=2)), later)
         later.wait()
         assert queued.events == [] and sched.health().n_waiting == 0
+    finally:
+        sched.stop()
+
+
+@pytest.mark.parametrize("unified", [True, False], ids=["unified", "stream"])
+def test_users_arriving_together_compute_a_shared_start_once(folder, unified):
+    """Three prompts with one 200-token start submitted at once, three idle slots and a
+    60-token step: the first computes the start, the others wait until at most
+    WAIT_FOR_SHARED of it is left to compute and copy the rest (Admitted.n_cached), and
+    every answer equals the one computed alone."""
+    shared = [(7 * i) % 250 + 1 for i in range(200)]
+    prompts = [shared + [11 + u, 12, 13 + u] for u in range(3)]
+    params = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
+    sched = make(folder, n_ctx=1024, n_seq_max=3, max_batch_tokens=60, kv_unified=unified)
+    try:
+        sinks = [Collector() for _ in prompts]
+        for prompt, sink in zip(prompts, sinks):
+            sched.submit(Request(prompt, params), sink)
+        for sink in sinks:
+            sink.wait()
+        admitted = [next(e for e in s.events if isinstance(e, Admitted)) for s in sinks]
+        cached = sorted(a.n_cached for a in admitted)
+        assert cached[0] == 0 and min(cached[1:]) > 200 - WAIT_FOR_SHARED  # two of three copied the start
+        answers = [[e.token_id for e in s.events if isinstance(e, Delta)] for s in sinks]
+        for prompt, answer in zip(prompts, answers):
+            alone = Collector()
+            sched.submit(Request(prompt, params, cache_prompt=False), alone)
+            assert [e.token_id for e in alone.wait().events if isinstance(e, Delta)] == answer
+        assert sched.engine.memory_report()["integrity"] == "ok"
     finally:
         sched.stop()

@@ -192,3 +192,22 @@ def test_the_disk_tier_keeps_entries_across_a_restart_and_skips_bad_ones(tmp_pat
     log = (tmp_path / "two.log").read_text()
     assert "skipping pc-0000000000000000000000000000000000000000.slot" in log
     assert f"skipping {by_tokens[victim].name}" in log and "checksum" in log
+
+
+def test_blocks_kept_by_hash_serve_a_shared_start_after_its_slot_moved_on(tmp_path):
+    """Unified pool, one slot, no prompt cache: a system prompt's blocks outlive the
+    request that computed them; after another prompt took the slot, a third prompt with
+    the same start takes them from the pool and answers as a cold run does."""
+    args = ("-np", "1", "-c", "2048", "--kv-unified", "--block-size", "16", "--cache-ram", "0")
+    with ServerProcess(*args, log=tmp_path / "s.log") as srv:
+        srv.wait_ready()
+        system, other = conversations(srv)[:2]
+        complete(srv, system + system[:9])
+        complete(srv, other)  # shares (almost) nothing: the slot's cache is replaced
+        assert metric(srv, "slotserve_kv_cache_blocks_cached") >= len(system) // 16
+        third = system + other[-11:]
+        answer = complete(srv, third)
+        assert answer["tokens_cached"] >= len(system) // 16 * 16 - 16  # whole blocks of the shared start
+        assert metric(srv, "slotserve_prefix_cache_tokens_total") >= answer["tokens_cached"]
+        assert answer["tokens"] == complete(srv, third, cache_prompt=False)["tokens"]
+        assert httpx.get(srv.url + "/props").json()["memory"]["integrity"] == "ok"

@@ -16,10 +16,12 @@ from dataclasses import dataclass
 
 from engine.core.engine import Engine
 from engine.core.sequence import Sequence, StepEvent
-from engine.scheduling.prompt_cache import PromptCache
+from engine.scheduling.prompt_cache import PromptCache, shared_prefix
 from engine.scheduling.request import Admitted, Delta, Failed, Progress, Request, RequestEnd, RequestEvent
 from engine.scheduling.slots import Slot, SlotTable, common_prefix
 from memory import CacheFull
+
+WAIT_FOR_SHARED = 64  # tokens of a start being computed elsewhere worth waiting for (see _shared_start_in_flight)
 
 log = logging.getLogger("slotserve.scheduler")
 Sink = Callable[[RequestEvent], None]
@@ -59,6 +61,7 @@ class TaskBoard:
         self.on_end = on_end
         self.prompt_cache = prompt_cache if prompt_cache is not None and prompt_cache.enabled else None
         self.cache_idle_slots = cache_idle_slots
+        self.n_pool_tokens = 0  # prompt tokens taken from blocks the pool kept by hash (engine thread; racy reads)
         self.waiting: deque[Task] = deque()
         self.active: dict[int, Task] = {}  # by request id
         self._by_seq: dict[Sequence, tuple[Task, int]] = {}
@@ -68,6 +71,8 @@ class TaskBoard:
 
     def _choose(self, task: Task) -> list[Slot] | None:
         req = task.req
+        if req.cache_prompt and self._shared_start_in_flight(req.prompt_ids):
+            return None  # wait: it will be copied from that slot instead of computed twice
         first = self.table.choose(req.prompt_ids, req.id_slot)
         if first is None:
             return None
@@ -75,6 +80,19 @@ class TaskBoard:
         if len(others) < req.n - 1:
             return None
         return [first.slot, *others[: req.n - 1]]
+
+    def _shared_start_in_flight(self, prompt: list[int]) -> bool:
+        """Whether a running prompt's prefill is computing a start this prompt shares,
+        at least ``WAIT_FOR_SHARED`` tokens longer than any cache holds now (many users
+        arriving together with one system prompt: the first computes it, the others
+        copy it; without the wait each slot would compute it at once)."""
+        have = computing = 0
+        for slot in self.table.slots:
+            have = max(have, shared_prefix(self.cached_tokens(slot), prompt))
+            task, seq = self.seq_of(slot)
+            if seq is not None and seq.n_computed < len(task.req.prompt_ids):
+                computing = max(computing, shared_prefix(task.req.prompt_ids, prompt))
+        return computing - have >= WAIT_FOR_SHARED
 
     def admit(self) -> int:
         """Start every waiting task that has its slots now; returns how many started."""
@@ -120,6 +138,10 @@ class TaskBoard:
             n = memory.seq_cut_point(other.id, common_prefix(self.cached_tokens(other), prompt))
             if n > n_best:
                 best, n_best = other, n
+        if memory.cached_prefix(prompt) > n_best:  # blocks kept in the pool by their tokens' hash
+            own = n_best = memory.attach_prefix(slot.id, prompt)
+            best, slot.cached = None, prompt[:n_best]
+            self.n_pool_tokens += n_best
         restored = self.prompt_cache.restore_into(memory, slot, prompt, n_best) if self.prompt_cache else None
         if restored is not None:
             return restored
@@ -231,7 +253,9 @@ class TaskBoard:
         if task.n_done == task.req.n:  # counted before the slot turns idle
             self.active.pop(task.req.id, None)
             self._report(task, _outcome(task))
-        self.table.release(task.slots[index], seq.tokens[: seq.n_computed])
+        slot = task.slots[index]
+        self.table.release(slot, seq.tokens[: seq.n_computed])
+        self.engine.memory.publish_prefix(slot.id, slot.cached)  # its whole blocks outlive the slot's cache
 
     def _report(self, task: Task, outcome: str) -> None:
         if task.ended or self.on_end is None:
