@@ -18,7 +18,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
-from turns_bench import WORDS
+from multiturn import WORDS
 
 
 def text(seed: int, n_words: int) -> str:

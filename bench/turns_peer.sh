@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# More conversations than slots (bench/turns_bench.py), slotserve beside llama-server on
+# More conversations than slots (bench/multiturn.py), slotserve beside llama-server on
 # the same GGUF, each with its prompt cache on (both default to 8192 MiB of host RAM)
 # and off; one server at a time (2 cores). Needs bench/peer_llamacpp.sh's build first
 # (BUILD_ONLY=1 bash bench/peer_llamacpp.sh): llama-server and the 88M bench GGUF.
@@ -42,7 +42,7 @@ run_row() {  # name port -- command...
   trap "kill $pid 2>/dev/null || true" EXIT
   wait_ready "http://127.0.0.1:$port"
   echo "== $name" >&2
-  "$PY" "$ROOT/bench/turns_bench.py" "http://127.0.0.1:$port" | tee "$M/turns-$name.json"
+  "$PY" "$ROOT/bench/multiturn.py" "http://127.0.0.1:$port" | tee "$M/turns-$name.json"
   kill "$pid" 2> /dev/null || true
   wait "$pid" 2> /dev/null || true
   trap - EXIT

@@ -2,8 +2,8 @@
 ``/completion`` (``cache_prompt``), against any server that speaks it (slotserve or
 llama-server); prints JSON.
 
-    python bench/turns_bench.py http://127.0.0.1:8080
-    python bench/turns_bench.py URL --conversations 32 --workers 4 --turns 4 --words 32 --new 32
+    python bench/multiturn.py http://127.0.0.1:8080
+    python bench/multiturn.py URL --conversations 32 --workers 4 --turns 4 --words 32 --new 32
 
 ``--workers`` clients each own every ``workers``-th conversation and take turns round
 robin over them, so a slot's conversation is followed by another one's before its own
