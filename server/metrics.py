@@ -208,8 +208,6 @@ def _prompt_cache_families(report: dict | None) -> Iterable:
         "bytes": ("Bytes held in the host-RAM prompt cache", "n_bytes"),
         "tokens": ("Tokens the host-RAM prompt cache's entries hold", "n_tokens"),
     }
-    for name, (doc, key) in gauges.items():
-        yield GaugeMetricFamily(f"slotserve_prompt_cache_{name}", doc, value=report[key])
     counters = {
         "hits": "Requests that restored a prompt cache entry",
         "misses": "Requests that found no prompt cache entry better than the slots",
@@ -217,27 +215,30 @@ def _prompt_cache_families(report: dict | None) -> Iterable:
         "saves": "Slot states saved into the prompt cache",
         "evictions": "Prompt cache entries dropped for room (least recently used first)",
     }
-    for name, doc in counters.items():
-        yield CounterMetricFamily(f"slotserve_prompt_cache_{name}", doc, value=report[name])
-    yield from _disk_tier_families(report.get("disk"))
-
-
-def _disk_tier_families(disk: dict | None) -> Iterable:
-    """The prompt cache's disk tier (--cache-disk): entries, bytes, writes, hits, skipped files."""
-    disk = disk or dict.fromkeys(("n_entries", "n_bytes", "writes", "hits", "skipped", "evictions", "dropped"), 0)
-    yield GaugeMetricFamily("slotserve_prompt_cache_disk_entries", "Entries in the disk tier", value=disk["n_entries"])
-    yield GaugeMetricFamily(
-        "slotserve_prompt_cache_disk_bytes", "Bytes of the disk tier's files", value=disk["n_bytes"]
+    yield from _report_families("slotserve_prompt_cache_", report, gauges, counters)
+    disk = report.get("disk") or dict.fromkeys(
+        ("n_entries", "n_bytes", "writes", "hits", "skipped", "evictions", "dropped"), 0
     )
+    gauges = {
+        "entries": ("Entries in the disk tier", "n_entries"),
+        "bytes": ("Bytes of the disk tier's files", "n_bytes"),
+    }
     counters = {
-        "writes": "Prompt cache entries written to the disk tier",
+        "writes": "Prompt cache entries written to the disk tier (--cache-disk)",
         "hits": "Disk tier entries restored into a slot",
         "skipped": "Disk tier files skipped: unreadable, corrupt or from another model",
         "evictions": "Disk tier entries removed for room (least recently used first)",
         "dropped": "Prompt cache entries not written to disk (the writer behind, or the write failed)",
     }
+    yield from _report_families("slotserve_prompt_cache_disk_", disk, gauges, counters)
+
+
+def _report_families(prefix: str, report: dict, gauges: dict, counters: dict) -> Iterable:
+    """Gauges (name -> (doc, report key)) and counters (name -> doc, the key being the name) of a report."""
+    for name, (doc, key) in gauges.items():
+        yield GaugeMetricFamily(prefix + name, doc, value=report[key])
     for name, doc in counters.items():
-        yield CounterMetricFamily(f"slotserve_prompt_cache_disk_{name}", doc, value=disk[name])
+        yield CounterMetricFamily(prefix + name, doc, value=report[name])
 
 
 class StatusCounter:

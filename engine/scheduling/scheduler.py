@@ -243,7 +243,10 @@ class Scheduler:
         self.board.fail_all(shutting_down)
         if self.prompt_cache is not None:  # with a disk tier: what the cache and idle slots hold, kept
             idle = [s for s in self.table.slots if not s.busy] if self.board.cache_idle_slots else []
-            self.prompt_cache.close(self.engine.memory, idle)
+            try:
+                self.prompt_cache.close(self.engine.memory, idle)
+            except Exception:  # noqa: BLE001 (losing cache entries must not stop the shutdown)
+                log.exception("writing the prompt cache out at shutdown failed")
         n_failed = self.board.fail_waiting(shutting_down)
         with self._cv:
             self._n_waiting -= n_failed
