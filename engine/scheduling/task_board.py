@@ -86,12 +86,12 @@ class TaskBoard:
         at least ``WAIT_FOR_SHARED`` tokens longer than any cache holds now (many users
         arriving together with one system prompt: the first computes it, the others
         copy it; without the wait each slot would compute it at once)."""
-        have = computing = 0
-        for slot in self.table.slots:
-            have = max(have, shared_prefix(self.cached_tokens(slot), prompt))
-            task, seq = self.seq_of(slot)
-            if seq is not None and seq.n_computed < len(task.req.prompt_ids):
-                computing = max(computing, shared_prefix(task.req.prompt_ids, prompt))
+        running = [self.seq_of(slot) for slot in self.table.slots if slot.busy]
+        prefilling = [task.req.prompt_ids for task, seq in running if seq is not None and seq.n_pending > 1]
+        computing = max((shared_prefix(p, prompt) for p in prefilling), default=0)
+        if computing < WAIT_FOR_SHARED:  # (the usual case: no compare against every slot's cache)
+            return False
+        have = max(shared_prefix(self.cached_tokens(slot), prompt) for slot in self.table.slots)
         return computing - have >= WAIT_FOR_SHARED
 
     def admit(self) -> int:
