@@ -43,6 +43,9 @@ class EngineConfig:
     chat_template: str | None = None  # a built-in template's name or jinja text; None: the model's own
     cache_type_k: str | None = None  # f32 | f16 | bf16 | q8_0 (llama-server's -ctk); None: the model's dtype
     cache_type_v: str | None = None  # the same for values (-ctv)
+    spec_type: str | None = None  # "ngram-simple": speculative decoding by n-gram lookup (engine/core/speculation.py)
+    spec_draft_max: int = 16  # most tokens proposed per step (llama-server's --draft-max)
+    spec_ngram_size: int = 3  # tokens of the n-gram looked up (--spec-ngram-size-n)
 
     @property
     def cache_cells(self) -> int:
@@ -68,6 +71,10 @@ class EngineConfig:
             raise ValueError("ssm_checkpoints must be >= 0 and ssm_checkpoint_every positive")
         if self.n_threads is not None and self.n_threads <= 0:
             raise ValueError("n_threads must be positive")
+        if self.spec_type not in (None, "ngram-simple"):
+            raise ValueError(f"spec_type must be ngram-simple (or none), got '{self.spec_type}'")
+        if self.spec_draft_max < 0 or self.spec_ngram_size < 1:
+            raise ValueError("spec_draft_max must be >= 0 and spec_ngram_size >= 1")
         for flag, name in (("--cache-type-k", self.cache_type_k), ("--cache-type-v", self.cache_type_v)):
             if name is not None and name not in CODECS:
                 raise ValueError(f"{flag} must be one of {', '.join(CODECS)}, got '{name}'")

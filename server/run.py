@@ -26,6 +26,8 @@ class Choice:
     finish_reason: str | None = None
     stop_word: str | None = None
     truncated: bool = False
+    n_drafted: int = 0  # speculative decoding (llama-server's timings.draft_n)
+    n_draft_accepted: int = 0
 
     def add(self, d: Delta) -> None:
         self.text += d.text
@@ -33,6 +35,7 @@ class Choice:
             self.token_ids.append(d.token_id)
         if d.logprob is not None:
             self.logprobs.append(d.logprob)
+        self.n_drafted, self.n_draft_accepted = d.n_drafted, d.n_draft_accepted
         if d.finished:
             self.finish_reason, self.stop_word, self.truncated = d.finish_reason, d.stop_word, d.truncated
 
@@ -219,4 +222,12 @@ class Run:
             "predicted_ms": predicted_ms,
             "predicted_per_token_ms": predicted_ms / max(n_pred, 1),
             "predicted_per_second": n_pred / predicted_ms * 1000 if predicted_ms > 0 else 0.0,
+            **self._draft_timings(),
         }
+
+    def _draft_timings(self) -> dict:
+        """llama-server's ``draft_n`` / ``draft_n_accepted``, when anything was proposed."""
+        drafted = sum(c.n_drafted for c in self.choices)
+        if not drafted:
+            return {}
+        return {"draft_n": drafted, "draft_n_accepted": sum(c.n_draft_accepted for c in self.choices)}

@@ -88,6 +88,14 @@ class ServerSettings(BaseSettings):
     cache_type_v: str | None = Field(
         None, pattern="^(f32|f16|bf16|q8_0)$", description="type attention caches store values in (as --cache-type-k)"
     )
+    spec_type: str | None = Field(
+        None,
+        pattern="^(ngram-simple|none)$",
+        description="speculative decoding: ngram-simple proposes what followed the last n-gram's earlier "
+        "occurrence in the prompt or output, verified in one step (greedy requests, attention caches)",
+    )
+    draft_max: int = Field(16, ge=0, description="most tokens proposed per step (llama-server's --draft-max)")
+    spec_ngram_size_n: int = Field(3, ge=1, description="tokens of the n-gram looked up (ngram-simple)")
     cache_disk: Path | None = Field(
         None,
         description="folder for the prompt cache's disk tier: what falls out of --cache-ram is written there "
@@ -309,6 +317,9 @@ FLAGS: dict[str, tuple[str, ...]] = {
     "cache_ram": ("-cram", "--cache-ram"),
     "cache_type_k": ("-ctk", "--cache-type-k"),
     "cache_type_v": ("-ctv", "--cache-type-v"),
+    "spec_type": ("--spec-type",),
+    "draft_max": ("--draft-max", "--draft", "--draft-n", "--spec-draft-n-max"),
+    "spec_ngram_size_n": ("--spec-ngram-size-n",),
     "cache_disk": ("--cache-disk",),
     "cache_disk_size": ("--cache-disk-size",),
     "n_predict": ("-n", "--n-predict"),

@@ -66,6 +66,9 @@ class ServerState:
                 chat_template=s.template_spec,
                 cache_type_k=s.cache_type_k,
                 cache_type_v=s.cache_type_v,
+                spec_type=None if s.spec_type in (None, "none") else s.spec_type,
+                spec_draft_max=s.draft_max,
+                spec_ngram_size=s.spec_ngram_size_n,
             )
             engine = EngineService(config, self.slot_files, self.load_progress)
             with self._starting:  # close() either sees this engine or stops the start

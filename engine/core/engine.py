@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
+import itertools
 import random
 from dataclasses import dataclass
 
@@ -19,6 +20,7 @@ from engine.config import EngineConfig
 from engine.core.planner import Chunk, plan_step
 from engine.core.runner import ModelRunner
 from engine.core.sequence import FinishReason, Sequence, StepEvent, TokenLogprob
+from engine.core.speculation import Speculation
 from engine.errors import StepFailed, check_token_ids
 from engine.kernels.attention import install_decode_attention
 from engine.kernels.blocks import block_modules, log_kernel_choice, weight_bytes_by_type
@@ -93,6 +95,7 @@ class Engine:
         self.n_checkpoint_restores = 0  # prefix reuses that restarted from a kept checkpoint
         self._rng = random.Random()
         self.grammars = GrammarCompiler(self.tokenizer, self.model_config.vocab_size)
+        self.speculation = Speculation(config.spec_draft_max if config.spec_type else 0, config.spec_ngram_size)
         self._masker: BatchMasker | None = None
 
     def _specs(self, specs: list[LayerSpec]) -> list[LayerSpec]:
@@ -230,10 +233,11 @@ class Engine:
         at one sequence's door: it raises ``StepFailed`` naming every planned sequence,
         which leave the running set."""
         faults = self._shift_full_contexts()
+        self.speculation.propose(self.running, self.n_ctx_seq, self.memory.cuts_anywhere)
         plan = self._plan(faults)
         if faults or not plan:
             return faults
-        self.last_step_decode_only = all(c.n_tokens == 1 for c in plan)
+        self.last_step_decode_only = all(c.n_tokens == 1 + len(c.seq.draft) for c in plan)
         constrained = [c.seq.matcher for c in plan if c.samples and c.seq.matcher is not None]
         masks = self.masker.start(constrained) if constrained else None  # computed during the forward
         try:
@@ -271,37 +275,71 @@ class Engine:
         return self._masker
 
     def _sample_and_accept(self, plan: list, logits: torch.Tensor, keep_logits: bool, masks=None) -> list[StepEvent]:
+        """One event per sampled token: a sequence with a proposal (speculation.py) gets
+        its rows' tokens for as long as they confirm the proposal, then memory forgets
+        the positions they did not confirm."""
         samplers = [c.seq for c in plan if c.samples]
+        first = list(itertools.accumulate((1 + len(s.draft) for s in samplers), initial=0))  # each one's first row
         kept = logits.clone() if keep_logits else None
-        broken = self._apply_masks(samplers, logits, masks)
-        outputs = self._sample(logits, [SampleRow(s.params, s.seed, s.prompt_ids, s.output_ids) for s in samplers])
+        broken = self._apply_masks(samplers, first, logits, masks)
+        rows = [  # row j of a proposal: sampled as if its first j tokens were already output
+            SampleRow(s.params, s.seed, s.prompt_ids, s.output_ids + s.draft[:j])
+            for s in samplers
+            for j in range(1 + len(s.draft))
+        ]
+        outputs = self._sample(logits, rows)
         events = [StepEvent(c.seq, None, "", False) for c in plan if not c.samples]
         for i, seq in enumerate(samplers):
-            out = broken.get(i) or outputs[i]
-            if isinstance(out, BaseException):
-                events.append(self._fault(seq, out))
-                continue
-            try:
-                event = self._accept(seq, *out)
-            except Exception as exc:
-                events.append(self._fault(seq, exc))
-                continue
-            if kept is not None:
-                event.logits = kept[i]
-            events.append(event)
+            n_confirmed = 0
+            for j in range(1 + len(seq.draft)):
+                out = broken.get(i) or outputs[first[i] + j]
+                if isinstance(out, BaseException):
+                    events.append(self._fault(seq, out))
+                    break
+                try:
+                    event = self._accept(seq, *out)
+                except Exception as exc:
+                    events.append(self._fault(seq, exc))
+                    break
+                if kept is not None:
+                    event.logits = kept[first[i] + j]
+                event.n_output = len(seq.output_ids)
+                if event.token_id is not None and seq.logprobs and len(seq.logprobs) == event.n_output:
+                    event.logprob = seq.logprobs[-1]
+                events.append(event)
+                if event.finished or j == len(seq.draft) or event.token_id != seq.draft[j]:
+                    break
+                n_confirmed += 1
+            if seq.draft:
+                self._settle_draft(seq, n_confirmed)
         return events
 
-    def _apply_masks(self, samplers: list[Sequence], logits: torch.Tensor, masks) -> dict[int, BaseException]:
-        """Grammar masks on the constrained rows; when computing them failed, those rows
-        fail (returned by row) and the others go on."""
+    def _settle_draft(self, seq: Sequence, n_confirmed: int) -> None:
+        """Keep the cache of the proposal's first ``n_confirmed`` tokens, drop the rest."""
+        start = seq.n_computed - 1 - len(seq.draft)  # the step computed the known token and the proposal
+        keep = min(start + 1 + n_confirmed, len(seq.tokens))
+        if keep < seq.n_computed:
+            self.memory.seq_rm(seq.seq_id, keep)
+        seq.n_computed = keep
+        seq.n_drafted += len(seq.draft)
+        seq.n_draft_accepted += n_confirmed
+        seq.draft = []
+
+    def _apply_masks(
+        self, samplers: list[Sequence], first: list[int], logits: torch.Tensor, masks
+    ) -> dict[int, BaseException]:
+        """Grammar masks on the constrained rows (``first``: each sampler's row; a
+        constrained one has no proposal); when computing them failed, those samplers
+        fail (returned by index) and the others go on."""
         if masks is None:
             return {}
-        constrained = [i for i, s in enumerate(samplers) if s.matcher is not None]
+        which = [i for i, s in enumerate(samplers) if s.matcher is not None]
+        constrained = [first[i] for i in which]
         try:
             sub = logits[constrained]  # [R, V]
             self.masker.apply(masks, sub)
         except Exception as exc:
-            return dict.fromkeys(constrained, exc)
+            return dict.fromkeys(which, exc)
         logits[constrained] = sub
         return {}
 

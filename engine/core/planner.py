@@ -1,4 +1,5 @@
-"""Which tokens run in the next step: decode tokens first, then prefill chunks."""
+"""Which tokens run in the next step: decode tokens first (with their proposed tokens,
+if any: ``Sequence.draft``), then prefill chunks."""
 
 from __future__ import annotations
 
@@ -25,8 +26,9 @@ def plan_step(running: list[Sequence], budget: int, align: int | None = None) ->
     plan: list[Chunk] = []
     for seq in running:
         if seq.n_pending == 1 and budget > 0:
-            plan.append(_chunk(seq, 1))
-            budget -= 1
+            del seq.draft[budget - 1 :]  # a proposal (speculation.py) rides along as far as the budget goes
+            plan.append(Chunk(seq, 1 + len(seq.draft), True))
+            budget -= 1 + len(seq.draft)
     for seq in running:
         if seq.n_pending > 1 and budget > 0:
             n = min(seq.n_pending, budget)

@@ -18,17 +18,19 @@ class ModelRunner:
     @torch.inference_mode()
     def run(self, plan: list[Chunk]) -> torch.Tensor:
         """Compute the plan's tokens; return logits [S, vocab] for the chunks that sample,
-        in plan order. Advances each sequence's ``n_computed``. On failure the new
-        positions are removed again, so memory is as before."""
+        in plan order (a chunk with a proposal: one row per position). Advances each
+        sequence's ``n_computed`` (by the proposal too: the engine cuts back what the
+        model did not confirm). On failure the new positions are removed again, so
+        memory is as before."""
         ids, positions, logit_rows = [], [], []
         row = 0
         for chunk in plan:
             seq, start = chunk.seq, chunk.seq.n_computed
-            ids += seq.tokens[start : start + chunk.n_tokens]
+            ids += seq.tokens[start : start + chunk.n_tokens] + seq.draft  # a draft rides after the known token
             positions.append(torch.arange(start, start + chunk.n_tokens))
             row += chunk.n_tokens
-            if chunk.samples:
-                logit_rows.append(row - 1)
+            if chunk.samples:  # a proposal's chunk: a row per position (the verification)
+                logit_rows += range(row - 1 - len(seq.draft), row) if seq.draft else [row - 1]
         pos = torch.cat(positions)  # [T]
         batch = MemoryBatch([c.seq.seq_id for c in plan], [c.n_tokens for c in plan], pos)
         view = self.memory.prepare(batch)

@@ -43,6 +43,9 @@ class Sequence:
     finish_reason: FinishReason | None = None
     stop_string: str | None = None
     matcher: object = None  # llguidance matcher following output_ids when constrained
+    draft: list[int] = field(default_factory=list)  # this step's proposed tokens (engine/core/speculation.py)
+    n_drafted: int = 0  # tokens proposed so far
+    n_draft_accepted: int = 0  # ... of which the model picked the same
 
     def __post_init__(self) -> None:
         if not self.tokens:
@@ -70,3 +73,5 @@ class StepEvent:
     finished: bool
     logits: object = None  # [V] tensor when the step was asked to keep logits
     error: BaseException | None = None
+    n_output: int = 0  # the sequence's output tokens with this one (a step may bring several)
+    logprob: TokenLogprob | None = None  # this token's, when logprobs were asked for

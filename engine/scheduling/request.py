@@ -52,6 +52,8 @@ class Delta:
     stop_word: str | None = None
     n_generated: int = 0
     truncated: bool = False  # a context shift dropped tokens of this choice
+    n_drafted: int = 0  # speculative decoding: tokens proposed for this choice so far
+    n_draft_accepted: int = 0  # ... of which the model confirmed
 
 
 @dataclass

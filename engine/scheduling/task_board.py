@@ -214,19 +214,19 @@ class TaskBoard:
         task, index = self._by_seq.get(event.seq, (None, 0))
         if task is None:
             return
-        seq = event.seq
-        if task.req.progress and index == 0 and (event.token_id is None or len(seq.output_ids) == 1):
+        seq = event.seq  # (its state after the whole step: a step may bring several tokens, one event each)
+        if task.req.progress and index == 0 and (event.token_id is None or event.n_output == 1):
             self._progress(task, seq)
         if event.token_id is None and not event.finished:
             return
-        if index == 0 and task.req.n > 1 and len(seq.output_ids) <= 1 and task.seqs[1] is None:
+        if index == 0 and task.req.n > 1 and event.n_output <= 1 and task.seqs[1] is None:
             self._fan_out(task, seq)
-        logprob = seq.logprobs[-1] if event.token_id is not None and seq.logprobs else None
         reason = seq.finish_reason.value if event.finished else None
-        delta = Delta(index, event.token_id, event.text, logprob, event.finished, time.monotonic(), reason)
+        delta = Delta(index, event.token_id, event.text, event.logprob, event.finished, time.monotonic(), reason)
         if event.token_id is not None and task.t_first is None:
             task.t_first = delta.t
-        delta.stop_word, delta.n_generated = seq.stop_string, len(seq.output_ids)
+        delta.stop_word, delta.n_generated = seq.stop_string, event.n_output
+        delta.n_drafted, delta.n_draft_accepted = seq.n_drafted, seq.n_draft_accepted
         delta.truncated = seq.n_shifted > 0
         self.emit(task, delta)
         if event.finished:
