@@ -186,6 +186,18 @@ class EngineService:
         restores, pool_tokens = self._engine.n_checkpoint_restores, self._sched.board.n_pool_tokens
         return CacheStats(usage, self.n_slots, len(busy), restores, self.prompt_cache(), pool_tokens)
 
+    def speculation(self) -> dict:
+        """The speculative decoding settings (/props): type (None: off), n_max, ngram_size,
+        and when proposals stop (more sequences decoding than ``max_decoding``)."""
+        spec, cfg = self._engine.speculation, self._engine.config
+        return {
+            "type": cfg.spec_type,
+            "n_max": spec.n_max,
+            "ngram_size": spec.n,
+            "step_tokens": spec.step_tokens,
+            "max_decoding": spec.max_decoding,
+        }
+
     def prompt_cache(self) -> dict | None:
         """The host-RAM prompt cache's report (a racy read), None when it is off."""
         cache = self._sched.prompt_cache

@@ -43,6 +43,10 @@ class Metrics:
             "prompt_tokens_cached", "Prompt tokens reused from a slot's cache instead of computed"
         )
         self.generation_tokens = counter("generation_tokens", "Tokens generated")
+        self.draft_tokens = counter("draft_tokens", "Tokens proposed by speculative decoding (--spec-type)")
+        self.draft_tokens_accepted = counter(
+            "draft_tokens_accepted", "Proposed tokens the model confirmed (speculative decoding)"
+        )
         self.requests = counter("requests", "Requests that ran, by finish reason", ("finish_reason",))
         self.http_errors = counter("http_errors", "HTTP responses with status 4xx or 5xx", ("status_class",))
         self.slot_file_ops = counter("slot_file_operations", "Slot file operations", ("action", "outcome"))
@@ -88,6 +92,8 @@ class Metrics:
         self.prompt_len.observe(end.n_prompt)
         self.generation_len.observe(end.n_generated)
         self.generation_tokens.inc(end.n_generated)
+        self.draft_tokens.inc(end.n_drafted)
+        self.draft_tokens_accepted.inc(end.n_draft_accepted)
         self.e2e.observe(max(0.0, end.t_end - end.t_arrival))
         if end.t_admit is not None:
             self.prompt_tokens_computed.inc(end.n_prompt - end.n_cached)

@@ -131,6 +131,7 @@ async def props(http: HTTPRequest) -> dict:
         "memory": memory,
         "weights": {"bytes": sum(engine.weight_bytes.values()), "types": engine.weight_bytes},
         "prompt_cache": engine.prompt_cache() or {"enabled": False},
+        "speculative": engine.speculation(),
     }
 
 

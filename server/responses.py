@@ -161,6 +161,7 @@ class Props(_Out):
     memory: dict[str, Any]
     weights: dict[str, Any]  # {"bytes": resident weight bytes, "types": bytes by stored type}
     prompt_cache: dict[str, Any]  # the prompt cache: limits, entries, bytes, hits, restores; its disk tier
+    speculative: dict[str, Any]  # speculative decoding: type (null: off), n_max, ngram_size, ...
 
 
 class SlotState(_Out):

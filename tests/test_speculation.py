@@ -10,7 +10,7 @@ import httpx
 import pytest
 import torch
 from checkpoints import make_checkpoint
-from server_proc import ServerProcess
+from server_proc import ServerProcess, metric
 
 from engine import Engine, SamplingParams
 from engine.core.speculation import ngram_draft
@@ -76,6 +76,11 @@ def test_a_server_with_ngram_speculation_answers_as_one_without(tmp_path):
             with httpx.stream("POST", srv.url + "/completion", json={**body, "stream": True}, timeout=120) as r:
                 frames = [line[6:] for line in r.iter_lines() if line.startswith("data: ")]
             answers[name] = whole
+            props = httpx.get(srv.url + "/props").json()["speculative"]
+            assert props["type"] == ("ngram-simple" if extra else None) and props["n_max"] == (8 if extra else 0)
+            proposed = metric(srv.url, "slotserve_draft_tokens_total")
+            assert (proposed > 0) == bool(extra)
+            assert metric(srv.url, "slotserve_draft_tokens_accepted_total") <= proposed
             streamed = "".join(json.loads(f).get("content", "") for f in frames)
             assert streamed == whole["content"]
     assert answers["spec"]["tokens"] == answers["plain"]["tokens"]

@@ -95,3 +95,5 @@ class RequestEnd:
     t_admit: float | None
     t_first: float | None
     t_end: float
+    n_drafted: int = 0  # speculative decoding: tokens proposed over the request's choices
+    n_draft_accepted: int = 0  # ... of which the model confirmed

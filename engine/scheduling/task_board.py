@@ -264,8 +264,18 @@ class TaskBoard:
         task.ended = True
         n_generated = sum(len(s.output_ids) for s in task.seqs if s is not None)
         req, t_end = task.req, time.monotonic()
+        seqs = [s for s in task.seqs if s is not None]
         end = RequestEnd(
-            outcome, len(req.prompt_ids), task.n_cached, n_generated, req.t_arrival, task.t_admit, task.t_first, t_end
+            outcome,
+            len(req.prompt_ids),
+            task.n_cached,
+            n_generated,
+            req.t_arrival,
+            task.t_admit,
+            task.t_first,
+            t_end,
+            n_drafted=sum(s.n_drafted for s in seqs),
+            n_draft_accepted=sum(s.n_draft_accepted for s in seqs),
         )
         try:
             self.on_end(end)
