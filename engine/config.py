@@ -44,8 +44,8 @@ class EngineConfig:
     cache_type_k: str | None = None  # f32 | f16 | bf16 | q8_0 (llama-server's -ctk); None: the model's dtype
     cache_type_v: str | None = None  # the same for values (-ctv)
     spec_type: str | None = None  # "ngram-simple": speculative decoding by n-gram lookup (engine/core/speculation.py)
-    spec_draft_max: int = 16  # most tokens proposed per step (llama-server's --draft-max)
-    spec_ngram_size: int = 3  # tokens of the n-gram looked up (--spec-ngram-size-n)
+    spec_draft_max: int = 48  # most tokens proposed after a match (llama-server's --spec-ngram-simple-size-m)
+    spec_ngram_size: int = 12  # tokens of the n-gram looked up (--spec-ngram-simple-size-n)
 
     @property
     def cache_cells(self) -> int:

@@ -94,8 +94,10 @@ class ServerSettings(BaseSettings):
         description="speculative decoding: ngram-simple proposes what followed the last n-gram's earlier "
         "occurrence in the prompt or output, verified in one step (greedy requests, attention caches)",
     )
-    draft_max: int = Field(16, ge=0, description="most tokens proposed per step (llama-server's --draft-max)")
-    spec_ngram_size_n: int = Field(3, ge=1, description="tokens of the n-gram looked up (ngram-simple)")
+    spec_ngram_simple_size_n: int = Field(12, ge=1, description="tokens of the n-gram looked up (ngram-simple)")
+    spec_ngram_simple_size_m: int = Field(
+        48, ge=0, description="most tokens proposed after a match (ngram-simple; a step carries at most 16 decode rows)"
+    )
     cache_disk: Path | None = Field(
         None,
         description="folder for the prompt cache's disk tier: what falls out of --cache-ram is written there "
@@ -318,8 +320,8 @@ FLAGS: dict[str, tuple[str, ...]] = {
     "cache_type_k": ("-ctk", "--cache-type-k"),
     "cache_type_v": ("-ctv", "--cache-type-v"),
     "spec_type": ("--spec-type",),
-    "draft_max": ("--draft-max", "--draft", "--draft-n", "--spec-draft-n-max"),
-    "spec_ngram_size_n": ("--spec-ngram-size-n",),
+    "spec_ngram_simple_size_n": ("--spec-ngram-simple-size-n",),
+    "spec_ngram_simple_size_m": ("--spec-ngram-simple-size-m",),
     "cache_disk": ("--cache-disk",),
     "cache_disk_size": ("--cache-disk-size",),
     "n_predict": ("-n", "--n-predict"),

@@ -67,8 +67,8 @@ class ServerState:
                 cache_type_k=s.cache_type_k,
                 cache_type_v=s.cache_type_v,
                 spec_type=None if s.spec_type in (None, "none") else s.spec_type,
-                spec_draft_max=s.draft_max,
-                spec_ngram_size=s.spec_ngram_size_n,
+                spec_draft_max=s.spec_ngram_simple_size_m,
+                spec_ngram_size=s.spec_ngram_simple_size_n,
             )
             engine = EngineService(config, self.slot_files, self.load_progress)
             with self._starting:  # close() either sees this engine or stops the start

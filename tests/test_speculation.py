@@ -31,7 +31,13 @@ def folder(tmp_path_factory):
 
 def run(folder, prompts, spec: bool, **params):
     engine = Engine.from_pretrained(
-        str(folder), n_ctx=1024, n_seq_max=len(prompts), block_size=8, spec_type="ngram-simple" if spec else None
+        str(folder),
+        n_ctx=1024,
+        n_seq_max=len(prompts),
+        block_size=8,
+        spec_type="ngram-simple" if spec else None,
+        spec_ngram_size=3,
+        spec_draft_max=16,
     )
     p = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True, **params)
     seqs = [engine.add_sequence(prompt, p, seq_id=i) for i, prompt in enumerate(prompts)]
@@ -69,7 +75,10 @@ def test_a_server_with_ngram_speculation_answers_as_one_without(tmp_path):
     code = "def area(w, h):\n    return w * h\n\n\ndef volume(w, h, d):\n    return w * h * d\n\n\n"
     body = {"prompt": code * 3 + "def area(w, h):\n", "n_predict": 48, "temperature": 0, "ignore_eos": True}
     answers = {}
-    for name, extra in (("plain", ()), ("spec", ("--spec-type", "ngram-simple", "--draft-max", "8"))):
+    for name, extra in (
+        ("plain", ()),
+        ("spec", ("--spec-type", "ngram-simple", "--spec-ngram-simple-size-n", "4", "--spec-ngram-simple-size-m", "8")),
+    ):
         with ServerProcess("-np", "2", *extra, log=tmp_path / f"{name}.log") as srv:
             srv.wait_ready()
             whole = httpx.post(srv.url + "/completion", json=body, timeout=120).json()

@@ -39,7 +39,7 @@ class Speculation:
     first, proposals in the room left)."""
 
     n_max: int = 0
-    n: int = 3
+    n: int = 12
     step_tokens: int = 16
     max_decoding: int = 4  # more decoding sequences than this: no proposals (measured: see docs/benchmarks.md)
 
