@@ -19,25 +19,18 @@ ARGS=(-np 8 -c 32768 -t 2)
 mkdir -p "$D"
 [ -f "$GGUF" ] || "$CACHE/venv/bin/python" "$ROOT/bench/gguf_export.py" "$ROOT/engine/demo_model" "$GGUF"
 
+source "$ROOT/bench/serve_lib.sh"
+
 run_row() {  # name port -- command...
   local name=$1 port=$2
   shift 3
-  setsid "$@" > "$D/spec-$name.log" 2>&1 < /dev/null &
-  local pid=$!
-  trap "kill $pid 2>/dev/null || true" EXIT
-  for _ in $(seq 1 240); do
-    curl -sf "http://127.0.0.1:$port/completion" -H 'Content-Type: application/json' \
-      -d '{"prompt": "a", "n_predict": 1}' > /dev/null 2>&1 && break
-    sleep 0.5
-  done
+  start_server "$D/spec-$name.log" "$port" -- "$@"
   for c in $CONCURRENCY; do
     echo "== $name c=$c" >&2
     "$PY" "$ROOT/bench/spec_bench.py" "http://127.0.0.1:$port" --concurrency "$c" --requests 14 --new 128 |
       tee "$D/spec-$name-c$c.json"
   done
-  kill "$pid" 2> /dev/null || true
-  wait "$pid" 2> /dev/null || true
-  trap - EXIT
+  stop_server
 }
 
 cd "$ROOT"

@@ -20,32 +20,15 @@ GGUF=${GGUF:-$M/bench.gguf}
 ROWS=${ROWS:-llama llama-cram0 ours ours-cram0}
 ARGS=(-np 4 -c 8192 -t 2)
 
-wait_ready() {  # url: ready when a one-token completion succeeds
-  for _ in $(seq 1 600); do
-    curl -sf "$1/completion" -H 'Content-Type: application/json' -d '{"prompt": "a", "n_predict": 1}' \
-      > /dev/null 2>&1 && return 0
-    sleep 0.5
-  done
-  echo "server at $1 did not come up" >&2
-  return 1
-}
+source "$ROOT/bench/serve_lib.sh"
 
 run_row() {  # name port -- command...
   local name=$1 port=$2
   shift 3
-  if curl -s -o /dev/null "http://127.0.0.1:$port/health"; then
-    echo "port $port is taken by another server: stop it first" >&2
-    exit 1
-  fi
-  setsid "$@" > "$M/turns-$name.log" 2>&1 < /dev/null &
-  local pid=$!
-  trap "kill $pid 2>/dev/null || true" EXIT
-  wait_ready "http://127.0.0.1:$port"
+  start_server "$M/turns-$name.log" "$port" -- "$@"
   echo "== $name" >&2
   "$PY" "$ROOT/bench/multiturn.py" "http://127.0.0.1:$port" | tee "$M/turns-$name.json"
-  kill "$pid" 2> /dev/null || true
-  wait "$pid" 2> /dev/null || true
-  trap - EXIT
+  stop_server
 }
 
 cd "$ROOT"
