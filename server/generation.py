@@ -80,6 +80,8 @@ def sampling_params(
             logprobs=logprobs,
             stop=tuple([body.stop] if isinstance(body.stop, str) else body.stop or ()),
             ignore_eos=body.ignore_eos,
+            spec_n_max=body.spec_n_max,
+            spec_n_min=body.spec_n_min,
             constraint=constraint,
         )
     except ValueError as exc:

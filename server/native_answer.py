@@ -112,6 +112,8 @@ def generation_settings(params, eos_ids) -> dict:
         "logit_bias": [[t, b] for t, b in bias.items()],
         "grammar": constraint.source if constraint and constraint.kind in ("gbnf", "lark") else "",
         "json_schema": json.loads(constraint.source) if constraint and constraint.kind == "json_schema" else {},
+        "speculative.n_max": params.spec_n_max,
+        "speculative.n_min": params.spec_n_min,
     }
 
 

@@ -85,6 +85,9 @@ def test_a_server_with_ngram_speculation_answers_as_one_without(tmp_path):
             with httpx.stream("POST", srv.url + "/completion", json={**body, "stream": True}, timeout=120) as r:
                 frames = [line[6:] for line in r.iter_lines() if line.startswith("data: ")]
             answers[name] = whole
+            if extra:  # llama-server's per-request fields
+                answers["limited"] = httpx.post(srv.url + "/completion", json={**body, "speculative.n_max": 2}).json()
+                answers["off"] = httpx.post(srv.url + "/completion", json={**body, "speculative.n_min": 9}).json()
             props = httpx.get(srv.url + "/props").json()["speculative"]
             assert props["type"] == ("ngram-simple" if extra else None) and props["n_max"] == (8 if extra else 0)
             proposed = metric(srv.url, "slotserve_draft_tokens_total")
@@ -96,3 +99,6 @@ def test_a_server_with_ngram_speculation_answers_as_one_without(tmp_path):
     timings = answers["spec"]["timings"]
     assert 0 < timings["draft_n_accepted"] <= timings["draft_n"]
     assert "draft_n" not in answers["plain"]["timings"]
+    assert answers["limited"]["tokens"] == answers["plain"]["tokens"]  # per-request limits (llama-server's fields)
+    assert answers["limited"]["timings"]["draft_n"] < timings["draft_n"]
+    assert "draft_n" not in answers["off"]["timings"]  # a minimum no proposal reaches: nothing verified

@@ -56,6 +56,9 @@ class Speculation:
                 return
             if not seq.params.greedy or seq.matcher is not None:
                 continue
-            room = min(seq.params.max_tokens - len(seq.output_ids) - 1, n_ctx_seq - len(seq.tokens) - 1)
-            seq.draft = ngram_draft(seq.tokens, self.n, min(self.n_max, room, spare))
+            p = seq.params
+            n_max = self.n_max if p.spec_n_max is None else min(self.n_max, p.spec_n_max)
+            room = min(p.max_tokens - len(seq.output_ids) - 1, n_ctx_seq - len(seq.tokens) - 1)
+            draft = ngram_draft(seq.tokens, self.n, min(n_max, room, spare))
+            seq.draft = draft if len(draft) >= max(p.spec_n_min, 1) else []
             spare -= len(seq.draft)

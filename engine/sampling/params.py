@@ -28,6 +28,8 @@ class SamplingParams:
     logprobs: int | None = None
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
+    spec_n_max: int | None = None  # speculative decoding: most tokens proposed a step (None: the server's)
+    spec_n_min: int = 0  # ... shorter proposals are dropped
     constraint: Constraint | None = None  # structured output (engine.grammar), checked
 
     def __post_init__(self) -> None:
