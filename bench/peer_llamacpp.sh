@@ -80,25 +80,12 @@ from pathlib import Path; p = Path('$M/ckpt'); p.mkdir(); b.build_checkpoint(p, 
   done
 }
 
-wait_ready() {  # url: ready when a one-token completion succeeds
-  for _ in $(seq 1 600); do
-    curl -sf "$1/v1/completions" -H 'Content-Type: application/json' \
-      -d '{"prompt": [1, 2, 3], "max_tokens": 1}' > /dev/null 2>&1 && return 0
-    sleep 0.5
-  done
-  echo "server at $1 did not come up" >&2
-  return 1
-}
+source "$ROOT/bench/serve_lib.sh"
 
 bench_one() {  # name url out -- command...
   local name=$1 url=$2 out=$3
   shift 4
-  # its own session: a SIGINT sent to this script's process group (a terminal's ^C, or a
-  # job runner cleaning up) would otherwise stop llama-server, which handles SIGINT
-  setsid "$@" > "$M/$name$TAG.log" 2>&1 < /dev/null &
-  SERVER_PID=$!
-  trap 'kill $SERVER_PID 2>/dev/null || true' EXIT
-  wait_ready "$url"
+  start_server "$M/$name$TAG.log" "${url##*:}" -- "$@"
   echo "== $name" >&2
   if ! "$PY" "$ROOT/bench/serve_bench.py" "$url" --concurrency "$CONCURRENCY" --rounds "$ROUNDS" \
     --prompt "$PROMPT" --new "$NEW" > "$out.tmp"; then
@@ -111,9 +98,7 @@ bench_one() {  # name url out -- command...
 r.update(rss_bytes=$rss, peak_rss_bytes=$hwm); print(json.dumps(r))" > "$out"
   fi
   rm -f "$out.tmp"
-  kill "$SERVER_PID" 2> /dev/null || true
-  wait "$SERVER_PID" 2> /dev/null || true
-  trap - EXIT
+  stop_server
 }
 
 build_llama_server

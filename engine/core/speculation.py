@@ -45,11 +45,13 @@ class Speculation:
 
     def propose(self, running: list[Sequence], n_ctx_seq: int, cuts_anywhere: bool) -> None:
         """Set ``draft`` for each decoding sequence that may speculate (others: [])."""
+        if not self.n_max:  # off: no sequence ever holds a proposal
+            return
         decoding = [seq for seq in running if seq.n_pending == 1]
         spare = self.step_tokens - len(decoding)
         for seq in running:
             seq.draft = []
-        if not self.n_max or not cuts_anywhere or len(decoding) > self.max_decoding:
+        if not cuts_anywhere or len(decoding) > self.max_decoding:
             return
         for seq in decoding:
             if spare <= 0:
