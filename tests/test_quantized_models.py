@@ -153,7 +153,7 @@ def test_the_quantization_flag_is_checked():
 
 def test_the_mmap_flags_are_llama_cpps():
     from server.cli import build_parser
-    from server.settings import settings_from_args
+    from server.flags import settings_from_args
 
     def parsed(*argv: str):
         return settings_from_args(build_parser().parse_args(["serve", *argv]))
