@@ -14,6 +14,7 @@ import pytest
 from server_proc import InProcessServer, metric
 from waiting import wait_for
 
+import engine.core.acceptance as acceptance_module
 import engine.core.engine as engine_module
 from engine.core.engine import Engine
 from engine.scheduling.task_board import TaskBoard
@@ -45,7 +46,7 @@ class Trap:
 
 def _install(site: str, trap: Trap, monkeypatch) -> None:
     if site == "sampling":
-        real = engine_module.sample
+        real = acceptance_module.sample
 
         def sample(logits, rows):
             seqs = [_Row(r) for r in rows]
@@ -53,7 +54,7 @@ def _install(site: str, trap: Trap, monkeypatch) -> None:
                 raise ValueError("injected fault in sampling")
             return real(logits, rows)
 
-        monkeypatch.setattr(engine_module, "sample", sample)
+        monkeypatch.setattr(acceptance_module, "sample", sample)
     elif site == "planning":
         real_plan = engine_module.plan_step
 
