@@ -10,6 +10,7 @@ import torch
 from memory.kv_codec import CODECS
 
 DEMO_MODEL = Path(__file__).resolve().parent / "demo_model"
+SPEC_TYPES = (None, "ngram-simple", "draft-simple")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -43,9 +44,12 @@ class EngineConfig:
     chat_template: str | None = None  # a built-in template's name or jinja text; None: the model's own
     cache_type_k: str | None = None  # f32 | f16 | bf16 | q8_0 (llama-server's -ctk); None: the model's dtype
     cache_type_v: str | None = None  # the same for values (-ctv)
-    spec_type: str | None = None  # "ngram-simple": speculative decoding by n-gram lookup (engine/core/speculation.py)
-    spec_draft_max: int = 48  # most tokens proposed after a match (llama-server's --spec-ngram-simple-size-m)
+    spec_type: str | None = None  # ngram-simple | draft-simple: speculative decoding (engine/core/speculation.py)
+    spec_draft_max: int = 48  # most tokens proposed a step (--spec-ngram-simple-size-m; --spec-draft-n-max)
+    spec_draft_min: int = 0  # shorter proposals are not verified (--spec-draft-n-min)
+    spec_p_min: float = 0.75  # a draft model's guess below this probability ends its proposal (--spec-draft-p-min)
     spec_ngram_size: int = 12  # tokens of the n-gram looked up (--spec-ngram-simple-size-n)
+    model_draft: Path | None = None  # the draft model's checkpoint (-md), HF folder or GGUF
 
     @property
     def cache_cells(self) -> int:
@@ -71,13 +75,25 @@ class EngineConfig:
             raise ValueError("ssm_checkpoints must be >= 0 and ssm_checkpoint_every positive")
         if self.n_threads is not None and self.n_threads <= 0:
             raise ValueError("n_threads must be positive")
-        if self.spec_type not in (None, "ngram-simple"):
-            raise ValueError(f"spec_type must be ngram-simple (or none), got '{self.spec_type}'")
-        if self.spec_draft_max < 0 or self.spec_ngram_size < 1:
-            raise ValueError("spec_draft_max must be >= 0 and spec_ngram_size >= 1")
+        self._check_speculation()
         for flag, name in (("--cache-type-k", self.cache_type_k), ("--cache-type-v", self.cache_type_v)):
             if name is not None and name not in CODECS:
                 raise ValueError(f"{flag} must be one of {', '.join(CODECS)}, got '{name}'")
+
+    def _check_speculation(self) -> None:
+        if self.model_draft is not None:
+            object.__setattr__(self, "model_draft", Path(self.model_draft))
+            if self.spec_type is None:  # -md alone speculates with it, as in llama-server
+                object.__setattr__(self, "spec_type", "draft-simple")
+        if self.spec_type not in SPEC_TYPES:
+            names = ", ".join(t for t in SPEC_TYPES if t)
+            raise ValueError(f"spec_type must be one of {names}, got '{self.spec_type}'")
+        if (self.spec_type == "draft-simple") != (self.model_draft is not None):
+            raise ValueError("--spec-type draft-simple goes with a draft model (-md FILE), and -md with it")
+        if self.spec_draft_max < 0 or self.spec_draft_min < 0 or self.spec_ngram_size < 1:
+            raise ValueError("spec_draft_max and spec_draft_min must be >= 0 and spec_ngram_size >= 1")
+        if not 0 <= self.spec_p_min <= 1:
+            raise ValueError("spec_p_min must be in [0, 1]")
 
     @property
     def torch_dtype(self) -> torch.dtype:

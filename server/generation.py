@@ -82,6 +82,7 @@ def sampling_params(
             ignore_eos=body.ignore_eos,
             spec_n_max=body.spec_n_max,
             spec_n_min=body.spec_n_min,
+            spec_p_min=body.spec_p_min,
             constraint=constraint,
         )
     except ValueError as exc:

@@ -114,6 +114,7 @@ def generation_settings(params, eos_ids) -> dict:
         "json_schema": json.loads(constraint.source) if constraint and constraint.kind == "json_schema" else {},
         "speculative.n_max": params.spec_n_max,
         "speculative.n_min": params.spec_n_min,
+        "speculative.p_min": params.spec_p_min,
     }
 
 

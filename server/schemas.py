@@ -103,9 +103,15 @@ class SamplingFields(_Body):
     spec_n_max: Int(ge=0) | None = Field(
         None, alias="speculative.n_max", description="most tokens speculative decoding proposes a step for this request"
     )
-    spec_n_min: Int(ge=0) = Field(0, alias="speculative.n_min", description="shorter proposals are not verified")
-    spec_p_min: float = Field(
-        0.75, ge=0, le=1, alias="speculative.p_min", description="llama-server's draft-model threshold (n-gram: unused)"
+    spec_n_min: Int(ge=0) | None = Field(
+        None, alias="speculative.n_min", description="shorter proposals are not verified (default: the server's)"
+    )
+    spec_p_min: float | None = Field(
+        None,
+        ge=0,
+        le=1,
+        alias="speculative.p_min",
+        description="a draft model's guess below this probability ends its proposal (default: the server's)",
     )
     grammar: str | None = Field(
         None, description="GBNF (llama.cpp's grammar format). Every constraint must compile: otherwise a 400 naming why"

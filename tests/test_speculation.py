@@ -5,6 +5,7 @@ proposals included (a skipped rollback would leave their keys for later steps)."
 from __future__ import annotations
 
 import json
+import re
 
 import httpx
 import pytest
@@ -12,8 +13,8 @@ import torch
 from checkpoints import make_checkpoint
 from server_proc import ServerProcess, metric
 
-from engine import Engine, SamplingParams
-from engine.core.speculation import ngram_draft
+from engine import DEMO_MODEL, Engine, SamplingParams
+from engine.core.speculation import Speculation, ngram_draft
 
 
 def test_the_draft_is_what_followed_the_latest_earlier_occurrence():
@@ -102,3 +103,130 @@ def test_a_server_with_ngram_speculation_answers_as_one_without(tmp_path):
     assert answers["limited"]["tokens"] == answers["plain"]["tokens"]  # per-request limits (llama-server's fields)
     assert answers["limited"]["timings"]["draft_n"] < timings["draft_n"]
     assert "draft_n" not in answers["off"]["timings"]  # a minimum no proposal reaches: nothing verified
+
+
+class Oracle:
+    """A proposer that knows each sequence's plain continuation (``runs``) and spoils
+    it now and then, so proposals are kept whole, in part and not at all."""
+
+    def __init__(self, runs: dict[int, list[int]], spoil_every: int = 3):
+        self.runs, self.spoil_every, self.calls = runs, spoil_every, dict.fromkeys(runs, 0)
+        self.n_proposed = 0
+
+    def propose(self, wants):
+        drafts = []
+        for seq, n, _ in wants:
+            self.calls[seq.seq_id] += 1
+            k = len(seq.output_ids)
+            draft = list(self.runs[seq.seq_id][k : k + n])
+            if draft and self.calls[seq.seq_id] % self.spoil_every == 0:
+                j = k % len(draft)
+                draft[j] = (draft[j] + 1) % 256
+            drafts.append(draft)
+            self.n_proposed += len(draft)
+        return drafts
+
+
+def decode(folder, prompts, params, proposer=None, n_max=6):
+    """Every prompt to the end, all in one batch; with ``proposer``, each decoding
+    sequence is offered up to ``n_max`` proposed tokens a step."""
+    engine = Engine.from_pretrained(str(folder), n_ctx=2048, n_seq_max=len(prompts), block_size=8)
+    if proposer is not None:
+        engine.speculation = Speculation(n_max, draft=proposer, step_tokens=256, max_decoding=256)
+    seqs = [engine.add_sequence(prompt, p, seq_id=i) for i, (prompt, p) in enumerate(zip(prompts, params))]
+    while engine.has_work:
+        engine.step()
+    engine.memory.integrity_check()
+    return seqs
+
+
+def test_seeded_sampling_is_the_same_token_for_token_with_proposals(folder):
+    """Each proposed token counts only where the request's own seeded draw picks it:
+    the output is the plain run's, whatever was proposed (rejection sampling with a
+    point proposal), with penalties, truncation and logprobs."""
+    gen = torch.Generator().manual_seed(1)
+    prompts = [torch.randint(1, 300, (20,), generator=gen).tolist() for _ in range(3)]
+    params = [
+        SamplingParams(temperature=0.7, top_k=8, seed=11, max_tokens=30, ignore_eos=True),
+        SamplingParams(temperature=1.0, top_p=0.9, seed=12, max_tokens=30, repetition_penalty=1.1, logprobs=2),
+        SamplingParams(temperature=0.0, max_tokens=30, ignore_eos=True, frequency_penalty=0.5),
+    ]
+    plain = decode(folder, prompts, params)
+    oracle = Oracle({i: s.output_ids for i, s in enumerate(plain)})
+    fast = decode(folder, prompts, params, oracle)
+    for a, b in zip(plain, fast):
+        assert a.output_ids == b.output_ids
+        assert [t.logprob for t in a.logprobs] == pytest.approx([t.logprob for t in b.logprobs], abs=1e-4)
+        assert b.n_draft_accepted > 0 and b.n_drafted > b.n_draft_accepted
+
+
+def test_a_grammar_masks_every_row_of_a_proposal():
+    """A constrained request: proposals are cut at the grammar's first forbidden token
+    and each row is masked by the grammar's state after the tokens before it; the
+    output is the plain run's and always in the language."""
+    engine = Engine.from_pretrained(str(DEMO_MODEL), n_ctx=512, n_seq_max=1)
+    constraint = engine.grammars.compile("regex", "(ab|ba|c)+d")
+    params = [SamplingParams(temperature=0.8, seed=s, max_tokens=24, constraint=constraint) for s in (5, 6)]
+    prompts = [engine.tokenizer.encode(t) for t in ("abab", "x = ")]
+    plain = decode(DEMO_MODEL, prompts, params)
+    oracle = Oracle({i: s.output_ids for i, s in enumerate(plain)}, spoil_every=2)  # spoiled: +1 to a token id
+    fast = decode(DEMO_MODEL, prompts, params, oracle)
+    for a, b in zip(plain, fast):
+        assert a.output_ids == b.output_ids
+        assert re.fullmatch("(ab|ba|c)+d?", b.text)
+        assert b.n_draft_accepted > 0
+    assert oracle.n_proposed > sum(s.n_drafted for s in fast)  # forbidden tokens were cut before the forward
+
+
+def test_speculative_sampling_keeps_the_target_distribution(folder):
+    """Over 3,000 seeds, the first three tokens (top-4 sampling) follow the target's
+    own distribution, computed by transformers, when the second and third are
+    proposed as unlikely tokens every time (chi-square, 0.1 % level). Accepting
+    proposals blindly, or drawing again after a rejection, fails it."""
+    from checkpoints import load_reference
+
+    ref, prompt, k = load_reference(folder), [3, 1, 4, 1, 5, 9, 2, 6], 4
+
+    def top(ids):  # the target's top-4 distribution after ids: {token: p}
+        logits = ref(torch.tensor([prompt + ids])).logits[0, -1]
+        p, t = logits.topk(k).values.softmax(-1), logits.topk(k).indices
+        return dict(zip(t.tolist(), p.tolist()))
+
+    expected, proposals = {}, {}
+    with torch.no_grad():
+        for t1, p1 in top([]).items():
+            second = top([t1])
+            a = sorted(second, key=second.get)[0]  # the least likely second token is proposed
+            third = top([t1, a])
+            proposals[t1] = [a, sorted(third, key=third.get)[1]]
+            for t2, p2 in second.items():
+                for t3, p3 in top([t1, t2]).items():
+                    expected[(t1, t2, t3)] = p1 * p2 * p3
+
+    class Unlikely:
+        def propose(self, wants):
+            return [proposals[seq.output_ids[0]][:n] for seq, n, _ in wants]
+
+    n = 3000
+    params = [SamplingParams(temperature=1.0, top_k=k, seed=s, max_tokens=3, ignore_eos=True) for s in range(n)]
+    engine = Engine.from_pretrained(str(folder), n_ctx=16 * 500, n_seq_max=500, max_batch_tokens=4096)
+    engine.speculation = Speculation(2, draft=Unlikely(), step_tokens=10**4, max_decoding=10**4)
+    counts: dict[tuple, int] = {}
+    out = engine.generate([prompt] * n, params)
+    for g in out:
+        counts[tuple(g.token_ids)] = counts.get(tuple(g.token_ids), 0) + 1
+    assert set(counts) <= set(expected)
+    big = [c for c in expected if expected[c] * n >= 5]  # the rest pooled in one cell
+    observed = [counts.get(c, 0) for c in big] + [n - sum(counts.get(c, 0) for c in big)]
+    wanted = [expected[c] * n for c in big] + [n * (1 - sum(expected[c] for c in big))]
+    chi2 = sum((o - e) ** 2 / e for o, e in zip(observed, wanted) if e > 0)
+    dof = len(big)
+    assert chi2 < scipy_chi2_ppf(0.999, dof), (chi2, dof)
+    accepted = sum(1 for g in out if g.token_ids[1] == proposals[g.token_ids[0]][0])
+    assert 0 < accepted < n  # proposals were kept and refused
+
+
+def scipy_chi2_ppf(q: float, dof: int) -> float:
+    """The chi-square quantile by the Wilson-Hilferty approximation (no scipy needed)."""
+    z = {0.999: 3.090232}[q]
+    return dof * (1 - 2 / (9 * dof) + z * (2 / (9 * dof)) ** 0.5) ** 3

@@ -16,7 +16,7 @@ from engine.sampling.sampler import SampleOutput, SampleRow, sample
 
 class TokenAcceptance:
     """What ``Engine`` provides: ``memory``, ``tokenizer``, ``model_config``, ``running``,
-    ``n_ctx_seq``, ``_masker`` (None until used) and ``_n_discard(seq)``."""
+    ``n_ctx_seq``, ``speculation``, ``_masker`` (None until used) and ``_n_discard(seq)``."""
 
     @property
     def masker(self) -> BatchMasker:
@@ -71,20 +71,20 @@ class TokenAcceptance:
         if keep < seq.n_computed:
             self.memory.seq_rm(seq.seq_id, keep)
         seq.n_computed = keep
-        seq.n_drafted += len(seq.draft)
-        seq.n_draft_accepted += n_confirmed
+        self.speculation.settled(seq, n_confirmed)
         seq.draft = []
 
     def _apply_masks(
         self, samplers: list[Sequence], first: list[int], logits: torch.Tensor, masks
     ) -> dict[int, BaseException]:
-        """Grammar masks on the constrained rows (``first``: each sampler's row; a
-        constrained one has no proposal); when computing them failed, those samplers
-        fail (returned by index) and the others go on."""
+        """Grammar masks on the constrained rows (``first``: each sampler's first row;
+        a proposal's rows are masked too, each by the grammar's state after the tokens
+        before it); when computing them failed, those samplers fail (returned by index)
+        and the others go on."""
         if masks is None:
             return {}
         which = [i for i, s in enumerate(samplers) if s.matcher is not None]
-        constrained = [first[i] for i in which]
+        constrained = [r for i in which for r in range(first[i], first[i + 1])]
         try:
             sub = logits[constrained]  # [R, V]
             self.masker.apply(masks, sub)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
+import logging
 import random
 from dataclasses import dataclass
 
@@ -17,6 +18,7 @@ import torch
 
 from engine.config import EngineConfig
 from engine.core.acceptance import TokenAcceptance
+from engine.core.draft_model import DraftModel
 from engine.core.planner import Chunk, plan_step
 from engine.core.runner import ModelRunner
 from engine.core.sequence import FinishReason, Sequence, StepEvent, TokenLogprob
@@ -32,6 +34,8 @@ from engine.sampling.grammar import BatchMasker, GrammarCompiler
 from engine.sampling.params import SamplingParams
 from engine.text.detokenizer import IncrementalDetokenizer, StopMatcher
 from memory import CacheFull, FullAttentionSpec, LayerSpec, MemoryConfig, MemoryError_, SlidingWindowSpec, build_memory
+
+log = logging.getLogger("slotserve.engine")
 
 
 def _settle(masks) -> None:
@@ -94,8 +98,23 @@ class Engine(TokenAcceptance):
         self.n_checkpoint_restores = 0  # prefix reuses that restarted from a kept checkpoint
         self._rng = random.Random()
         self.grammars = GrammarCompiler(self.tokenizer, self.model_config.vocab_size)
-        self.speculation = Speculation(config.spec_draft_max if config.spec_type else 0, config.spec_ngram_size)
+        self.speculation = self._speculation(loaded)
         self._masker: BatchMasker | None = None
+
+    def _speculation(self, loaded) -> Speculation:
+        cfg = self.config
+        if not cfg.spec_type:
+            return Speculation()
+        if not self.memory.cuts_anywhere:
+            log.warning(
+                "speculative decoding (--spec-type %s) is off for this model: its '%s' memory cannot drop a "
+                "rejected proposal (recurrent states, sliding-window rings without --swa-full)",
+                cfg.spec_type,
+                self.memory.kind,
+            )
+            return Speculation()
+        draft = DraftModel(cfg, loaded, self.memory_config) if cfg.model_draft is not None else None
+        return Speculation(cfg.spec_draft_max, cfg.spec_ngram_size, draft, cfg.spec_p_min, cfg.spec_draft_min)
 
     def _specs(self, specs: list[LayerSpec]) -> list[LayerSpec]:
         """A window no smaller than what a sequence can hold never hides a key: such
@@ -237,8 +256,10 @@ class Engine(TokenAcceptance):
         if faults or not plan:
             return faults
         self.last_step_decode_only = all(c.n_tokens == 1 + len(c.seq.draft) for c in plan)
-        constrained = [c.seq.matcher for c in plan if c.samples and c.seq.matcher is not None]
-        masks = self.masker.start(constrained) if constrained else None  # computed during the forward
+        constrained = [c.seq for c in plan if c.samples and c.seq.matcher is not None]
+        masks = (  # computed during the forward
+            self.masker.start([s.matcher for s in constrained], [s.draft for s in constrained]) if constrained else None
+        )
         try:
             logits = self.runner.run(plan)  # [S, V]
         except CacheFull:

@@ -46,6 +46,7 @@ class Sequence:
     draft: list[int] = field(default_factory=list)  # this step's proposed tokens (engine/core/speculation.py)
     n_drafted: int = 0  # tokens proposed so far
     n_draft_accepted: int = 0  # ... of which the model picked the same
+    draft_window: int = 0  # most tokens the next proposal may have (0: the server's most)
 
     def __post_init__(self) -> None:
         if not self.tokens:

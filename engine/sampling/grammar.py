@@ -118,14 +118,26 @@ class BatchMasker:
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="grammar-mask")
         self._bits = torch.arange(32, dtype=torch.int32)  # [32]
 
-    def start(self, matchers: list[llg.LLMatcher]) -> Future:
-        """matchers[i] masks row i of the logits ``apply`` gets."""
-        masks = torch.zeros(len(matchers), self.n_words, dtype=torch.int32)  # [R, V/32]
-        pairs = [(m, i) for i, m in enumerate(matchers)]
-        return self._pool.submit(self._fill, pairs, masks)
+    def start(self, matchers: list[llg.LLMatcher], drafts: list[list[int]] | None = None) -> Future:
+        """Row by row, what ``apply`` masks: for matcher i, a row for its next token,
+        then one after each of the tokens of ``drafts[i]`` (a speculative proposal the
+        grammar admits; the matcher is left where it was)."""
+        drafts = drafts or [[] for _ in matchers]
+        triples, row = [], 0
+        for m, draft in zip(matchers, drafts, strict=True):
+            triples.append((m, row, list(draft)))
+            row += 1 + len(draft)
+        masks = torch.zeros(row, self.n_words, dtype=torch.int32)  # [R, V/32]
+        return self._pool.submit(self._fill, triples, masks)
 
-    def _fill(self, pairs: list, masks: torch.Tensor) -> torch.Tensor:
-        self._executor.unsafe_compute_mask_ptr(pairs, masks.data_ptr(), self.n_words * 4, masks.shape[0])
+    def _fill(self, triples: list, masks: torch.Tensor) -> torch.Tensor:
+        size, ptr = self.n_words * 4, masks.data_ptr()
+        plain = [(m, row) for m, row, draft in triples if not draft]
+        drafted = [t for t in triples if t[2]]  # llguidance takes no empty proposal here
+        if plain:
+            self._executor.unsafe_compute_mask_ptr(plain, ptr, size, masks.shape[0])
+        if drafted:
+            self._executor.unsafe_compute_mask_ptr_with_draft_token(drafted, ptr, size, masks.shape[0])
         return masks
 
     def apply(self, pending: Future, logits: torch.Tensor) -> None:

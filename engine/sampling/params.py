@@ -29,7 +29,8 @@ class SamplingParams:
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
     spec_n_max: int | None = None  # speculative decoding: most tokens proposed a step (None: the server's)
-    spec_n_min: int = 0  # ... shorter proposals are dropped
+    spec_n_min: int | None = None  # ... shorter proposals are dropped (None: the server's)
+    spec_p_min: float | None = None  # a draft model's guess less likely than this ends a proposal (None: the server's)
     constraint: Constraint | None = None  # structured output (engine.grammar), checked
 
     def __post_init__(self) -> None:
