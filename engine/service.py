@@ -187,13 +187,19 @@ class EngineService:
         return CacheStats(usage, self.n_slots, len(busy), restores, self.prompt_cache(), pool_tokens)
 
     def speculation(self) -> dict:
-        """The speculative decoding settings (/props): type (None: off), n_max, ngram_size,
-        and when proposals stop (more sequences decoding than ``max_decoding``)."""
+        """The speculative decoding settings (/props): type (None: off, also where the
+        model's memory cannot be speculated), n_max, n_min, p_min and ngram_size or the
+        draft model, and when proposals stop (more sequences decoding than
+        ``max_decoding``)."""
         spec, cfg = self._engine.speculation, self._engine.config
+        draft = str(cfg.model_draft) if spec.draft is not None else None
         return {
-            "type": cfg.spec_type,
+            "type": cfg.spec_type if spec.n_max else None,
             "n_max": spec.n_max,
-            "ngram_size": spec.n,
+            "n_min": spec.n_min,
+            "p_min": spec.p_min if draft else None,
+            "ngram_size": spec.n if not draft else None,
+            "model_draft": draft,
             "step_tokens": spec.step_tokens,
             "max_decoding": spec.max_decoding,
         }

@@ -89,13 +89,22 @@ class ServerSettings(BaseSettings):
     )
     spec_type: str | None = Field(
         None,
-        pattern="^(ngram-simple|none)$",
+        pattern="^(ngram-simple|draft-simple|none)$",
         description="speculative decoding: ngram-simple proposes what followed the last n-gram's earlier "
-        "occurrence in the prompt or output, verified in one step (greedy requests, attention caches)",
+        "occurrence in the prompt or output; draft-simple what the draft model (-md) picks; verified in one step "
+        "(attention caches; default: draft-simple with -md, else none)",
     )
     spec_ngram_simple_size_n: int = Field(12, ge=1, description="tokens of the n-gram looked up (ngram-simple)")
     spec_ngram_simple_size_m: int = Field(
         48, ge=0, description="most tokens proposed after a match (ngram-simple; a step carries at most 16 decode rows)"
+    )
+    model_draft: Path | None = Field(
+        None, description="draft model for speculative decoding (HF folder or GGUF with the model's vocabulary)"
+    )
+    spec_draft_n_max: int = Field(16, ge=0, description="most tokens the draft model proposes a step")
+    spec_draft_n_min: int = Field(0, ge=0, description="shorter proposals are not verified")
+    spec_draft_p_min: float = Field(
+        0.75, ge=0, le=1, description="a draft guess less likely than this (to the draft) ends the proposal"
     )
     cache_disk: Path | None = Field(
         None,

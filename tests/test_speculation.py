@@ -10,7 +10,7 @@ import re
 import httpx
 import pytest
 import torch
-from checkpoints import make_checkpoint
+from checkpoints import BASE, make_checkpoint
 from server_proc import ServerProcess, metric
 
 from engine import DEMO_MODEL, Engine, SamplingParams
@@ -70,15 +70,17 @@ def test_greedy_output_is_the_same_with_and_without_speculation(folder, params):
     assert all(s.n_drafted == 0 for s in plain)
 
 
-def test_a_server_with_ngram_speculation_answers_as_one_without(tmp_path):
-    """The demo model repeating a function (where lookup pays): the same tokens streamed
-    and not, with ``timings.draft_n`` / ``draft_n_accepted`` reported."""
+def test_a_server_that_speculates_answers_as_one_that_does_not(tmp_path):
+    """The demo model repeating a function (where lookup pays), and the demo model as
+    its own draft: the same tokens streamed and not, with ``timings.draft_n`` /
+    ``draft_n_accepted`` reported."""
     code = "def area(w, h):\n    return w * h\n\n\ndef volume(w, h, d):\n    return w * h * d\n\n\n"
     body = {"prompt": code * 3 + "def area(w, h):\n", "n_predict": 48, "temperature": 0, "ignore_eos": True}
     answers = {}
     for name, extra in (
         ("plain", ()),
         ("spec", ("--spec-type", "ngram-simple", "--spec-ngram-simple-size-n", "4", "--spec-ngram-simple-size-m", "8")),
+        ("draft", ("-md", str(DEMO_MODEL), "--spec-draft-n-max", "6", "--draft-p-min", "0.5")),
     ):
         with ServerProcess("-np", "2", *extra, log=tmp_path / f"{name}.log") as srv:
             srv.wait_ready()
@@ -86,22 +88,25 @@ def test_a_server_with_ngram_speculation_answers_as_one_without(tmp_path):
             with httpx.stream("POST", srv.url + "/completion", json={**body, "stream": True}, timeout=120) as r:
                 frames = [line[6:] for line in r.iter_lines() if line.startswith("data: ")]
             answers[name] = whole
-            if extra:  # llama-server's per-request fields
+            if name == "spec":  # llama-server's per-request fields
                 answers["limited"] = httpx.post(srv.url + "/completion", json={**body, "speculative.n_max": 2}).json()
                 answers["off"] = httpx.post(srv.url + "/completion", json={**body, "speculative.n_min": 9}).json()
             props = httpx.get(srv.url + "/props").json()["speculative"]
-            assert props["type"] == ("ngram-simple" if extra else None) and props["n_max"] == (8 if extra else 0)
+            kind = {"spec": "ngram-simple", "draft": "draft-simple"}.get(name)
+            assert props["type"] == kind and props["n_max"] == {"spec": 8, "draft": 6}.get(name, 0)
+            assert props["model_draft"] == (str(DEMO_MODEL) if name == "draft" else None)
             proposed = metric(srv.url, "slotserve_draft_tokens_total")
             assert (proposed > 0) == bool(extra)
             assert metric(srv.url, "slotserve_draft_tokens_accepted_total") <= proposed
             streamed = "".join(json.loads(f).get("content", "") for f in frames)
             assert streamed == whole["content"]
-    assert answers["spec"]["tokens"] == answers["plain"]["tokens"]
+    for name in ("spec", "draft", "limited"):
+        assert answers[name]["tokens"] == answers["plain"]["tokens"]
     timings = answers["spec"]["timings"]
     assert 0 < timings["draft_n_accepted"] <= timings["draft_n"]
+    assert 0 < answers["draft"]["timings"]["draft_n_accepted"] <= answers["draft"]["timings"]["draft_n"]
     assert "draft_n" not in answers["plain"]["timings"]
-    assert answers["limited"]["tokens"] == answers["plain"]["tokens"]  # per-request limits (llama-server's fields)
-    assert answers["limited"]["timings"]["draft_n"] < timings["draft_n"]
+    assert answers["limited"]["timings"]["draft_n"] < timings["draft_n"]  # per-request limits (llama-server's fields)
     assert "draft_n" not in answers["off"]["timings"]  # a minimum no proposal reaches: nothing verified
 
 
@@ -230,3 +235,101 @@ def scipy_chi2_ppf(q: float, dof: int) -> float:
     """The chi-square quantile by the Wilson-Hilferty approximation (no scipy needed)."""
     z = {0.999: 3.090232}[q]
     return dof * (1 - 2 / (9 * dof) + z * (2 / (9 * dof)) ** 0.5) ** 3
+
+
+@pytest.fixture(scope="module")
+def other(folder, tmp_path_factory):
+    """The target with noise on every weight (the same tokenizer): a draft that is
+    right about half the time."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    out = tmp_path_factory.mktemp("spec") / "other"
+    shutil.copytree(folder, out)
+    gen = torch.Generator().manual_seed(7)
+    weights = load_file(out / "model.safetensors")
+    noisy = {k: w + 0.15 * w.std() * torch.randn(w.shape, generator=gen) for k, w in weights.items()}
+    save_file(noisy, out / "model.safetensors", metadata={"format": "pt"})
+    return out
+
+
+def with_draft(folder, draft, prompts, params, **config):
+    engine = Engine.from_pretrained(
+        str(folder), n_ctx=1024, n_seq_max=2, block_size=8, model_draft=str(draft), spec_p_min=0.0, **config
+    )
+    out = []
+    for start in range(0, len(prompts), 2):  # the slots are used again: the draft's memory follows them
+        seqs = [
+            engine.add_sequence(p, q, seq_id=i)
+            for i, (p, q) in enumerate(zip(prompts[start : start + 2], params[start : start + 2]))
+        ]
+        steps = {s: [] for s in seqs}
+        while engine.has_work:
+            for ev in engine.step(keep_logits=True):
+                steps[ev.seq].append(ev.logits)
+        out += [(s, steps[s]) for s in seqs]
+    engine.memory.integrity_check()
+    return out
+
+
+@pytest.mark.parametrize("draft", ["itself", "other"])
+def test_a_draft_model_changes_no_token(folder, other, draft):
+    """Greedy and seeded requests give the plain run's tokens and logits with a draft
+    model proposing, whether it is always right (the target itself) or mostly wrong;
+    the slots are used twice, so the draft's memory must follow what they hold."""
+    gen = torch.Generator().manual_seed(3)
+    prompts = [torch.randint(1, 300, (n,), generator=gen).tolist() for n in (9, 30, 17, 5)]
+    prompts[2] = prompts[0] + prompts[2]  # shares a prefix with what the slot held
+    params = [
+        SamplingParams(temperature=0.0, max_tokens=25, ignore_eos=True),
+        SamplingParams(temperature=0.9, seed=4, max_tokens=25, ignore_eos=True, logprobs=1),
+    ] * 2
+    plain = [
+        (s, steps) for s, steps in with_draft(folder, folder, prompts, params, spec_draft_max=0)
+    ]  # a draft of no tokens: plain decoding
+    fast = with_draft(folder, folder if draft == "itself" else other, prompts, params, spec_draft_max=5)
+    for (a, a_logits), (b, b_logits) in zip(plain, fast):
+        assert a.output_ids == b.output_ids
+        assert len(a_logits) == len(b_logits)
+        for x, y in zip(a_logits, b_logits):
+            torch.testing.assert_close(x, y, atol=1e-4, rtol=0)
+    assert all(a.n_drafted == 0 for a, _ in plain)
+    drafted, accepted = sum(b.n_drafted for b, _ in fast), sum(b.n_draft_accepted for b, _ in fast)
+    if draft == "itself":  # greedy rows take every proposal
+        assert all(b.n_draft_accepted == b.n_drafted > 0 for b, _ in fast if b.params.greedy)
+    else:
+        assert 0 < accepted < drafted
+
+
+def test_a_draft_model_must_share_the_vocabulary(folder, tmp_path):
+    import shutil
+
+    swapped = tmp_path / "swapped"  # the same sizes, two tokens' ids exchanged
+    shutil.copytree(folder, swapped)
+    spec = json.loads((swapped / "tokenizer.json").read_text())
+    vocab = spec["model"]["vocab"]
+    vocab["a"], vocab["b"] = vocab["b"], vocab["a"]
+    (swapped / "tokenizer.json").write_text(json.dumps(spec))
+    with pytest.raises(ValueError, match="draft model .*tokenizer is not the target's"):
+        Engine.from_pretrained(str(folder), n_ctx=256, n_seq_max=1, model_draft=str(swapped))
+    bigger = make_checkpoint(tmp_path / "bigger", "llama", vocab_size=1000, tokenizer="spm")
+    with pytest.raises(ValueError, match="draft model .*vocabulary of 1000 tokens, the target has 320"):
+        Engine.from_pretrained(str(folder), n_ctx=256, n_seq_max=1, model_draft=str(bigger))
+    with pytest.raises(ValueError, match="draft-simple goes with a draft model"):
+        Engine.from_pretrained(str(folder), n_ctx=256, n_seq_max=1, spec_type="draft-simple")
+
+
+def test_recurrent_memories_are_not_speculated_and_say_so(tmp_path, caplog):
+    mamba = make_checkpoint(tmp_path / "mamba", "mamba2")
+    with caplog.at_level("WARNING", logger="slotserve.engine"):
+        engine = Engine.from_pretrained(str(mamba), n_ctx=256, n_seq_max=1, spec_type="ngram-simple")
+    assert engine.speculation.n_max == 0
+    assert "speculative decoding (--spec-type ngram-simple) is off for this model" in caplog.text
+    with pytest.raises(ValueError, match="draft model .* cannot drop rejected"):
+        Engine.from_pretrained(
+            str(make_checkpoint(tmp_path / "llama", vocab_size=BASE["vocab_size"])),
+            n_ctx=256,
+            n_seq_max=1,
+            model_draft=str(mamba),
+        )
