@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# Speculative decoding by n-gram lookup (bench/spec_bench.py), slotserve beside
-# llama-server on the same GGUF of the embedded demo model (bench/gguf_export.py), each
-# without speculation and with `--spec-type ngram-simple` at its defaults (n = 12,
-# m = 48 on both); one server at a time. Needs bench/peer_llamacpp.sh's build first
-# (BUILD_ONLY=1 bash bench/peer_llamacpp.sh).
+# Speculative decoding (bench/spec_bench.py), slotserve beside llama-server on the same
+# GGUF of the embedded demo model (bench/gguf_export.py), each without speculation,
+# with `--spec-type ngram-simple` at its defaults (n = 12, m = 48 on both) and with a
+# draft model (`-md`, the same draft GGUF on both: the demo model's smaller sibling,
+# trained by scripts/train_demo.py into $DRAFT if missing, ~8 minutes); one server at a
+# time. Needs bench/peer_llamacpp.sh's build first (BUILD_ONLY=1 bash bench/peer_llamacpp.sh).
 #
-#   bash bench/spec_peer.sh                      # rows llama llama-ngram ours ours-ngram; c = 1, 4, 8
+#   bash bench/spec_peer.sh          # rows llama llama-ngram llama-draft ours ours-ngram ours-draft; c = 1, 8, 32
 #   CONCURRENCY="1 8" ROWS="ours ours-ngram" bash bench/spec_peer.sh
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -13,11 +14,17 @@ CACHE=${SLOTSERVE_PEER_CACHE:-$HOME/.cache/slotserve-peer}
 PY=${PYTHON:-$ROOT/.venv/bin/python}
 D=$CACHE/demo
 GGUF=$D/demo.gguf
-ROWS=${ROWS:-llama llama-ngram ours ours-ngram}
-CONCURRENCY=${CONCURRENCY:-1 4 8}
-ARGS=(-np 8 -c 32768 -t 2)
+ROWS=${ROWS:-llama llama-ngram llama-draft ours ours-ngram ours-draft}
+CONCURRENCY=${CONCURRENCY:-1 8 32}
+WORKLOADS=${WORKLOADS:-repeat complete}
+DRAFT=${DRAFT:-$HOME/.cache/slotserve-bench/demo-draft}
+DRAFT_ARGS=(--spec-draft-n-max "${DRAFT_N_MAX:-8}" --spec-draft-p-min "${DRAFT_P_MIN:-0.5}")
+ARGS=(-np 32 -c 32768 -t 2)
 mkdir -p "$D"
 [ -f "$GGUF" ] || "$CACHE/venv/bin/python" "$ROOT/bench/gguf_export.py" "$ROOT/engine/demo_model" "$GGUF"
+[ -f "$DRAFT/model.safetensors" ] || "$PY" "$ROOT/scripts/train_demo.py" --minutes 8 --hidden 128 --layers 2 \
+  --heads 2 --kv-heads 1 --ffn 352 --tokenizer "$ROOT/engine/demo_model" --out "$DRAFT"
+[ -f "$D/draft.gguf" ] || "$CACHE/venv/bin/python" "$ROOT/bench/gguf_export.py" "$DRAFT" "$D/draft.gguf"
 
 source "$ROOT/bench/serve_lib.sh"
 
@@ -25,10 +32,12 @@ run_row() {  # name port -- command...
   local name=$1 port=$2
   shift 3
   start_server "$D/spec-$name.log" "$port" -- "$@"
-  for c in $CONCURRENCY; do
-    echo "== $name c=$c" >&2
-    "$PY" "$ROOT/bench/spec_bench.py" "http://127.0.0.1:$port" --concurrency "$c" --requests 14 --new 128 |
-      tee "$D/spec-$name-c$c.json"
+  for w in $WORKLOADS; do
+    for c in $CONCURRENCY; do
+      echo "== $name $w c=$c" >&2
+      "$PY" "$ROOT/bench/spec_bench.py" "http://127.0.0.1:$port" --concurrency "$c" --workload "$w" \
+        --requests "$((2 * c > 14 ? 2 * c : 14))" --new 128 | tee "$D/spec-$name-$w-c$c.json"
+    done
   done
   stop_server
 }
@@ -39,9 +48,13 @@ for row in $ROWS; do
     llama) run_row llama 8191 -- "$CACHE/llama-server" --port 8191 "${ARGS[@]}" -tb 2 --no-webui -m "$GGUF" ;;
     llama-ngram) run_row llama-ngram 8191 -- "$CACHE/llama-server" --port 8191 "${ARGS[@]}" -tb 2 --no-webui \
       -m "$GGUF" --spec-type ngram-simple ;;
+    llama-draft) run_row llama-draft 8191 -- "$CACHE/llama-server" --port 8191 "${ARGS[@]}" -tb 2 --no-webui \
+      -m "$GGUF" -md "$D/draft.gguf" "${DRAFT_ARGS[@]}" ;;
     ours) run_row ours 8193 -- "$PY" -m server.cli serve --port 8193 "${ARGS[@]}" -m "$GGUF" ;;
     ours-ngram) run_row ours-ngram 8193 -- "$PY" -m server.cli serve --port 8193 "${ARGS[@]}" -m "$GGUF" \
       --spec-type ngram-simple ;;
+    ours-draft) run_row ours-draft 8193 -- "$PY" -m server.cli serve --port 8193 "${ARGS[@]}" -m "$GGUF" \
+      -md "$D/draft.gguf" "${DRAFT_ARGS[@]}" ;;
     *) echo "unknown row $row" >&2; exit 2 ;;
   esac
 done

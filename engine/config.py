@@ -47,7 +47,7 @@ class EngineConfig:
     spec_type: str | None = None  # ngram-simple | draft-simple: speculative decoding (engine/core/speculation.py)
     spec_draft_max: int = 48  # most tokens proposed a step (--spec-ngram-simple-size-m; --spec-draft-n-max)
     spec_draft_min: int = 0  # shorter proposals are not verified (--spec-draft-n-min)
-    spec_p_min: float = 0.75  # a draft model's guess below this probability ends its proposal (--spec-draft-p-min)
+    spec_p_min: float = 0.0  # a draft model's guess below this probability ends its proposal (--spec-draft-p-min)
     spec_ngram_size: int = 12  # tokens of the n-gram looked up (--spec-ngram-simple-size-n)
     model_draft: Path | None = None  # the draft model's checkpoint (-md), HF folder or GGUF
 

@@ -4,6 +4,11 @@ Every machine with CPython has the training text, so the model can be rebuilt an
 
     python scripts/train_demo.py --minutes 60 --out engine/demo_model
 
+and a smaller draft for it (speculative decoding, ``-md``), with its tokenizer:
+
+    python scripts/train_demo.py --minutes 8 --hidden 128 --layers 2 --heads 2 --kv-heads 1 --ffn 352 \
+        --tokenizer engine/demo_model --out ~/.cache/slotserve-bench/demo-draft
+
 The result is a Hugging Face-layout Llama checkpoint (config.json, model.safetensors,
 tokenizer.json, tokenizer_config.json, generation_config.json) that slotserve loads
 like any other checkpoint. Training uses transformers' LlamaForCausalLM, so the
@@ -137,6 +142,9 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--lr", type=float, default=3e-3)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument(
+        "--tokenizer", type=Path, help="a trained model's folder whose tokenizer.json to use (a draft model: the same)"
+    )
     args = ap.parse_args()
 
     from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
@@ -151,7 +159,12 @@ def main() -> None:
     train_texts, held_texts = read_texts(train_files), read_texts(held_files)
     print(f"files: {len(train_texts)} train, {len(held_texts)} held out", flush=True)
 
-    tok = train_tokenizer(train_texts, args.vocab)
+    if args.tokenizer is not None:  # a draft for the demo model speaks its tokens
+        from tokenizers import Tokenizer
+
+        tok = Tokenizer.from_file(str(args.tokenizer / "tokenizer.json"))
+    else:
+        tok = train_tokenizer(train_texts, args.vocab)
     train_ids, held_ids = encode_all(tok, train_texts), encode_all(tok, held_texts)
     print(f"tokens: {len(train_ids):,} train, {len(held_ids):,} held out", flush=True)
     eos = tok.token_to_id(EOS)
@@ -207,7 +220,7 @@ def main() -> None:
         "heldout_tokens": len(held_ids),
         "heldout_loss": round(held, 4),
         "minutes": args.minutes,
-        "args": vars(args),
+        "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
     }
     (out / "training.json").write_text(json.dumps(report, indent=2) + "\n")
 

@@ -101,10 +101,10 @@ class ServerSettings(BaseSettings):
     model_draft: Path | None = Field(
         None, description="draft model for speculative decoding (HF folder or GGUF with the model's vocabulary)"
     )
-    spec_draft_n_max: int = Field(16, ge=0, description="most tokens the draft model proposes a step")
+    spec_draft_n_max: int = Field(3, ge=0, description="most tokens the draft model proposes a step")
     spec_draft_n_min: int = Field(0, ge=0, description="shorter proposals are not verified")
     spec_draft_p_min: float = Field(
-        0.75, ge=0, le=1, description="a draft guess less likely than this (to the draft) ends the proposal"
+        0.0, ge=0, le=1, description="a draft guess less likely than this (to the draft) ends the proposal"
     )
     cache_disk: Path | None = Field(
         None,

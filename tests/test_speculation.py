@@ -21,7 +21,9 @@ def test_the_draft_is_what_followed_the_latest_earlier_occurrence():
     assert ngram_draft([1, 2, 3, 9, 1, 2, 3, 8, 7, 1, 2, 3], 3, 4) == [8, 7, 1, 2]
     assert ngram_draft([1, 2, 3, 9, 1, 2, 3], 3, 2) == [9, 1]
     assert ngram_draft([1, 2, 3, 4], 3, 4) == []  # no earlier occurrence
-    assert ngram_draft([5, 5, 5], 2, 3) == [5]  # overlapping occurrence
+    assert ngram_draft([5, 5, 5], 2, 3) == [5, 5, 5]  # overlapping occurrence: a loop, proposed on
+    assert ngram_draft([7, 1, 2, 1, 2], 2, 5) == [1, 2, 1, 2, 1]  # the same as looking up after each token
+    assert ngram_draft([4, 1, 2, 3, 1, 2], 2, 2) == [3, 1]
     assert ngram_draft([1, 2, 1, 2], 2, 0) == []
 
 
@@ -88,6 +90,10 @@ def test_a_server_that_speculates_answers_as_one_that_does_not(tmp_path):
             with httpx.stream("POST", srv.url + "/completion", json={**body, "stream": True}, timeout=120) as r:
                 frames = [line[6:] for line in r.iter_lines() if line.startswith("data: ")]
             answers[name] = whole
+            several = {"prompt": body["prompt"], "n": 2, "max_tokens": 40, "temperature": 0.7, "seed": 3}
+            answers[name + "-n2"] = [
+                c["text"] for c in httpx.post(srv.url + "/v1/completions", json=several, timeout=120).json()["choices"]
+            ]
             if name == "spec":  # llama-server's per-request fields
                 answers["limited"] = httpx.post(srv.url + "/completion", json={**body, "speculative.n_max": 2}).json()
                 answers["off"] = httpx.post(srv.url + "/completion", json={**body, "speculative.n_min": 9}).json()
@@ -102,6 +108,7 @@ def test_a_server_that_speculates_answers_as_one_that_does_not(tmp_path):
             assert streamed == whole["content"]
     for name in ("spec", "draft", "limited"):
         assert answers[name]["tokens"] == answers["plain"]["tokens"]
+    assert answers["spec-n2"] == answers["draft-n2"] == answers["plain-n2"]  # n > 1, sampled and seeded
     timings = answers["spec"]["timings"]
     assert 0 < timings["draft_n_accepted"] <= timings["draft_n"]
     assert 0 < answers["draft"]["timings"]["draft_n_accepted"] <= answers["draft"]["timings"]["draft_n"]
@@ -333,3 +340,22 @@ def test_recurrent_memories_are_not_speculated_and_say_so(tmp_path, caplog):
             n_seq_max=1,
             model_draft=str(mamba),
         )
+
+
+def test_context_shifts_with_proposals_give_the_plain_tokens(folder):
+    """A slot that fills up and shifts while proposals are verified in it."""
+    gen = torch.Generator().manual_seed(5)
+    motif = torch.randint(1, 300, (6,), generator=gen).tolist()
+    params = [SamplingParams(temperature=0.0, max_tokens=90, ignore_eos=True)]
+    runs = {}
+    for proposer in (None, "oracle"):
+        engine = Engine.from_pretrained(str(folder), n_ctx=48, n_seq_max=1, block_size=8, context_shift=True)
+        if proposer:
+            engine.speculation = Speculation(6, draft=Oracle({0: runs[None].output_ids}), step_tokens=16)
+        seq = engine.add_sequence(motif * 3, params[0], seq_id=0, n_keep=4)
+        while engine.has_work:
+            engine.step()
+        engine.memory.integrity_check()
+        runs[proposer] = seq
+    assert runs["oracle"].n_shifted > 0 and runs["oracle"].n_draft_accepted > 0
+    assert runs["oracle"].output_ids == runs[None].output_ids

@@ -32,13 +32,19 @@ if TYPE_CHECKING:
 
 def ngram_draft(tokens: list[int], n: int, n_max: int) -> list[int]:
     """Up to ``n_max`` tokens that followed the latest earlier occurrence of the last
-    ``n`` tokens of ``tokens`` ([] when they occur nowhere earlier)."""
+    ``n`` tokens of ``tokens`` ([] when they occur nowhere earlier). Where that
+    continuation runs into the end of ``tokens``, the text repeats with its length as
+    period, and it goes on repeating: what looking up again after each proposed token
+    would propose (a model stuck in a loop is proposed the whole loop, not one turn)."""
     if n_max <= 0 or len(tokens) <= n:
         return []
     key = tokens[-n:]
     for i in range(len(tokens) - n - 1, -1, -1):
         if tokens[i] == key[0] and tokens[i : i + n] == key:
-            return tokens[i + n : i + n + n_max]
+            draft = tokens[i + n : i + n + n_max]
+            if len(draft) < n_max and i + n + len(draft) == len(tokens):
+                draft = [draft[k % len(draft)] for k in range(n_max)]
+            return draft
     return []
 
 
