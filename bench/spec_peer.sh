@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # Speculative decoding (bench/spec_bench.py), slotserve beside llama-server on the same
 # GGUF of the embedded demo model (bench/gguf_export.py), each without speculation,
-# with `--spec-type ngram-simple` at its defaults (n = 12, m = 48 on both) and with a
+# with `--spec-type ngram-simple` at its defaults (n = 12, m = 48 on both), the same
+# with n = 3 (rows *-ngram3), and with a
 # draft model (`-md`, the same draft GGUF on both: the demo model's smaller sibling,
 # trained by scripts/train_demo.py into $DRAFT if missing, ~8 minutes); one server at a
 # time. Needs bench/peer_llamacpp.sh's build first (BUILD_ONLY=1 bash bench/peer_llamacpp.sh).
 #
-#   bash bench/spec_peer.sh          # rows llama llama-ngram llama-draft ours ours-ngram ours-draft; c = 1, 8, 32
+#   bash bench/spec_peer.sh          # every row (llama*, ours*); c = 1, 8, 32; workloads repeat, complete
 #   CONCURRENCY="1 8" ROWS="ours ours-ngram" bash bench/spec_peer.sh
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -14,7 +15,7 @@ CACHE=${SLOTSERVE_PEER_CACHE:-$HOME/.cache/slotserve-peer}
 PY=${PYTHON:-$ROOT/.venv/bin/python}
 D=$CACHE/demo
 GGUF=$D/demo.gguf
-ROWS=${ROWS:-llama llama-ngram llama-draft ours ours-ngram ours-draft}
+ROWS=${ROWS:-llama llama-ngram llama-ngram3 llama-draft ours ours-ngram ours-ngram3 ours-draft}
 CONCURRENCY=${CONCURRENCY:-1 8 32}
 WORKLOADS=${WORKLOADS:-repeat complete}
 DRAFT=${DRAFT:-$HOME/.cache/slotserve-bench/demo-draft}
@@ -36,7 +37,7 @@ run_row() {  # name port -- command...
     for c in $CONCURRENCY; do
       echo "== $name $w c=$c" >&2
       "$PY" "$ROOT/bench/spec_bench.py" "http://127.0.0.1:$port" --concurrency "$c" --workload "$w" \
-        --requests "$((2 * c > 14 ? 2 * c : 14))" --new 128 | tee "$D/spec-$name-$w-c$c.json"
+        --requests "$((4 * c > 14 ? 4 * c : 14))" --new 128 | tee "$D/spec-$name-$w-c$c.json"
     done
   done
   stop_server
@@ -48,13 +49,17 @@ for row in $ROWS; do
     llama) run_row llama 8191 -- "$CACHE/llama-server" --port 8191 "${ARGS[@]}" -tb 2 --no-webui -m "$GGUF" ;;
     llama-ngram) run_row llama-ngram 8191 -- "$CACHE/llama-server" --port 8191 "${ARGS[@]}" -tb 2 --no-webui \
       -m "$GGUF" --spec-type ngram-simple ;;
+    llama-ngram3) run_row llama-ngram3 8191 -- "$CACHE/llama-server" --port 8191 "${ARGS[@]}" -tb 2 --no-webui \
+      -m "$GGUF" --spec-type ngram-simple --spec-ngram-simple-size-n 3 ;;
     llama-draft) run_row llama-draft 8191 -- "$CACHE/llama-server" --port 8191 "${ARGS[@]}" -tb 2 --no-webui \
-      -m "$GGUF" -md "$D/draft.gguf" "${DRAFT_ARGS[@]}" ;;
+      -m "$GGUF" --spec-type draft-simple -md "$D/draft.gguf" "${DRAFT_ARGS[@]}" ;;
     ours) run_row ours 8193 -- "$PY" -m server.cli serve --port 8193 "${ARGS[@]}" -m "$GGUF" ;;
     ours-ngram) run_row ours-ngram 8193 -- "$PY" -m server.cli serve --port 8193 "${ARGS[@]}" -m "$GGUF" \
       --spec-type ngram-simple ;;
+    ours-ngram3) run_row ours-ngram3 8193 -- "$PY" -m server.cli serve --port 8193 "${ARGS[@]}" -m "$GGUF" \
+      --spec-type ngram-simple --spec-ngram-simple-size-n 3 ;;
     ours-draft) run_row ours-draft 8193 -- "$PY" -m server.cli serve --port 8193 "${ARGS[@]}" -m "$GGUF" \
-      -md "$D/draft.gguf" "${DRAFT_ARGS[@]}" ;;
+      --spec-type draft-simple -md "$D/draft.gguf" "${DRAFT_ARGS[@]}" ;;
     *) echo "unknown row $row" >&2; exit 2 ;;
   esac
 done
