@@ -69,11 +69,15 @@ def _add_metrics(app: FastAPI, state: ServerState) -> None:
 
     @app.get("/metrics", response_class=PlainTextResponse, responses=documented(None, 501, text=True))
     async def metrics() -> Response:
-        """Prometheus text; ``Process-Start-Time-Unix`` says when this process started (as
-        llama-server's). 501 with ``--no-metrics``."""
+        """Prometheus text: slotserve's families, then llama-server's (``llamacpp:*``,
+        once the model is loaded); ``Process-Start-Time-Unix`` says when this process
+        started (as llama-server's). 501 with ``--no-metrics``."""
         if not state.settings.metrics:
             raise APIError(501, "this server does not serve metrics: start it with --metrics", "not_supported_error")
         body = generate_latest(state.metrics.registry)
+        engine = state.engine
+        if engine is not None:
+            body += state.metrics.llamacpp.render(engine.health(), engine.cache_stats()).encode()
         return Response(body, media_type=CONTENT_TYPE_LATEST, headers={"Process-Start-Time-Unix": started})
 
 

@@ -17,6 +17,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from engine import EngineService, RequestEnd
+from server.llamacpp_metrics import LlamaCppMetrics
 
 LATENCY = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 80, 160)
 TOKEN_GAP = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 1, 2.5)
@@ -65,6 +66,7 @@ class Metrics:
         self.weight_bytes = Gauge(
             "slotserve_model_weight_bytes", "Resident model weight bytes, by stored type", ("type",), registry=r
         )
+        self.llamacpp = LlamaCppMetrics()  # llama-server's families, written after these
         for reason in FINISH_REASONS:
             self.requests.labels(reason)
         for cls in ("4xx", "5xx"):
@@ -88,6 +90,7 @@ class Metrics:
     def request_ended(self, end: RequestEnd) -> None:
         """One submitted request ended (called on the engine thread before its slot is
         released: prometheus-client's metrics are thread-safe)."""
+        self.llamacpp.request_ended(end)
         self.requests.labels(end.outcome).inc()
         self.prompt_len.observe(end.n_prompt)
         self.generation_len.observe(end.n_generated)

@@ -104,6 +104,10 @@ def test_a_server_that_speculates_answers_as_one_that_does_not(tmp_path):
             proposed = metric(srv.url, "slotserve_draft_tokens_total")
             assert (proposed > 0) == bool(extra)
             assert metric(srv.url, "slotserve_draft_tokens_accepted_total") <= proposed
+            assert metric(srv.url, "llamacpp:spec_decode_num_draft_tokens_total") == proposed  # llama-server's names
+            accepted = metric(srv.url, "llamacpp:spec_decode_num_accepted_tokens_total")
+            assert accepted == metric(srv.url, "slotserve_draft_tokens_accepted_total")
+            assert (metric(srv.url, "llamacpp:spec_decode_num_drafts_total") > 0) == bool(extra)
             streamed = "".join(json.loads(f).get("content", "") for f in frames)
             assert streamed == whole["content"]
     for name in ("spec", "draft", "limited"):

@@ -45,6 +45,7 @@ class Sequence:
     matcher: object = None  # llguidance matcher following output_ids when constrained
     draft: list[int] = field(default_factory=list)  # this step's proposed tokens (engine/core/speculation.py)
     n_drafted: int = 0  # tokens proposed so far
+    n_drafts: int = 0  # ... in this many proposals
     n_draft_accepted: int = 0  # ... of which the model picked the same
     draft_window: int = 0  # most tokens the next proposal may have (0: the server's most)
 

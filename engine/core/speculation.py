@@ -103,6 +103,7 @@ class Speculation:
     def settled(self, seq: Sequence, n_confirmed: int) -> None:
         """After the target's verdict on ``seq.draft``: counts and the next window."""
         n = len(seq.draft)
+        seq.n_drafts += 1
         seq.n_drafted += n
         seq.n_draft_accepted += n_confirmed
         window = seq.draft_window or self.n_max

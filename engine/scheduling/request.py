@@ -97,3 +97,4 @@ class RequestEnd:
     t_end: float
     n_drafted: int = 0  # speculative decoding: tokens proposed over the request's choices
     n_draft_accepted: int = 0  # ... of which the model confirmed
+    n_drafts: int = 0  # ... in this many proposals (each verified in one step)

@@ -79,6 +79,7 @@ class StepClock:
     cpu_s: float = 0.0
     n_decode: int = 0  # of those, steps of one token per sequence (no prefill)
     decode_wall_s: float = 0.0
+    n_busy: int = 0  # sequences running, summed over the completed steps (llama-server's busy slots per decode)
 
 
 class Scheduler:
@@ -330,7 +331,7 @@ class Scheduler:
         return bool(queued) or ready or self.engine.has_work or self.board.admittable()
 
     def _step(self) -> None:
-        wall, cpu = time.perf_counter(), time.thread_time()
+        wall, cpu, n_busy = time.perf_counter(), time.thread_time(), len(self.engine.running)
         try:
             events = self.engine.step()
         except CacheFull:
@@ -341,16 +342,17 @@ class Scheduler:
             self._count_fault()
             self.board.fail_seqs(exc.seqs, STEP_FAULT)
             return
-        self._time_step(time.perf_counter() - wall, time.thread_time() - cpu)
+        self._time_step(time.perf_counter() - wall, time.thread_time() - cpu, n_busy)
         n_failed = self.board.dispatch(events)  # a fault of one sequence fails its request alone
         if n_failed:
             self._count_fault(n_failed, in_row=n_failed == len(events))
         else:
             self.n_faults_in_row = 0
 
-    def _time_step(self, wall: float, cpu: float) -> None:
+    def _time_step(self, wall: float, cpu: float, n_busy: int) -> None:
         clock = self.clock
         clock.n, clock.wall_s, clock.cpu_s = clock.n + 1, clock.wall_s + wall, clock.cpu_s + cpu
+        clock.n_busy += n_busy
         if self.engine.last_step_decode_only:
             clock.n_decode, clock.decode_wall_s = clock.n_decode + 1, clock.decode_wall_s + wall
 

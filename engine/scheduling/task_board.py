@@ -276,6 +276,7 @@ class TaskBoard:
             t_end,
             n_drafted=sum(s.n_drafted for s in seqs),
             n_draft_accepted=sum(s.n_draft_accepted for s in seqs),
+            n_drafts=sum(s.n_drafts for s in seqs),
         )
         try:
             self.on_end(end)
