@@ -127,7 +127,9 @@ class ServerSettings(BaseSettings):
     log_prompts: bool = Field(False, description="log prompt and completion text (off: never in the logs)")
     webui: bool = Field(True, description="serve the web page (chat, slots, live view) at /")
     verbose: bool = Field(False, description="tracebacks with errors (a model that fails to load, for one)")
-    metrics: bool = Field(True, description="serve Prometheus metrics on /metrics")
+    metrics: bool = Field(
+        False, description="serve Prometheus metrics on /metrics (off by default, as in llama-server: 501 without it)"
+    )
     metrics_public: bool = Field(False, description="/metrics without the API key")
     slots: bool = Field(True, description="serve the slot monitoring endpoint GET /slots (off: 501)")
     slots_debug: bool = Field(False, description="GET /slots shows each running request's sampling params")

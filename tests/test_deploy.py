@@ -26,7 +26,7 @@ CRD_GROUPS = ("monitoring.coreos.com/",)
 @pytest.fixture(scope="module")
 def exposed() -> set[str]:
     """Every sample name a real server exposes (histograms as _bucket/_sum/_count)."""
-    with ServerProcess("-np", "1") as srv:
+    with ServerProcess("--metrics", "-np", "1") as srv:
         srv.wait_ready()
         text = httpx.get(srv.url + "/metrics").text
     return {s.name for f in text_string_to_metric_families(text) for s in f.samples}
@@ -112,6 +112,7 @@ def test_deployment_probes_drain_and_security(rendered):
     assert c["startupProbe"]["httpGet"]["path"] == "/ready"
     assert c["readinessProbe"]["httpGet"]["path"] == "/ready"
     assert c["livenessProbe"]["httpGet"]["path"] == "/health"
+    assert "--metrics" in c["args"]  # what the ServiceMonitor scrapes is off without it (llama-server's default)
     env = {e["name"]: e.get("value") for e in c["env"]}
     pre_stop = int(c["lifecycle"]["preStop"]["exec"]["command"][-1])
     assert pod["terminationGracePeriodSeconds"] > pre_stop + float(env["SLOTSERVE_DRAIN_TIMEOUT"])

@@ -26,7 +26,7 @@ def test_schemathesis_finds_nothing(tmp_path):
     # once, so no schema-valid load can exhaust the pool (that 503 is real, but a load
     # question, not the schema's); -n 128 bounds requests that set no max_tokens
     args = ("-m", str(model), "-np", "2", "-c", "1024", "-n", "128", "--slot-save-path", str(slots), "--api-key", KEY)
-    with ServerProcess(*args, log=tmp_path / "server.log") as srv:
+    with ServerProcess("--metrics", *args, log=tmp_path / "server.log") as srv:
         srv.wait_ready()
         st = Path(sys.executable).with_name("schemathesis")
         cmd = [str(st), "run", srv.url + "/openapi.json", "--checks", "all", "--mode", "all", "--seed", "1"]
@@ -41,7 +41,7 @@ def test_schemathesis_finds_nothing(tmp_path):
 
 
 def test_the_document_states_the_models_limits(tmp_path):
-    with ServerProcess("-np", "3", "--api-key", KEY) as srv:
+    with ServerProcess("--metrics", "-np", "3", "--api-key", KEY) as srv:
         assert srv.wait_listening().status_code == 200
         srv.wait_ready()
         auth = {"Authorization": f"Bearer {KEY}"}

@@ -134,7 +134,10 @@ def test_a_server_started_with_quantization_serves(caplog):
     import httpx
     from server_proc import InProcessServer
 
-    with caplog.at_level(logging.INFO, logger="slotserve.kernels"), InProcessServer(quantization="q4_k") as srv:
+    with (
+        caplog.at_level(logging.INFO, logger="slotserve.kernels"),
+        InProcessServer(metrics=True, quantization="q4_k") as srv,
+    ):
         r = httpx.post(srv.url + "/completion", json={"prompt": "def add(a, b):", "n_predict": 8, "temperature": 0})
         assert r.status_code == 200 and r.json()["tokens_predicted"] == 8
         assert httpx.get(srv.url + "/props").json()["memory"]["integrity"] == "ok"
@@ -249,7 +252,7 @@ def test_a_server_reports_its_weights_by_type(demo_gguf, tmp_path):
     from server_proc import InProcessServer, metric
 
     path = requantize(demo_gguf, tmp_path / "demo-q4_k.gguf", T.Q4_K)  # Q8_0 where rows of 704 do not fit
-    with InProcessServer(model=path) as srv:
+    with InProcessServer(metrics=True, model=path) as srv:
         r = httpx.post(srv.url + "/completion", json={"prompt": "def add(a, b):", "n_predict": 8, "temperature": 0})
         assert r.status_code == 200 and r.json()["tokens_predicted"] == 8
         weights = httpx.get(srv.url + "/props").json()["weights"]

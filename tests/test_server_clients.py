@@ -51,7 +51,7 @@ def test_a_client_that_stops_reading_is_cut_and_slows_nobody(long_model, stall):
     request is cancelled with an error frame. Either way the connection is closed (not
     kept alive for a reader that fell behind)."""
     args = ("-m", str(long_model), "-np", "9", "-c", "24000", "--stall-timeout", stall)
-    with ServerProcess(*args) as srv:
+    with ServerProcess("--metrics", *args) as srv:
         srv.wait_ready()
         reader = socket.socket()
         reader.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # a small window, never read
@@ -75,7 +75,7 @@ def test_a_client_that_stops_reading_is_cut_and_slows_nobody(long_model, stall):
 
 
 def test_a_thousand_idle_connections_and_a_burst_get_answers_or_503s():
-    with ServerProcess("-np", "8", "--max-queue", "16", "-t", "1") as srv:
+    with ServerProcess("--metrics", "-np", "8", "--max-queue", "16", "-t", "1") as srv:
         srv.wait_ready()
         idle = []
         for _ in range(1000):  # keep-alive connections that made one request and stay open

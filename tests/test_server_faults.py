@@ -45,7 +45,7 @@ def complete(url: str, prompt, **kw) -> httpx.Response:
 
 
 def test_a_failing_forward_fails_its_requests_and_five_in_a_row_turn_ready_off(faulty_forward):
-    with InProcessServer(parallel=2, ctx_size=512) as srv:
+    with InProcessServer(metrics=True, parallel=2, ctx_size=512) as srv:
         r = complete(srv.url, FAULT)
         assert r.status_code == 500
         assert r.json()["error"]["type"] == "server_error" and "engine step" in r.json()["error"]["message"]
@@ -70,7 +70,7 @@ def test_a_failing_forward_fails_its_requests_and_five_in_a_row_turn_ready_off(f
 
 
 def test_a_stalled_step_turns_health_off_until_it_ends(faulty_forward):
-    with InProcessServer(parallel=2, ctx_size=512, stall_timeout=0.3) as srv:
+    with InProcessServer(metrics=True, parallel=2, ctx_size=512, stall_timeout=0.3) as srv:
         result = {}
         t = threading.Thread(target=lambda: result.setdefault("r", complete(srv.url, STALL)))
         t.start()
@@ -87,7 +87,7 @@ def test_a_dead_engine_thread_is_503_everywhere(monkeypatch, tmp_path):
     def die(self, plan):
         raise SystemExit("injected: the engine thread dies")
 
-    with InProcessServer(parallel=2, ctx_size=512, slot_save_path=tmp_path) as srv:
+    with InProcessServer(metrics=True, parallel=2, ctx_size=512, slot_save_path=tmp_path) as srv:
         monkeypatch.setattr(ModelRunner, "run", die)
         r = complete(srv.url, "def f():")
         assert r.status_code == 503 and r.json()["error"]["type"] == "unavailable_error"  # not a hang
@@ -105,7 +105,7 @@ def test_a_dead_engine_thread_is_503_everywhere(monkeypatch, tmp_path):
 
 
 def test_a_full_disk_during_a_save_is_507_and_keeps_the_old_file(monkeypatch, tmp_path):
-    with InProcessServer(parallel=2, ctx_size=512, slot_save_path=tmp_path) as srv:
+    with InProcessServer(metrics=True, parallel=2, ctx_size=512, slot_save_path=tmp_path) as srv:
         assert complete(srv.url, "def f(x):\n    return x", id_slot=0, max_tokens=8).status_code == 200
         save = lambda name: httpx.post(srv.url + "/slots/0?action=save", json={"filename": name})  # noqa: E731
         assert save("kept.bin").status_code == 200
@@ -134,7 +134,7 @@ def test_a_slot_between_states_is_409(monkeypatch, tmp_path):
     def not_ready(board, slot_id):
         raise slot_io.SlotNotReady(f"slot {slot_id} is being set up for a request; retry")
 
-    with InProcessServer(parallel=2, ctx_size=512, slot_save_path=tmp_path) as srv:
+    with InProcessServer(metrics=True, parallel=2, ctx_size=512, slot_save_path=tmp_path) as srv:
         monkeypatch.setattr(slot_io, "snapshot", not_ready)
         r = httpx.post(srv.url + "/slots/1?action=save", json={"filename": "x.bin"})
         assert r.status_code == 409 and r.json()["error"]["code"] == "slot_busy"

@@ -103,7 +103,7 @@ class _Row:
 @pytest.fixture(scope="module")
 def srv():
     # 2 slots of 128 tokens: the poisoned request runs on through context shifts
-    with InProcessServer(parallel=2, ctx_size=256, context_shift=True) as server:
+    with InProcessServer(metrics=True, parallel=2, ctx_size=256, context_shift=True) as server:
         yield server
 
 

@@ -27,7 +27,9 @@ def slot_action(srv, slot: int, action: str, filename: str) -> dict:
 
 
 def test_each_stream_is_a_slot_of_its_own_context(tmp_path):
-    with ServerProcess("-np", str(N_SLOTS), "-c", "1000", "--no-kv-unified", log=tmp_path / "s.log") as srv:
+    with ServerProcess(
+        "--metrics", "-np", str(N_SLOTS), "-c", "1000", "--no-kv-unified", log=tmp_path / "s.log"
+    ) as srv:
         srv.wait_ready()
         memory = httpx.get(srv.url + "/props").json()["memory"]
         assert memory["layout"] == "stream" and memory["kind"] == "kv_stream" and memory["integrity"] == "ok"
@@ -50,8 +52,8 @@ def test_a_slot_file_moves_between_layouts_and_continues_exactly(tmp_path):
     tokenizer = Engine.from_pretrained().tokenizer
     prompt = tokenizer.encode("def fibonacci(n):\n    ")
     common = ("-np", str(N_SLOTS), "--slot-save-path", str(tmp_path / "slots"))
-    unified = ServerProcess(*common, "--kv-unified", log=tmp_path / "u.log")
-    stream = ServerProcess(*common, "--no-kv-unified", log=tmp_path / "s.log")
+    unified = ServerProcess("--metrics", *common, "--kv-unified", log=tmp_path / "u.log")
+    stream = ServerProcess("--metrics", *common, "--no-kv-unified", log=tmp_path / "s.log")
     with unified, stream:
         unified.wait_ready()
         stream.wait_ready()
@@ -79,7 +81,7 @@ def test_a_windowed_model_reuses_its_slot_across_turns(tmp_path):
         tmp_path / "gemma2", "gemma2", num_hidden_layers=4, sliding_window=8, query_pre_attn_scalar=24
     )
     args = ("-m", str(folder), "-np", "2", "-c", "1024", "-ub", "32", "--slot-save-path", str(tmp_path / "s"))
-    with ServerProcess(*args, log=tmp_path / "g.log") as srv:
+    with ServerProcess("--metrics", *args, log=tmp_path / "g.log") as srv:
         srv.wait_ready()
         memory = httpx.get(srv.url + "/props").json()["memory"]
         assert memory["kind"] == "kv_iswa"
@@ -110,13 +112,13 @@ def test_a_windowed_model_reuses_its_slot_across_turns(tmp_path):
         assert restored["tokens_cached"] == len(held) and restored["tokens"] == cold_more["tokens"]
         assert httpx.get(srv.url + "/props").json()["memory"]["integrity"] == "ok"
     full_args = ("-m", str(folder), "-np", "2", "--swa-full", "--slot-save-path", str(tmp_path / "s"))
-    with ServerProcess(*full_args, log=tmp_path / "full.log") as full:  # the same model, full-size caches
+    with ServerProcess("--metrics", *full_args, log=tmp_path / "full.log") as full:  # the same model, full-size caches
         full.wait_ready()
         before = httpx.get(full.url + "/slots").json()[0]["n_cached"]
         r = httpx.post(f"{full.url}/slots/0", params={"action": "restore"}, json={"filename": "window.slot"})
         assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_slot_file"  # the window is not enough
         assert httpx.get(full.url + "/slots").json()[0]["n_cached"] == before
-    shift = ServerProcess("-m", str(folder), "--context-shift", log=tmp_path / "shift.log")
+    shift = ServerProcess("--metrics", "-m", str(folder), "--context-shift", log=tmp_path / "shift.log")
     with shift:  # a setting the model cannot take: one line naming the way out, and exit 1
         assert shift.proc.wait(60) == 1
     error = [line for line in (tmp_path / "shift.log").read_text().splitlines() if "cannot load the model" in line]
@@ -132,17 +134,17 @@ def test_cache_memory_is_committed_as_used_and_can_be_capped(tmp_path):
     """-c 131072 reserves 512 MiB of cache for the demo model; an idle server holds
     about what a -c 4096 one holds (both layouts). --kv-cache-tokens caps the cache
     whatever -c says."""
-    with ServerProcess("-np", "4", "-c", "4096", log=tmp_path / "small.log") as small:
+    with ServerProcess("--metrics", "-np", "4", "-c", "4096", log=tmp_path / "small.log") as small:
         small.wait_ready()
         baseline = rss_mb(small.proc.pid)
     for layout in ("--kv-unified", "--no-kv-unified"):
-        with ServerProcess("-np", "4", "-c", "131072", layout, log=tmp_path / "big.log") as big:
+        with ServerProcess("--metrics", "-np", "4", "-c", "131072", layout, log=tmp_path / "big.log") as big:
             big.wait_ready()
             (group,) = httpx.get(big.url + "/props").json()["memory"]["groups"]
             assert group["bytes_total"] >= 512 << 20
             assert rss_mb(big.proc.pid) < baseline + 64  # not the 512 MiB
     capped_args = ("-np", "4", "-c", "131072", "--kv-cache-tokens", "512", "--kv-unified")
-    with ServerProcess(*capped_args, log=tmp_path / "cap.log") as capped:
+    with ServerProcess("--metrics", *capped_args, log=tmp_path / "cap.log") as capped:
         capped.wait_ready()
         (group,) = httpx.get(capped.url + "/props").json()["memory"]["groups"]
         assert group["n_blocks_total"] == 512 // 16 + 4  # one pool of 512 cells (+ a partial block per slot)

@@ -21,7 +21,7 @@ def data_lines(lines) -> list[str]:
 
 def test_health_and_ready_while_loading(tmp_path):
     (tmp_path / "load.wait").touch()  # the hook holds the load until the test opens the gate
-    with ServerProcess("-np", "1", "-c", "256", hooks=tmp_path) as srv:
+    with ServerProcess("--metrics", "-np", "1", "-c", "256", hooks=tmp_path) as srv:
         first = srv.wait_listening()
         assert first.status_code == 200 and first.json() == {"status": "ok"}
         wait_for(lambda: (tmp_path / "loading").exists(), what="loading started")
@@ -40,7 +40,7 @@ def test_health_and_ready_while_loading(tmp_path):
 
 def test_sigterm_while_loading_exits_cleanly(tmp_path):
     (tmp_path / "load.wait").touch()
-    with ServerProcess("-np", "1", hooks=tmp_path, log=tmp_path / "log") as srv:
+    with ServerProcess("--metrics", "-np", "1", hooks=tmp_path, log=tmp_path / "log") as srv:
         srv.wait_listening()
         wait_for(lambda: (tmp_path / "loading").exists(), what="loading started")
         srv.signal(signal.SIGTERM)
@@ -49,7 +49,9 @@ def test_sigterm_while_loading_exits_cleanly(tmp_path):
 
 
 def test_sigterm_drains_in_flight_stream(tmp_path):
-    with ServerProcess("-np", "2", "--drain-timeout", "600", log=tmp_path / "log") as srv:  # a drain that never cuts
+    with ServerProcess(
+        "--metrics", "-np", "2", "--drain-timeout", "600", log=tmp_path / "log"
+    ) as srv:  # a drain that never cuts
         srv.wait_ready()
         body = {"prompt": "def f():", "max_tokens": 300, "ignore_eos": True, "stream": True}
         with httpx.stream("POST", srv.url + "/v1/completions", json=body, timeout=60) as r:
@@ -74,7 +76,7 @@ def _cut_drain(tmp_path, second_signal: int | None) -> None:
     every stream ends with an error event and a clean end; the process exits 0."""
     timeout = "0.5" if second_signal is None else "60"
     args = ("-np", "4", "-t", "1", "-c", "512", "--context-shift", "--drain-timeout", timeout)
-    with ServerProcess(*args, log=tmp_path / "log") as srv:
+    with ServerProcess("--metrics", *args, log=tmp_path / "log") as srv:
         srv.wait_ready()
         # context shifts and a limit far away: the streams do not end on their own
         body = {"prompt": "def f():", "max_tokens": 10**9, "ignore_eos": True, "stream": True}
@@ -135,7 +137,7 @@ def test_api_keys_flags_and_env(tmp_path):
         "SLOTSERVE_ALIAS": "mine",
     }
     args = ("--api-key", "k1,k2", "--api-key-file", str(key_file), "-c", "512")
-    with ServerProcess(*args, env=env) as srv:
+    with ServerProcess("--metrics", *args, env=env) as srv:
         srv.wait_ready()
         url = srv.url + "/v1/models"
         missing = httpx.get(url)
@@ -155,7 +157,7 @@ def test_api_keys_flags_and_env(tmp_path):
 
 
 def test_full_queue_is_503_with_retry_after(tmp_path):
-    with ServerProcess("-np", "1", "--max-queue", "1") as srv:
+    with ServerProcess("--metrics", "-np", "1", "--max-queue", "1") as srv:
         srv.wait_ready()
         body = {"prompt": "def f():", "max_tokens": 1000, "ignore_eos": True, "stream": True}
         with httpx.stream("POST", srv.url + "/v1/completions", json=body, timeout=60) as r:
@@ -180,7 +182,7 @@ def test_a_bad_flag_value_is_a_clear_startup_error():
 
 def test_context_shift_flag(tmp_path):
     body = {"prompt": "def f():", "max_tokens": 300, "ignore_eos": True, "temperature": 0}
-    with ServerProcess("-np", "1", "-c", "256", "--context-shift") as srv:
+    with ServerProcess("--metrics", "-np", "1", "-c", "256", "--context-shift") as srv:
         srv.wait_ready()
         r = httpx.post(srv.url + "/v1/completions", json=body, timeout=60).json()
         assert r["usage"]["completion_tokens"] == 300 and r["choices"][0]["finish_reason"] == "length"
@@ -193,7 +195,7 @@ def test_failure_after_the_first_byte_is_an_sse_error_event():
     """Two streams that together need more KV blocks than the pool holds: the newer one
     fails mid-stream with a final error event; the older one finishes; the server serves on."""
     # one shared pool of 8 + 2 blocks of 16 cells; each stream needs 7
-    with ServerProcess("-np", "2", "-c", "128", "--kv-unified") as srv:
+    with ServerProcess("--metrics", "-np", "2", "-c", "128", "--kv-unified") as srv:
         srv.wait_ready()
         body = {"prompt": "def f():", "max_tokens": 100, "ignore_eos": True, "stream": True}
         results = {}
@@ -229,7 +231,7 @@ def test_a_model_that_cannot_load_is_one_line_and_a_non_zero_exit(tmp_path):
     bad.write_bytes(b"GGUF" + b"\x00" * 12)
     for verbose in (False, True):
         log = tmp_path / f"log-{verbose}"
-        with ServerProcess("-m", str(bad), *(["--verbose"] if verbose else []), log=log) as srv:
+        with ServerProcess("--metrics", "-m", str(bad), *(["--verbose"] if verbose else []), log=log) as srv:
             assert srv.proc.wait(60) == 1
         text = log.read_text()
         errors = [line for line in text.splitlines() if "cannot load the model" in line]
@@ -242,7 +244,7 @@ def test_model_load_progress_is_logged_and_drawn_on_a_terminal(tmp_path):
 
     from server.progress import ProgressLine
 
-    with ServerProcess("-np", "1", log=tmp_path / "log") as srv:
+    with ServerProcess("--metrics", "-np", "1", log=tmp_path / "log") as srv:
         srv.wait_ready()
     lines = [line for line in (tmp_path / "log").read_text().splitlines() if "loading demo_model:" in line]
     assert lines and lines[-1].endswith("(100%)") and " 38/38 tensors" in lines[-1]

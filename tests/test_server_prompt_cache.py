@@ -77,7 +77,7 @@ def concurrent_hits(srv, first_round) -> None:
 
 @pytest.mark.parametrize("layout", ["--kv-unified", "--no-kv-unified"])
 def test_more_conversations_than_slots_continue_from_host_ram(tmp_path, layout):
-    with ServerProcess("-np", str(N_SLOTS), "-c", "2048", layout, log=tmp_path / "s.log") as srv:
+    with ServerProcess("--metrics", "-np", str(N_SLOTS), "-c", "2048", layout, log=tmp_path / "s.log") as srv:
         srv.wait_ready()
         rounds = two_rounds(srv)
         for answer, _, consumed in rounds[: N_CONVERSATIONS - N_SLOTS]:  # their slots went to others
@@ -93,7 +93,9 @@ def test_more_conversations_than_slots_continue_from_host_ram(tmp_path, layout):
 
 
 def test_without_the_cache_the_history_is_recomputed(tmp_path):
-    with ServerProcess("-np", str(N_SLOTS), "-c", "2048", "--cache-ram", "0", log=tmp_path / "s.log") as srv:
+    with ServerProcess(
+        "--metrics", "-np", str(N_SLOTS), "-c", "2048", "--cache-ram", "0", log=tmp_path / "s.log"
+    ) as srv:
         srv.wait_ready()
         rounds = two_rounds(srv)
         for answer, _, consumed in rounds[: N_CONVERSATIONS - N_SLOTS]:  # only the header all conversations share
@@ -108,7 +110,9 @@ def test_without_the_cache_the_history_is_recomputed(tmp_path):
 )
 def test_windowed_and_hybrid_models_restore_exactly(tmp_path, arch, overrides):
     folder = make_checkpoint(tmp_path / arch, arch, **overrides)
-    with ServerProcess("-m", str(folder), "-np", str(N_SLOTS), "-c", "2048", log=tmp_path / "s.log") as srv:
+    with ServerProcess(
+        "--metrics", "-m", str(folder), "-np", str(N_SLOTS), "-c", "2048", log=tmp_path / "s.log"
+    ) as srv:
         srv.wait_ready()
         rounds = two_rounds(srv)
         for answer, _, consumed in rounds[: N_CONVERSATIONS - N_SLOTS]:
@@ -118,7 +122,7 @@ def test_windowed_and_hybrid_models_restore_exactly(tmp_path, arch, overrides):
 
 
 def test_a_small_cache_evicts_and_stays_under_its_cap(tmp_path):
-    with ServerProcess("-np", "1", "-c", "2048", "--cache-ram", "1", log=tmp_path / "s.log") as srv:
+    with ServerProcess("--metrics", "-np", "1", "-c", "2048", "--cache-ram", "1", log=tmp_path / "s.log") as srv:
         srv.wait_ready()
         for prompt in conversations(srv):
             complete(srv, prompt)
@@ -147,7 +151,7 @@ def test_the_disk_tier_keeps_entries_across_a_restart_and_skips_bad_ones(tmp_pat
 
     cache = tmp_path / "cache"
     args = ("-np", "1", "-c", "2048", "--cache-ram", "0", "--cache-disk", str(cache))
-    with ServerProcess(*args, log=tmp_path / "one.log") as srv:
+    with ServerProcess("--metrics", *args, log=tmp_path / "one.log") as srv:
         srv.wait_ready()
         rounds = two_rounds(srv)
         for answer, _, consumed in rounds:  # one slot: every follow-up's history came back from disk
@@ -178,7 +182,7 @@ def test_the_disk_tier_keeps_entries_across_a_restart_and_skips_bad_ones(tmp_pat
     donor = decode(by_tokens[max((t for t in by_tokens if list(t) == third[0][: len(t)]), key=len)].read_bytes())
     foreign = encode(donor.tokens, donor.state, {"arch": "other"})
     (cache / "pc-0000000000000000000000000000000000000000.slot").write_bytes(foreign)
-    with ServerProcess(*args, log=tmp_path / "two.log") as srv:
+    with ServerProcess("--metrics", *args, log=tmp_path / "two.log") as srv:
         srv.wait_ready()
         kept = complete(srv, third[0])
         assert (
@@ -199,7 +203,7 @@ def test_blocks_kept_by_hash_serve_a_shared_start_after_its_slot_moved_on(tmp_pa
     request that computed them; after another prompt took the slot, a third prompt with
     the same start takes them from the pool and answers as a cold run does."""
     args = ("-np", "1", "-c", "2048", "--kv-unified", "--block-size", "16", "--cache-ram", "0")
-    with ServerProcess(*args, log=tmp_path / "s.log") as srv:
+    with ServerProcess("--metrics", *args, log=tmp_path / "s.log") as srv:
         srv.wait_ready()
         system, other = conversations(srv)[:2]
         complete(srv, system + system[:9])

@@ -20,7 +20,7 @@ N_SLOTS = 4
 @pytest.fixture(scope="module", params=["--kv-unified", "--no-kv-unified"])
 def server(tmp_path_factory, request):
     log = tmp_path_factory.mktemp("server") / "server.log"
-    with ServerProcess("-np", str(N_SLOTS), "-c", "4096", request.param, log=log) as srv:
+    with ServerProcess("--metrics", "-np", str(N_SLOTS), "-c", "4096", request.param, log=log) as srv:
         srv.wait_ready()
         yield srv
 

@@ -84,7 +84,7 @@ def test_a_server_that_speculates_answers_as_one_that_does_not(tmp_path):
         ("spec", ("--spec-type", "ngram-simple", "--spec-ngram-simple-size-n", "4", "--spec-ngram-simple-size-m", "8")),
         ("draft", ("-md", str(DEMO_MODEL), "--spec-draft-n-max", "6", "--draft-p-min", "0.5")),
     ):
-        with ServerProcess("-np", "2", *extra, log=tmp_path / f"{name}.log") as srv:
+        with ServerProcess("--metrics", "-np", "2", *extra, log=tmp_path / f"{name}.log") as srv:
             srv.wait_ready()
             whole = httpx.post(srv.url + "/completion", json=body, timeout=120).json()
             with httpx.stream("POST", srv.url + "/completion", json={**body, "stream": True}, timeout=120) as r:

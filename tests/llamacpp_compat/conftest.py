@@ -6,5 +6,5 @@ from server_proc import InProcessServer
 def demo_server():
     """One server on the demo model with default settings and 4 slots, shared by every
     test of this folder that needs no flag of its own (a server start costs seconds)."""
-    with InProcessServer(parallel=4) as server:
+    with InProcessServer(metrics=True, parallel=4) as server:
         yield server

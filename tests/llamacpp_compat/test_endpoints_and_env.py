@@ -1,4 +1,4 @@
-"""llama-server's switches and environment: --no-slots and --no-metrics answer 501,
+"""llama-server's switches and environment: --no-slots and the default --no-metrics answer 501,
 /metrics says when the process started, and LLAMA_ARG_* variables configure the
 server as they configure llama-server (SLOTSERVE_* and flags win over them)."""
 
@@ -12,13 +12,13 @@ from server_proc import InProcessServer, ServerProcess
 
 def test_disabled_endpoints_answer_501_and_metrics_carry_the_start_time():
     before = int(time.time())
-    with InProcessServer(slots=False) as srv:
+    with InProcessServer(metrics=True, slots=False) as srv:
         r = httpx.get(srv.url + "/slots")
         assert r.status_code == 501 and r.json()["error"]["type"] == "not_supported_error"
         assert "--slots" in r.json()["error"]["message"]
         m = httpx.get(srv.url + "/metrics")
         assert m.status_code == 200 and before - 1 <= int(m.headers["Process-Start-Time-Unix"]) <= time.time()
-    with InProcessServer(metrics=False) as srv:
+    with InProcessServer() as srv:  # llama-server's default: no /metrics without --metrics
         r = httpx.get(srv.url + "/metrics")
         assert r.status_code == 501 and "--metrics" in r.json()["error"]["message"]
         assert httpx.get(srv.url + "/slots").status_code == 200
@@ -29,7 +29,7 @@ def test_llama_arg_variables_configure_the_server(tmp_path):
         "LLAMA_ARG_N_PARALLEL": "3",
         "LLAMA_ARG_CTX_SIZE": "1536",
         "LLAMA_API_KEY": "sk-llama",
-        "LLAMA_ARG_ENDPOINT_METRICS": "disabled",  # llama.cpp's spelling of false
+        "LLAMA_ARG_ENDPOINT_METRICS": "enabled",  # llama.cpp's spelling of true
         "LLAMA_ARG_ALIAS": "from-llama-env",
         "LLAMA_ARG_HOST": "127.0.0.1,127.0.0.2",  # several addresses
     }
@@ -41,7 +41,7 @@ def test_llama_arg_variables_configure_the_server(tmp_path):
         assert httpx.get(srv.url + "/v1/models", headers=key).json()["data"][0]["id"] == "from-llama-env"
         slots = httpx.get(srv.url + "/slots", headers=key).json()
         assert len(slots) == 3 and slots[0]["n_ctx"] == 512  # 1536 / 3 per stream
-        assert httpx.get(srv.url + "/metrics", headers=key).status_code == 501
+        assert httpx.get(srv.url + "/metrics", headers=key).status_code == 200
     with ServerProcess("-np", "2", env={**env, "SLOTSERVE_ALIAS": "ours"}, log=tmp_path / "t.log") as srv:
         srv.wait_ready()  # the flag and SLOTSERVE_* win over LLAMA_ARG_*
         key = {"Authorization": "Bearer sk-llama"}
