@@ -26,25 +26,10 @@ class NativeAnswer:
         self.state, self.body, self.engine = state, body, engine
 
     def final(self, run: Run, index: int, stream: bool = False) -> dict:
-        c, body, params = run.choices[0], self.body, run.req.params
-        out = {
-            "index": index,
-            "content": "" if stream else c.text,
-            "tokens": [] if stream else c.token_ids,
-            "id_slot": run.admitted.id_slots[0],
-            "stop": True,
-            "model": self.state.settings.model_name,
-            "tokens_predicted": len(c.token_ids),
-            "tokens_evaluated": len(run.req.prompt_ids),
-            "tokens_cached": run.admitted.n_cached,
-            "stop_type": stop_type(c.finish_reason, c.stop_word),
-            "stopping_word": c.stop_word or "",
-            "truncated": c.truncated,
-            "timings": run.timings(),
-            "generation_settings": generation_settings(params, self.engine.tokenizer.eos_ids),
-        }
+        body = self.body
+        out = native_final(self.state, self.engine, run, index, stream)
         if body.n_probs and not stream:
-            out["completion_probabilities"] = token_probs(self.engine, c.logprobs)
+            out["completion_probabilities"] = token_probs(self.engine, run.choices[0].logprobs)
         return select_fields(out, body.response_fields) if body.response_fields else out
 
     def frame(self, run: Run, index: int, event) -> dict | None:
@@ -86,6 +71,34 @@ def token_probs(engine, lps) -> list[dict]:
         return {"id": token_id, "token": piece, "bytes": list(tok.token_bytes(token_id)), "logprob": logprob}
 
     return [{**entry(lp.token_id, lp.logprob), "top_logprobs": [entry(t, v) for t, v in lp.top]} for lp in lps]
+
+
+def native_final(state, engine, run: Run, index: int = 0, stream: bool = False) -> dict:
+    """llama-server's native final answer for ``run``'s first choice."""
+    c = run.choices[0]
+    return {
+        "index": index,
+        "content": "" if stream else c.text,
+        "tokens": [] if stream else c.token_ids,
+        "id_slot": run.admitted.id_slots[0],
+        "stop": True,
+        "model": state.settings.model_name,
+        "tokens_predicted": len(c.token_ids),
+        "tokens_evaluated": len(run.req.prompt_ids),
+        "tokens_cached": run.admitted.n_cached,
+        "stop_type": stop_type(c.finish_reason, c.stop_word),
+        "stopping_word": c.stop_word or "",
+        "truncated": c.truncated,
+        "timings": run.timings(),
+        "generation_settings": generation_settings(run.req.params, engine.tokenizer.eos_ids),
+    }
+
+
+def verbose_answer(state, engine, run: Run) -> dict:
+    """What llama-server adds as ``__verbose`` to an OpenAI answer when verbose: its
+    native answer, with the prompt as text (special tokens written out)."""
+    prompt = engine.tokenizer.decode(run.req.prompt_ids, skip_special=False)
+    return {**native_final(state, engine, run), "prompt": prompt, "has_new_line": "\n" in run.choices[0].text}
 
 
 def generation_settings(params, eos_ids) -> dict:

@@ -24,6 +24,7 @@ from server.generation import (
     encode,
     prompt_ids,
 )
+from server.native_answer import verbose_answer
 from server.reasoning import opens_thinking
 from server.responses import ChatCompletion, Completion, ModelList, documented
 from server.run import Choice, Run
@@ -143,7 +144,7 @@ async def completions(body: CompletionRequest, http: HTTPRequest) -> Response:
         return {"index": c.index, "text": echo + c.text, "logprobs": lps, "finish_reason": c.finish_reason}
 
     choices = await asyncio.to_thread(lambda: [choice(c) for c in run.choices])  # logprob pieces: many decodes
-    return JSONResponse({**head, "choices": choices, "usage": run.usage()})
+    return JSONResponse({**head, "choices": choices, "usage": run.usage(), **await _verbose(state, engine, body, run)})
 
 
 @router.post(
@@ -168,7 +169,13 @@ async def chat_completions(body: ChatCompletionRequest, http: HTTPRequest) -> Re
         return SSEResponse(_stream(run, chunk_head, include, answer.delta, answer.opening()), run)
     await run.collect()
     choices = await asyncio.to_thread(lambda: [answer.choice(c) for c in run.choices])  # logprobs: many decodes
-    return JSONResponse({**head, "choices": choices, "usage": run.usage()})
+    return JSONResponse({**head, "choices": choices, "usage": run.usage(), **await _verbose(state, engine, body, run)})
+
+
+async def _verbose(state, engine, body: OpenAIFields, run: Run) -> dict:
+    """``__verbose`` as llama-server adds it with ``-v`` (or the request's ``verbose``)."""
+    on = state.settings.verbose if body.verbose is None else body.verbose
+    return {"__verbose": await asyncio.to_thread(verbose_answer, state, engine, run)} if on else {}
 
 
 async def _chat_prompt(state, engine, body: ChatCompletionRequest) -> tuple[str, list[int]]:

@@ -100,6 +100,11 @@ class SamplingFields(_Body):
     n_keep: Int(ge=-1) = 0
     stream: bool = False
     timings_per_token: bool = False  # llama-server: timings in every stream chunk
+    verbose: bool | None = Field(
+        None,
+        description="add __verbose (llama-server's native answer, with the prompt) to an OpenAI answer "
+        "(default: the server's --verbose)",
+    )
     spec_n_max: Int(ge=0) | None = Field(
         None, alias="speculative.n_max", description="most tokens speculative decoding proposes a step for this request"
     )

@@ -126,7 +126,11 @@ class ServerSettings(BaseSettings):
     max_body_size: int = Field(8 << 20, gt=0, description="largest request body in bytes; larger is 413")
     log_prompts: bool = Field(False, description="log prompt and completion text (off: never in the logs)")
     webui: bool = Field(True, description="serve the web page (chat, slots, live view) at /")
-    verbose: bool = Field(False, description="tracebacks with errors (a model that fails to load, for one)")
+    verbose: bool = Field(
+        False,
+        description="tracebacks with errors (a model that fails to load, for one), and __verbose in OpenAI answers "
+        "(llama-server's native answer with the rendered prompt)",
+    )
     metrics: bool = Field(
         False, description="serve Prometheus metrics on /metrics (off by default, as in llama-server: 501 without it)"
     )
