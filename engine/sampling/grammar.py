@@ -52,7 +52,8 @@ class GrammarCompiler:
     def lltok(self) -> llg.LLTokenizer:
         with self._lock:
             if self._lltok is None:
-                eos = sorted(self._tokenizer.eos_ids) or [self.n_vocab - 1]  # a model without EOS: the last id
+                n_tok = min(self.n_vocab, self._tokenizer.hf.get_vocab_size(with_added_tokens=True))
+                eos = sorted(self._tokenizer.eos_ids) or [n_tok - 1]  # a model without EOS: the tokenizer's last id
                 self._lltok = llg.LLTokenizer(self._tokenizer.hf.to_str(), n_vocab=self.n_vocab, eos_token=eos)
             return self._lltok
 
