@@ -156,6 +156,10 @@ class EngineService:
 
     # ---- requests --------------------------------------------------------------
 
+    def compile_constraint(self, kind: str, source: str, strict: bool = False) -> Constraint:
+        """The same, in the caller's thread (a server-wide default, at start)."""
+        return self._engine.grammars.compile(kind, source, strict)
+
     async def constraint(self, kind: str, source: str | dict | list, strict: bool = False) -> Constraint:
         """A structured-output constraint compiled and checked (in a worker thread).
         Raises RequestError naming what is wrong with it."""

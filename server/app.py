@@ -17,6 +17,7 @@ from server.cors import CORSMiddleware, CORSPolicy, parse_origins
 from server.errors import APIError
 from server.metrics import StatusCounter
 from server.openapi import build_openapi
+from server.path_prefix import PathPrefix
 from server.responses import Status, documented
 from server.settings import ServerSettings
 from server.state import ServerState
@@ -95,7 +96,8 @@ def _add_openapi(app: FastAPI, state: ServerState, public: set[str]) -> None:
 
 
 def _add_middleware(app: FastAPI, state: ServerState, public: set[str]) -> None:
-    """Added innermost first: JSON bodies, the body limit, API keys, CORS, the status counter."""
+    """Added innermost first: JSON bodies, the body limit, API keys, CORS, the status
+    counter, the path prefix."""
     settings = state.settings
     app.add_middleware(JSONBodyMiddleware)
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_size)
@@ -105,4 +107,5 @@ def _add_middleware(app: FastAPI, state: ServerState, public: set[str]) -> None:
         parse_origins(settings.cors_origins), settings.cors_methods, settings.cors_headers, settings.cors_credentials
     )
     app.add_middleware(CORSMiddleware, policy=cors)  # outside the key check: preflights carry no credentials
-    app.add_middleware(StatusCounter, metrics=state.metrics)  # outermost: sees 401s too
+    app.add_middleware(StatusCounter, metrics=state.metrics)  # sees 401s too
+    app.add_middleware(PathPrefix, prefix=settings.api_prefix)  # outermost: routes see paths without it

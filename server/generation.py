@@ -30,12 +30,16 @@ async def build_request(
     sampling parameters completed from the server's and the route's defaults."""
     engine = state.require_ready()
     n_tokens = resolve_max_tokens(max_tokens, state.settings.n_predict, len(ids), engine)
-    constraint = await constraint_of(engine, body, forced)
+    constraint = await constraint_of(engine, body, forced) or state.default_constraint
     bias = await asyncio.to_thread(logit_bias, engine, body.logit_bias) if body.logit_bias else {}
     all_defaults = defaults | state.settings.sampling_defaults
+    if state.settings.reverse_prompt:
+        all_defaults["stop"] = (state.settings.reverse_prompt,)
     params = sampling_params(body, n_tokens, logprobs, all_defaults, constraint, bias)
     n = getattr(body, "n", 1)
-    return Request(ids, params, n, body.id_slot, body.cache_prompt, body.n_keep)
+    s = state.settings
+    cache_prompt = s.cache_prompt if body.cache_prompt is None else body.cache_prompt
+    return Request(ids, params, n, body.id_slot, cache_prompt, s.keep if body.n_keep is None else body.n_keep)
 
 
 def logit_bias(engine: EngineService, given: dict | list) -> dict[int, float]:
@@ -78,7 +82,7 @@ def sampling_params(
             repetition_penalty=body.repetition_penalty or 1.0,
             logit_bias=bias or {},
             logprobs=logprobs,
-            stop=tuple([body.stop] if isinstance(body.stop, str) else body.stop or ()),
+            stop=tuple([body.stop] if isinstance(body.stop, str) else body.stop or defaults.get("stop", ())),
             ignore_eos=body.ignore_eos,
             spec_n_max=body.spec_n_max,
             spec_n_min=body.spec_n_min,

@@ -96,8 +96,8 @@ class SamplingFields(_Body):
     stop: NonEmpty | Annotated[list[NonEmpty], Field(max_length=16)] | None = None
     ignore_eos: bool = False
     id_slot: SlotId | None = None
-    cache_prompt: bool = True
-    n_keep: Int(ge=-1) = 0
+    cache_prompt: bool | None = None  # None: the server's (--cache-prompt, on)
+    n_keep: Int(ge=-1) | None = None  # None: the server's (--keep, 0)
     stream: bool = False
     timings_per_token: bool = False  # llama-server: timings in every stream chunk
     verbose: bool | None = Field(

@@ -115,6 +115,15 @@ class ServerSettings(BaseSettings):
         32768, ge=-1, description="MiB the disk tier's entries may take (least recently used go first; -1: no limit)"
     )
     context_shift: bool = Field(False, description="a full slot drops old tokens instead of stopping")
+    keep: int = Field(0, ge=-1, description="prompt tokens a context shift keeps (requests without n_keep; -1: all)")
+    reverse_prompt: str | None = Field(None, description="a stop string for requests that give none")
+    cache_prompt: bool = Field(True, description="reuse a slot's cache for requests without cache_prompt")
+    grammar: str | None = Field(None, description="GBNF grammar for requests without a constraint of their own")
+    grammar_file: Path | None = Field(None, description="the same, read from a file")
+    json_schema: str | None = Field(None, description="JSON schema for requests without a constraint of their own")
+    json_schema_file: Path | None = Field(None, description="the same, read from a file")
+    api_prefix: str = Field("", pattern=r"^(/[^/\s]+)*$", description="path prefix every route is served under")
+    sse_ping_interval: int = Field(30, ge=-1, description="seconds a quiet stream waits for an SSE comment (-1: off)")
     n_predict: int = Field(-1, ge=-1, description="default max tokens when a request sets none (-1: to context)")
     threads: int | None = Field(None, gt=0, description="torch threads for the engine")
     timeout: float = Field(600, gt=0, description="idle keep-alive connection timeout, seconds")
@@ -210,7 +219,21 @@ class ServerSettings(BaseSettings):
             return self.chat_template_file.read_text(encoding="utf-8")
         return self.chat_template
 
-    @field_validator("api_key_file", "chat_template_file")
+    @property
+    def default_constraint(self) -> tuple[str, str] | None:
+        """(kind, source) of --grammar(-file) / --json-schema(-file), or None."""
+        given = [
+            ("gbnf", self.grammar),
+            ("gbnf", self.grammar_file and self.grammar_file.read_text(encoding="utf-8")),
+            ("json_schema", self.json_schema),
+            ("json_schema", self.json_schema_file and self.json_schema_file.read_text(encoding="utf-8")),
+        ]
+        given = [(kind, source) for kind, source in given if source]
+        if len(given) > 1:
+            raise ValueError("give one of --grammar, --grammar-file, --json-schema, --json-schema-file")
+        return given[0] if given else None
+
+    @field_validator("api_key_file", "chat_template_file", "grammar_file", "json_schema_file")
     @classmethod
     def _key_file_exists(cls, v: Path | None) -> Path | None:
         if v is not None and not v.is_file():
@@ -265,6 +288,9 @@ LLAMA_ENV = {  # setting -> the variable llama-server reads for the same flag (l
     "reasoning_format": "LLAMA_ARG_THINK",
     "reasoning_budget": "LLAMA_ARG_THINK_BUDGET",
     "tags": "LLAMA_ARG_TAGS",
+    "api_prefix": "LLAMA_ARG_API_PREFIX",
+    "sse_ping_interval": "LLAMA_ARG_SSE_PING_INTERVAL",
+    "cache_prompt": "LLAMA_ARG_CACHE_PROMPT",
     "host": "LLAMA_ARG_HOST",
     "port": "LLAMA_ARG_PORT",
     "ctx_size": "LLAMA_ARG_CTX_SIZE",

@@ -38,7 +38,7 @@ class SSEResponse(StreamingResponse):
 
     async def stream_response(self, send) -> None:
         await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
-        async for frame in self.body_iterator:
+        async for frame in self._with_pings(self.body_iterator):
             if not await self._send_or_cut(send, frame.encode(), more=True):
                 return
         if any(run.overflowed for run in self.runs):
@@ -47,6 +47,30 @@ class SSEResponse(StreamingResponse):
             log.info("request %d: the client fell behind its stream; connection closed", self.run.req.id)
             return
         await self._send_or_cut(send, b"", more=False)
+
+    async def _with_pings(self, frames: AsyncIterator[str]) -> AsyncIterator[str]:
+        """``frames``, with an SSE comment (``:``) whenever none came for
+        ``--sse-ping-interval`` seconds (llama-server's ping: clients that time out a
+        quiet connection, such as undici, keep it while a long prompt is computed)."""
+        interval = self.run.state.settings.sse_ping_interval
+        if interval <= 0:
+            async for frame in frames:
+                yield frame
+            return
+        it, step = aiter(frames), None
+        try:
+            while True:
+                step = asyncio.ensure_future(anext(it))
+                while not (await asyncio.wait({step}, timeout=interval))[0]:  # the same wait goes on: nothing lost
+                    yield ":\n\n"
+                try:
+                    frame = step.result()
+                except StopAsyncIteration:
+                    return
+                yield frame
+        finally:
+            if step is not None and not step.done():  # the stream was cut while waiting
+                step.cancel()
 
     async def _send_or_cut(self, send, body: bytes, more: bool) -> bool:
         """One write within ``--stall-timeout``; False (and the response left incomplete,

@@ -27,6 +27,7 @@ class ServerState:
         self.status = "loading"
         self.error: str | None = None
         self.engine: EngineService | None = None  # set once loaded and started
+        self.default_constraint = None  # --grammar / --json-schema, compiled once loaded
         self.n_inflight = 0  # HTTP requests between admission check and their last byte
         self.t_started = time.time()
         self.loop: asyncio.AbstractEventLoop | None = None
@@ -88,6 +89,9 @@ class ServerState:
                     s.cache_disk,
                     s.cache_disk_size,
                 )
+                if s.default_constraint is not None:  # a server-wide grammar must compile, or the server does not start
+                    kind, source = s.default_constraint
+                    self.default_constraint = engine.compile_constraint(kind, source)
                 self.engine = engine
         except Exception as exc:  # a bad checkpoint or setting: one clear line, then the process ends
             if s.verbose:

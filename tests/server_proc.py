@@ -111,7 +111,7 @@ class InProcessServer:
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
             try:
-                if httpx.get(self.url + "/ready", timeout=5).status_code == 200:
+                if httpx.get(self.url + self.state.settings.api_prefix + "/ready", timeout=5).status_code == 200:
                     return self
             except httpx.TransportError:
                 pass

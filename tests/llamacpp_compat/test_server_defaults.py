@@ -4,6 +4,9 @@ value still wins."""
 
 from __future__ import annotations
 
+import json
+import threading
+
 import httpx
 from server_proc import InProcessServer
 
@@ -30,3 +33,58 @@ def test_defaults_apply_when_a_request_sets_none():
         assert len({complete(seeded, seed=s) for s in range(3)}) > 1  # the request's seed wins
     with InProcessServer() as plain:
         assert len({complete(plain, temperature=1.5) for _ in range(3)}) > 1  # no server seed: fresh draws
+
+
+def test_request_defaults_stop_constraint_and_prompt_cache(tmp_path):
+    """-r is the stop string of requests that give none; --json-schema-file constrains
+    requests without a constraint of their own (a request's own wins); --no-cache-prompt
+    makes requests compute their prompt again unless they ask to reuse it."""
+    schema = tmp_path / "schema.json"
+    n = {"type": "integer", "minimum": 0, "maximum": 9}
+    schema.write_text(
+        json.dumps({"type": "object", "properties": {"n": n}, "required": ["n"], "additionalProperties": False})
+    )
+    with InProcessServer(temp=0.0, reverse_prompt="(", parallel=1) as srv:
+        cut = httpx.post(srv.url + "/completion", json={**BODY, "prompt": "def f"}, timeout=60).json()
+        assert cut["stop_type"] == "word" and cut["stopping_word"] == "("
+        own = httpx.post(srv.url + "/completion", json={**BODY, "prompt": "def f", "stop": ["\n\n"]}, timeout=60)
+        assert own.json()["stopping_word"] != "("
+    with InProcessServer(temp=0.0, json_schema_file=schema, cache_prompt=False, parallel=1) as srv:
+        assert 0 <= json.loads(complete(srv, n_predict=64))["n"] <= 9  # the server's schema held
+        choice = httpx.post(srv.url + "/completion", json={**BODY, "json_schema": {"enum": ["yes", "no"]}}).json()
+        assert json.loads(choice["content"]) in ("yes", "no")  # the request's own constraint wins
+        again = httpx.post(srv.url + "/completion", json=BODY, timeout=60).json()
+        assert again["tokens_cached"] == 0  # --no-cache-prompt: nothing reused
+        reuse = httpx.post(srv.url + "/completion", json={**BODY, "cache_prompt": True}, timeout=60).json()
+        assert reuse["tokens_cached"] > 0
+
+
+def test_a_server_wide_grammar_that_does_not_compile_stops_the_start():
+    from server.app import create_app
+    from server.settings import ServerSettings
+
+    app = create_app(ServerSettings(grammar="root ::= (", port=0))
+    state = app.state.slotserve
+    state._load()  # the loader's work, in this thread
+    assert state.status == "failed" and "grammar" in state.error
+
+
+def test_routes_under_an_api_prefix_and_sse_pings():
+    """--api-prefix serves every route under the prefix (others: 404 in the error
+    shape); --sse-ping-interval sends SSE comments while a stream is quiet."""
+    with InProcessServer(api_prefix="/llm/v2", sse_ping_interval=1, parallel=1) as srv:
+        assert httpx.get(srv.url + "/llm/v2/health").status_code == 200
+        r = httpx.get(srv.url + "/health")
+        assert r.status_code == 404 and r.json()["error"]["type"] == "not_found_error"
+        body = {"model": "x", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+        assert httpx.post(srv.url + "/llm/v2/v1/chat/completions", json=body, timeout=60).status_code == 200
+        engine = srv.state.engine._engine  # after its first step, the engine waits for the gate: a quiet stream
+        gate, real_step, n_steps = threading.Event(), engine.step, []
+        engine.step = lambda *a, **k: (n_steps.append(1), len(n_steps) == 1 or gate.wait(60), real_step(*a, **k))[2]
+        body = {"prompt": "def f(x):", "n_predict": 3, "stream": True}
+        with httpx.stream("POST", srv.url + "/llm/v2/completion", json=body, timeout=60) as r:
+            lines = (line for line in r.iter_lines() if line)
+            assert next(lines).startswith("data: ")  # the first token
+            assert next(lines) == ":"  # an SSE comment while nothing comes
+            gate.set()
+            assert any(line.startswith("data: ") for line in lines)  # then the rest
