@@ -33,6 +33,7 @@ from engine.scheduling.request import Admitted, Delta, Failed, Progress, Request
 from engine.service import EngineService, SlotInfo
 from engine.slot_files import MAX_NAME_CHARS, NAME_PATTERN, SlotFiles
 from engine.text.chat_template import ChatTemplate, ChatTemplateError
+from engine.text.fim import FimTokens, infill_prompt
 from engine.text.tokenizer import TokenizeError
 
 __all__ = [
@@ -55,6 +56,7 @@ __all__ = [
     "EngineService",
     "EngineStopped",
     "Failed",
+    "FimTokens",
     "FinishReason",
     "Generation",
     "NoRoom",
@@ -79,4 +81,5 @@ __all__ = [
     "TokenizeError",
     "UnsupportedArchitecture",
     "check_token_ids",
+    "infill_prompt",
 ]

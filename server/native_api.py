@@ -47,7 +47,14 @@ async def completion(body: NativeCompletionRequest, http: HTTPRequest) -> Respon
     state = http.app.state.slotserve
     engine = state.require_ready()
     prompts, batch = body.prompts()
-    runs = await _open_runs(state, http, body, [await prompt_ids(engine, p) for p in prompts])
+    return await complete(http, body, [await prompt_ids(engine, p) for p in prompts], batch)
+
+
+async def complete(http: HTTPRequest, body: NativeCompletionRequest, prompts: list[list[int]], batch: bool) -> Response:
+    """llama-server's native answer (a list when ``batch``) for prompts given as ids."""
+    state = http.app.state.slotserve
+    engine = state.require_ready()
+    runs = await _open_runs(state, http, body, prompts)
     if runs is None:
         return Response(status_code=499)
     answer = NativeAnswer(state, body, engine)

@@ -192,6 +192,19 @@ def make_checkpoint(
     return folder
 
 
+FIM_TOKENS = ["<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>", "<|repo_name|>", "<|file_sep|>"]
+
+
+def add_fim_tokens(folder: Path) -> Path:
+    """Give a checkpoint's tokenizer Qwen2.5-Coder's fill-in-the-middle tokens."""
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    tok.add_special_tokens(FIM_TOKENS)
+    tok.save(str(folder / "tokenizer.json"))
+    return folder
+
+
 def load_reference(folder: Path):
     import transformers
 

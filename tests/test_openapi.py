@@ -12,7 +12,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from checkpoints import make_checkpoint
+from checkpoints import add_fim_tokens, make_checkpoint
 from server_proc import ServerProcess
 
 KEY = "schema-key"
@@ -20,7 +20,7 @@ KEY = "schema-key"
 
 @pytest.mark.slow
 def test_schemathesis_finds_nothing(tmp_path):
-    model = make_checkpoint(tmp_path / "m", "llama", max_position_embeddings=512)
+    model = add_fim_tokens(make_checkpoint(tmp_path / "m", "llama", max_position_embeddings=512))  # /infill served
     slots = tmp_path / "slots"
     # a slot holds at most 512 tokens and the pool 1024 + 2 blocks: both slots can be full at
     # once, so no schema-valid load can exhaust the pool (that 503 is real, but a load

@@ -13,6 +13,7 @@ from tokenizers import Tokenizer as HFTokenizer
 
 from engine.errors import CheckpointError
 from engine.text.chat_template import ChatTemplate
+from engine.text.fim import find_fim_tokens
 
 
 def _read_json(path: Path, required: bool) -> dict[str, Any]:
@@ -75,8 +76,10 @@ class Tokenizer:
         add_bos: bool = False,
         eos_ids: set[int] | frozenset[int] = frozenset(),
         template: str | None = None,
+        fim_fields: dict | None = None,
     ):
-        """``eos_ids``: the ids that end generation (``eos_token``'s id is added)."""
+        """``eos_ids``: the ids that end generation (``eos_token``'s id is added);
+        ``fim_fields``: GGUF metadata that may name the fill-in-the-middle tokens."""
         self.hf = hf
         self.bos_token, self.eos_token, self.add_bos = bos_token, eos_token, add_bos
         self.bos_id = self.hf.token_to_id(self.bos_token) if self.bos_token else None
@@ -85,6 +88,7 @@ class Tokenizer:
             eos.add(self.hf.token_to_id(self.eos_token))
         self.eos_ids = frozenset(int(x) for x in eos)
         self.chat_template = ChatTemplate(template, self._specials) if template else None
+        self.fim = find_fim_tokens(self.hf.get_vocab(with_added_tokens=True), fim_fields)
 
     @classmethod
     def from_folder(cls, folder: Path, config_eos: tuple[int, ...] = ()) -> Tokenizer:

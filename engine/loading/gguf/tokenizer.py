@@ -161,4 +161,4 @@ def gguf_tokenizer(checkpoint) -> Tokenizer:
     eos = {fields[k] for k in keys if isinstance(fields.get(k), int)}
     add_bos = bool(fields.get("tokenizer.ggml.add_bos_token", False))
     bos, eos_text = text("tokenizer.ggml.bos_token_id"), text("tokenizer.ggml.eos_token_id")
-    return Tokenizer(hf, bos, eos_text, add_bos, eos, fields.get("tokenizer.chat_template"))
+    return Tokenizer(hf, bos, eos_text, add_bos, eos, fields.get("tokenizer.chat_template"), fim_fields=fields)
