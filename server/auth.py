@@ -6,7 +6,7 @@ import hmac
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from server.errors import APIError
+from server.errors import APIError, shaped
 
 PUBLIC = frozenset({"/health", "/ready"})
 
@@ -51,7 +51,7 @@ class APIKeyMiddleware:
         if key is None or not _matches(key, self.keys):
             message = "missing API key" if key is None else "invalid API key"
             response = APIError(401, message, code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
-            return await response.response()(scope, receive, send)
+            return await shaped(scope["path"], response)(scope, receive, send)
         return await self.app(scope, receive, send)
 
 

@@ -107,27 +107,43 @@ def _validation_code(exc: RequestValidationError) -> str | int:
     return next((_FIELD_CODES[p] for p in loc if isinstance(p, str) and p in _FIELD_CODES), 400)
 
 
+ANTHROPIC_PATHS = ("/v1/messages",)
+
+
+def shaped(path: str, error: APIError) -> JSONResponse:
+    """The error in the route's family's shape: Anthropic's on its routes
+    (``{"type": "error", "error": {"type", "message"}}``), OpenAI's elsewhere."""
+    if path.startswith(ANTHROPIC_PATHS):
+        body = {"type": "error", "error": {"type": error.type, "message": error.message}}
+        return JSONResponse(body, status_code=error.status, headers=error.headers)
+    return error.response()
+
+
+def _answer(request: Request, error: APIError) -> JSONResponse:
+    return shaped(request.url.path, error)
+
+
 def install(app: FastAPI) -> None:
     @app.exception_handler(APIError)
-    async def _api_error(_: Request, exc: APIError) -> JSONResponse:
-        return exc.response()
+    async def _api_error(request: Request, exc: APIError) -> JSONResponse:
+        return _answer(request, exc)
 
     @app.exception_handler(RequestValidationError)
-    async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
-        return APIError(400, _validation_message(exc), code=_validation_code(exc)).response()
+    async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        return _answer(request, APIError(400, _validation_message(exc), code=_validation_code(exc)))
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         message = "not found" if exc.status_code == 404 else str(exc.detail)
-        return APIError(exc.status_code, message, headers=exc.headers).response()  # 405 keeps its Allow
+        return _answer(request, APIError(exc.status_code, message, headers=exc.headers))  # 405 keeps its Allow
 
     @app.exception_handler(TokenizeError)
-    async def _untokenizable(_: Request, exc: TokenizeError) -> JSONResponse:
-        return APIError(400, str(exc)).response()
+    async def _untokenizable(request: Request, exc: TokenizeError) -> JSONResponse:
+        return _answer(request, APIError(400, str(exc)))
 
     @app.exception_handler(RequestError)
-    async def _refused(_: Request, exc: RequestError) -> JSONResponse:  # what can never run: the engine says why
-        return APIError(400, str(exc), exc.type, **exc.extra).response()
+    async def _refused(request: Request, exc: RequestError) -> JSONResponse:  # what can never run: the engine says why
+        return _answer(request, APIError(400, str(exc), exc.type, **exc.extra))
 
     @app.exception_handler(SlotError)
     async def _slot(_: Request, exc: SlotError) -> JSONResponse:
@@ -142,4 +158,4 @@ def install(app: FastAPI) -> None:
         # where it failed, not what it said: a message may quote client text
         frames = "".join(traceback.format_tb(exc.__traceback__))
         log.error("internal error on %s %s: %s\n%s", request.method, request.url.path, type(exc).__name__, frames)
-        return APIError(500, f"internal error: {type(exc).__name__}").response()
+        return _answer(request, APIError(500, f"internal error: {type(exc).__name__}"))

@@ -154,7 +154,7 @@ async def completions(body: CompletionRequest, http: HTTPRequest) -> Response:
 async def chat_completions(body: ChatCompletionRequest, http: HTTPRequest) -> Response:
     state = http.app.state.slotserve
     engine = state.require_ready()
-    prompt, ids = await _chat_prompt(state, engine, body)
+    prompt, ids = await chat_prompt(state, engine, body)
     run = await _start(http, body, ids, _chat_max_tokens(body), _chat_top(body), _forced_call(engine, body))
     if run is None:
         return Response(status_code=499)
@@ -178,7 +178,7 @@ async def _verbose(state, engine, body: OpenAIFields, run: Run) -> dict:
     return {"__verbose": await asyncio.to_thread(verbose_answer, state, engine, run)} if on else {}
 
 
-async def _chat_prompt(state, engine, body: ChatCompletionRequest) -> tuple[str, list[int]]:
+async def chat_prompt(state, engine, body: ChatCompletionRequest) -> tuple[str, list[int]]:
     check_text_fits(engine, sum(len(m.text()) for m in body.messages))
     if body.continue_final_message and "add_generation_prompt" in body.model_fields_set and body.add_generation_prompt:
         raise APIError(400, "continue_final_message and add_generation_prompt cannot both be true")
@@ -216,7 +216,7 @@ async def chat_input_tokens(body: ChatCompletionRequest, http: HTTPRequest) -> d
     """How many tokens the chat request's prompt is (llama-server's token counting)."""
     state = http.app.state.slotserve
     engine = state.require_ready()
-    _, ids = await _chat_prompt(state, engine, body)
+    _, ids = await chat_prompt(state, engine, body)
     req = await build_request(
         state, body, ids, _chat_max_tokens(body), _chat_top(body), OPENAI_DEFAULTS, _forced_call(engine, body)
     )

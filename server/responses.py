@@ -25,6 +25,33 @@ class ErrorBody(_Out):
     error: ErrorDetail
 
 
+class AnthropicErrorDetail(_Out):
+    type: str
+    message: str
+
+
+class AnthropicError(_Out):
+    """Errors of the Anthropic routes, in Anthropic's shape."""
+
+    type: Literal["error"]
+    error: AnthropicErrorDetail
+
+
+class AnthropicMessageOut(_Out):
+    id: str
+    type: Literal["message"]
+    role: Literal["assistant"]
+    model: str
+    content: list[dict[str, Any]]
+    stop_reason: str | None
+    stop_sequence: str | None
+    usage: dict[str, int]
+
+
+class AnthropicTokenCount(_Out):
+    input_tokens: int
+
+
 class Status(_Out):
     status: str
     error: str | None = None
@@ -232,9 +259,10 @@ _WHY = {
 }
 
 
-def documented(ok: Any, *errors: int, stream: bool = False, text: bool = False) -> dict:
+def documented(ok: Any, *errors: int, stream: bool = False, text: bool = False, error: type = ErrorBody) -> dict:
     """The ``responses`` of a route: its 200 body (JSON, SSE when ``stream``, plain
-    text when ``text``) and each error status it may answer, all in the error shape."""
+    text when ``text``) and each error status it may answer, all in the error shape
+    (``error``: OpenAI's, or Anthropic's on its routes)."""
     content: dict = {}
     if text:
         content["text/plain"] = {"schema": {"type": "string"}}
@@ -247,5 +275,5 @@ def documented(ok: Any, *errors: int, stream: bool = False, text: bool = False) 
         ok_doc["content"] = content
     out: dict = {200: ok_doc}
     for status in sorted({401, *errors}):
-        out[status] = {"model": ErrorBody, "description": _WHY[status]}
+        out[status] = {"model": error, "description": _WHY[status]}
     return out

@@ -26,7 +26,7 @@ def _integral(v):
     return int(v) if isinstance(v, float) and v.is_integer() else v
 
 
-INT64 = 2**63 - 1
+INT64 = 2**63 - 1024  # the largest int64 a double holds exactly: the JSON document (floats) states it exactly
 
 
 def Int(**constraints):  # noqa: N802 (a type)
@@ -34,7 +34,7 @@ def Int(**constraints):  # noqa: N802 (a type)
     states them), taking integral floats too. Every one is bounded (int64 unless the
     field says less): a larger number is a 400 naming the field, never an overflow
     deep in the engine."""
-    constraints.setdefault("ge", -INT64 - 1)
+    constraints.setdefault("ge", -INT64)
     constraints.setdefault("le", INT64)
     return Annotated[int, Field(**constraints), BeforeValidator(_integral)]
 
@@ -202,8 +202,11 @@ class Message(_Body):
         return self.content or ""
 
 
+ToolName = Annotated[str, Field(min_length=1, max_length=64, pattern="^[A-Za-z0-9_.-]+$")]
+
+
 class FunctionDef(_Body):
-    name: Annotated[str, Field(min_length=1, max_length=64, pattern="^[A-Za-z0-9_.-]+$")]
+    name: ToolName
     description: str | None = None
     parameters: dict | None = None
     strict: bool | None = None

@@ -6,6 +6,9 @@ JSON schema cannot state: two assistant messages at the end, or
 words (ChatCompletionRequest's description); these hooks keep the generator from
 proposing such requests as schema-valid ones. Everything else is checked as before.
 
+Image and document blocks of Anthropic messages are in the schema so that they get a
+clear 400 ("text only") rather than a shape error; positive cases do not carry them.
+
 Likewise a structured-output constraint (a grammar, a JSON schema, a regex, a required
 tool call) must compile, which no JSON schema can say of a string: positive cases that
 carry one are not proposed (negative ones still are; the constraint tests cover what
@@ -43,10 +46,23 @@ def _constrained(body: dict) -> bool:
     return choice == "required" or isinstance(choice, dict)
 
 
+def _media(body: dict) -> bool:
+    """An Anthropic message with an image or document block (refused: text only)."""
+    for m in body.get("messages") or []:
+        blocks = m.get("content") if isinstance(m, dict) and isinstance(m.get("content"), list) else []
+        for b in blocks:
+            inner = b.get("content") if isinstance(b, dict) and isinstance(b.get("content"), list) else []
+            if any(isinstance(x, dict) and x.get("type") in ("image", "document") for x in [b, *inner]):
+                return True
+    return False
+
+
 @schemathesis.hook
 def filter_case(context, case) -> bool:
     body = case.body
     if isinstance(body, dict) and _positive(case) and _constrained(body):
+        return False
+    if str(case.path).startswith("/v1/messages") and isinstance(body, dict) and _positive(case) and _media(body):
         return False
     if not str(case.path).startswith(("/v1/chat/completions", "/chat/completions")) or not isinstance(body, dict):
         return True

@@ -35,6 +35,7 @@ def test_schemathesis_finds_nothing(tmp_path):
         hooks = {"SCHEMATHESIS_HOOKS": "schemathesis_hooks", "PYTHONPATH": str(Path(__file__).parent)}
         env = {**os.environ, **hooks}  # rules counted from the end of a conversation: see the hooks
         run = subprocess.run(cmd, capture_output=True, text=True, timeout=400, cwd=tmp_path, env=env)
+        (tmp_path / "st.out").write_text(run.stdout)
         assert run.returncode == 0, run.stdout[-6000:]
         assert "No issues found" in run.stdout or " passed" in run.stdout, run.stdout[-3000:]
         assert httpx.get(srv.url + "/health").status_code == 200  # and the server is still well

@@ -1,0 +1,112 @@
+"""Anthropic's Messages API (server/anthropic_api.py) through the ``anthropic`` SDK
+against a real server: the same tokens as the chat completion it becomes, stop
+sequences, streaming with Anthropic's event sequence, a forced tool call and its
+result, token counting, x-api-key, and errors in Anthropic's shape."""
+
+from __future__ import annotations
+
+import json
+
+import anthropic
+import httpx
+import pytest
+from server_proc import InProcessServer
+
+KEY = "sk-ant-test"
+USER = [{"role": "user", "content": "def add(a, b):"}]
+WEATHER = {
+    "name": "get_weather",
+    "description": "The weather in a city",
+    "input_schema": {
+        "type": "object",
+        "properties": {"city": {"type": "string", "maxLength": 12}},
+        "required": ["city"],
+        "additionalProperties": False,
+    },
+}
+
+
+@pytest.fixture(scope="module")
+def srv():
+    with InProcessServer(parallel=2, api_key=KEY, temp=0.0) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def client(srv):
+    return anthropic.Anthropic(base_url=srv.url, api_key=KEY)
+
+
+def chat(srv, messages, **kw) -> dict:
+    body = {"messages": messages, "max_tokens": 24, **kw}
+    return httpx.post(srv.url + "/v1/chat/completions", json=body, headers={"x-api-key": KEY}, timeout=60).json()
+
+
+def test_a_message_is_the_chat_completion_it_means(srv, client):
+    m = client.messages.create(model="demo", max_tokens=24, system="Be brief.", messages=USER)
+    same = chat(srv, [{"role": "system", "content": "Be brief."}, *USER])
+    assert m.type == "message" and m.role == "assistant" and m.id.startswith("msg_")
+    assert m.content[0].type == "text" and m.content[0].text == same["choices"][0]["message"]["content"]
+    assert m.stop_reason == "max_tokens" and m.usage.output_tokens == 24
+    assert m.usage.input_tokens == same["usage"]["prompt_tokens"]
+    counted = client.messages.count_tokens(model="demo", system="Be brief.", messages=USER)
+    assert counted.input_tokens == m.usage.input_tokens
+
+
+def test_a_stop_sequence_is_named(client):
+    text = client.messages.create(model="demo", max_tokens=24, messages=USER).content[0].text
+    stop = text.strip()[:2]
+    m = client.messages.create(model="demo", max_tokens=24, messages=USER, stop_sequences=[stop])
+    assert m.stop_reason == "stop_sequence" and m.stop_sequence == stop
+    assert (m.content[0].text if m.content else "") == text[: text.index(stop)]
+
+
+def test_the_stream_has_anthropics_event_sequence(srv, client):
+    whole = client.messages.create(model="demo", max_tokens=16, messages=USER)
+    with client.messages.stream(model="demo", max_tokens=16, messages=USER) as stream:
+        text = "".join(stream.text_stream)
+        final = stream.get_final_message()
+    assert text == whole.content[0].text and final.usage.output_tokens == 16 and final.stop_reason == "max_tokens"
+    body = {"model": "demo", "max_tokens": 8, "messages": USER, "stream": True}
+    with httpx.stream("POST", srv.url + "/v1/messages", json=body, headers={"x-api-key": KEY}, timeout=60) as r:
+        events = [line[7:] for line in r.iter_lines() if line.startswith("event: ")]
+    assert events[:2] == ["message_start", "content_block_start"]
+    assert set(events[2:-3]) == {"content_block_delta"}
+    assert events[-3:] == ["content_block_stop", "message_delta", "message_stop"]
+
+
+def test_a_forced_tool_call_and_its_result(client):
+    m = client.messages.create(
+        model="demo", max_tokens=64, messages=[{"role": "user", "content": "Weather in Paris?"}],
+        tools=[WEATHER], tool_choice={"type": "tool", "name": "get_weather"},
+    )  # fmt: skip
+    (call,) = [b for b in m.content if b.type == "tool_use"]
+    assert m.stop_reason == "tool_use" and call.name == "get_weather" and isinstance(call.input["city"], str)
+    answer = client.messages.create(
+        model="demo", max_tokens=8, tools=[WEATHER],
+        messages=[
+            {"role": "user", "content": "Weather in Paris?"},
+            {"role": "assistant", "content": [{"type": "tool_use", "id": call.id, "name": call.name, "input": call.input}]},  # noqa: E501
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": call.id, "content": "sunny"}]},
+        ],
+    )  # fmt: skip
+    assert answer.content and answer.usage.output_tokens > 0
+
+
+def test_thinking_settings_are_taken(client):
+    for thinking in ({"type": "enabled", "budget_tokens": 1024}, {"type": "disabled"}):
+        assert client.messages.create(model="demo", max_tokens=4, messages=USER, thinking=thinking).content
+
+
+def test_errors_come_in_anthropics_shape(srv, client):
+    image = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "AAAA"}}
+    with pytest.raises(anthropic.BadRequestError) as err:
+        client.messages.create(model="demo", max_tokens=4, messages=[{"role": "user", "content": [image]}])
+    assert err.value.body["type"] == "error" and "text only" in err.value.body["error"]["message"]
+    missing = httpx.post(srv.url + "/v1/messages", json={"messages": USER}, headers={"x-api-key": KEY})
+    assert missing.status_code == 400 and missing.json()["error"]["type"] == "invalid_request_error"
+    assert "max_tokens" in missing.json()["error"]["message"]
+    with pytest.raises(anthropic.AuthenticationError) as err:
+        anthropic.Anthropic(base_url=srv.url, api_key="wrong").messages.create(model="d", max_tokens=4, messages=USER)
+    assert err.value.body["type"] == "error"
+    assert json.loads(httpx.get(srv.url + "/health").text)  # the server is well
