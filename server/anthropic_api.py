@@ -141,10 +141,7 @@ def to_chat(body: MessagesFields, extra: dict | None = None) -> ChatCompletionRe
             messages.append(msg)
     chat: dict[str, Any] = {"messages": messages, **(extra or {})}
     if body.tools:
-        chat["tools"] = [
-            {"type": "function", "function": {"name": t.name, "description": t.description or "", "parameters": s}}
-            for t, s in ((t, t.input_schema) for t in body.tools)
-        ]
+        chat["tools"] = [_function(t) for t in body.tools]
     choice = body.tool_choice
     if choice is not None:
         if choice.type == "tool":
@@ -157,6 +154,11 @@ def to_chat(body: MessagesFields, extra: dict | None = None) -> ChatCompletionRe
         return ChatCompletionRequest.model_validate(chat)
     except ValidationError as exc:  # what the chat request refuses, named as a 400
         raise RequestValidationError(exc.errors()) from exc
+
+
+def _function(tool: AnthropicTool) -> dict:
+    fn = {"name": tool.name, "description": tool.description or "", "parameters": tool.input_schema}
+    return {"type": "function", "function": fn}
 
 
 def _sampling(body: MessagesRequest) -> dict:
