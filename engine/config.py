@@ -50,6 +50,7 @@ class EngineConfig:
     spec_p_min: float = 0.0  # a draft model's guess below this probability ends its proposal (--spec-draft-p-min)
     spec_ngram_size: int = 12  # tokens of the n-gram looked up (--spec-ngram-simple-size-n)
     model_draft: Path | None = None  # the draft model's checkpoint (-md), HF folder or GGUF
+    special: bool = False  # special tokens are written into the output text (llama-server's -sp)
 
     @property
     def cache_cells(self) -> int:

@@ -72,6 +72,7 @@ SWITCHES: dict[str, tuple[str | tuple[str, ...], str | tuple[str, ...]]] = {
     "kv_cache_demand_paged": ("--kv-cache-demand-paged", "--no-kv-cache-demand-paged"),
     "context_shift": ("--context-shift", "--no-context-shift"),
     "cache_prompt": ("--cache-prompt", "--no-cache-prompt"),
+    "special": (("-sp", "--special"), "--no-special"),
     "metrics": ("--metrics", "--no-metrics"),
     "metrics_public": ("--metrics-public", "--no-metrics-public"),
     "log_prompts": ("--log-prompts", "--no-log-prompts"),

@@ -117,6 +117,7 @@ class ServerSettings(BaseSettings):
     context_shift: bool = Field(False, description="a full slot drops old tokens instead of stopping")
     keep: int = Field(0, ge=-1, description="prompt tokens a context shift keeps (requests without n_keep; -1: all)")
     reverse_prompt: str | None = Field(None, description="a stop string for requests that give none")
+    special: bool = Field(False, description="special tokens are written into the output text")
     cache_prompt: bool = Field(True, description="reuse a slot's cache for requests without cache_prompt")
     grammar: str | None = Field(None, description="GBNF grammar for requests without a constraint of their own")
     grammar_file: Path | None = Field(None, description="the same, read from a file")

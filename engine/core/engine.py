@@ -182,7 +182,7 @@ class Engine(TokenAcceptance):
             prompt_ids=list(prompt_ids),
             params=params,
             seed=seed,
-            detok=IncrementalDetokenizer(self.tokenizer, prompt_ids),
+            detok=IncrementalDetokenizer(self.tokenizer, prompt_ids, skip_special=not self.config.special),
             stopper=StopMatcher(list(params.stop)),
             n_computed=n_cached,
             n_keep=max(0, min(n_keep, len(prompt_ids))),

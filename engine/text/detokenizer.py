@@ -18,8 +18,9 @@ class Decoder(Protocol):
 
 
 class IncrementalDetokenizer:
-    def __init__(self, tokenizer: Decoder, prompt_ids: list[int]):
-        self.tok = tokenizer
+    def __init__(self, tokenizer: Decoder, prompt_ids: list[int], skip_special: bool = True):
+        """``skip_special``: special tokens decode to nothing (else to their text)."""
+        self.tok, self.skip_special = tokenizer, skip_special
         self.ids = list(prompt_ids[-_CONTEXT:])
         self.prefix = 0
         self.read = len(self.ids)
@@ -27,8 +28,8 @@ class IncrementalDetokenizer:
     def push(self, token_id: int) -> str:
         """Add one token; return the newly completed text (may be empty)."""
         self.ids.append(token_id)
-        before = self.tok.decode(self.ids[self.prefix : self.read])
-        after = self.tok.decode(self.ids[self.prefix :])
+        before = self.tok.decode(self.ids[self.prefix : self.read], self.skip_special)
+        after = self.tok.decode(self.ids[self.prefix :], self.skip_special)
         if len(after) > len(before) and not after.endswith("\ufffd"):
             self.prefix, self.read = self.read, len(self.ids)
             return after[len(before) :]
@@ -36,8 +37,8 @@ class IncrementalDetokenizer:
 
     def flush(self) -> str:
         """Text still held back (an incomplete character, decoded with replacement)."""
-        before = self.tok.decode(self.ids[self.prefix : self.read])
-        after = self.tok.decode(self.ids[self.prefix :])
+        before = self.tok.decode(self.ids[self.prefix : self.read], self.skip_special)
+        after = self.tok.decode(self.ids[self.prefix :], self.skip_special)
         self.prefix = self.read = len(self.ids)
         return after[len(before) :] if len(after) > len(before) else ""
 

@@ -88,3 +88,15 @@ def test_routes_under_an_api_prefix_and_sse_pings():
             assert next(lines) == ":"  # an SSE comment while nothing comes
             gate.set()
             assert any(line.startswith("data: ") for line in lines)  # then the rest
+
+
+def test_special_tokens_are_written_with_sp(demo_server):
+    """-sp/--special: a special token the model picks appears in the text as its text
+    (here forced by a logit bias), and not without the flag."""
+    token = demo_server.state.engine.tokenizer.hf.token_to_id("<|im_start|>")
+    body = {"prompt": "x = 1", "n_predict": 2, "temperature": 0, "logit_bias": [[token, 100]]}
+    quiet = httpx.post(demo_server.url + "/completion", json=body, timeout=60).json()
+    with InProcessServer(special=True, parallel=1) as srv:
+        loud = httpx.post(srv.url + "/completion", json=body, timeout=60).json()
+    assert quiet["tokens"] == loud["tokens"] == [token, token]
+    assert quiet["content"] == "" and loud["content"] == "<|im_start|><|im_start|>"
