@@ -12,6 +12,7 @@ DeepSeek, CodeGemma, ...).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 NAMES = {  # role -> token texts that play it, in the order llama.cpp tries them
@@ -48,12 +49,13 @@ class FimTokens:
         return [f"{names[r]} token is missing" for r in ("pre", "suf", "mid") if getattr(self, r) is None]
 
 
-def find_fim_tokens(vocab: dict[str, int], gguf_fields: dict | None = None) -> FimTokens:
-    """The FIM tokens: GGUF metadata first, then the vocabulary's known names."""
+def find_fim_tokens(token_to_id: Callable[[str], int | None], gguf_fields: dict | None = None) -> FimTokens:
+    """The FIM tokens: GGUF metadata first, then the known names (``token_to_id``: a
+    token's id or None, asked of a few names only, never the whole vocabulary)."""
     found = {}
     for role, names in NAMES.items():
         ids = [gguf_fields.get(k) for k in GGUF_KEYS[role]] if gguf_fields else []
-        ids += [vocab.get(n) for n in names]
+        ids += [token_to_id(n) for n in names]
         found[role] = next((i for i in ids if isinstance(i, int) and i >= 0), None)
     return FimTokens(**found)
 

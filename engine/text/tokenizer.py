@@ -88,7 +88,7 @@ class Tokenizer:
             eos.add(self.hf.token_to_id(self.eos_token))
         self.eos_ids = frozenset(int(x) for x in eos)
         self.chat_template = ChatTemplate(template, self._specials) if template else None
-        self.fim = find_fim_tokens(self.hf.get_vocab(with_added_tokens=True), fim_fields)
+        self.fim = find_fim_tokens(self.hf.token_to_id, fim_fields)
 
     @classmethod
     def from_folder(cls, folder: Path, config_eos: tuple[int, ...] = ()) -> Tokenizer:

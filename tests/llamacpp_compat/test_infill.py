@@ -32,14 +32,14 @@ def fim_server(fim_model):
 
 def test_the_tokens_are_found_by_name_and_in_gguf_metadata():
     vocab = {"<fim_prefix>": 5, "<fim_suffix>": 6, "<fim_middle>": 7, "<|file_sep|>": 9}
-    assert find_fim_tokens(vocab) == FimTokens(5, 6, 7, None, 9)
+    assert find_fim_tokens(vocab.get) == FimTokens(5, 6, 7, None, 9)
     fields = {
         "tokenizer.ggml.fim_pre_token_id": 1,
         "tokenizer.ggml.fim_mid_token_id": 3,
         "tokenizer.ggml.prefix_token_id": 8,
     }
-    assert find_fim_tokens(vocab, fields) == FimTokens(1, 6, 3, None, 9)  # metadata first
-    assert find_fim_tokens({}).missing() == [
+    assert find_fim_tokens(vocab.get, fields) == FimTokens(1, 6, 3, None, 9)  # metadata first
+    assert find_fim_tokens({}.get).missing() == [
         "prefix token is missing",
         "suffix token is missing",
         "middle token is missing",
