@@ -21,10 +21,11 @@ from engine.errors import BadSlotFile, NoRoom, SlotError, SlotFilesOff
 from engine.sampling.grammar import Constraint
 from engine.sampling.params import SamplingParams
 from engine.scheduling import slot_io
+from engine.scheduling.health import Health
 from engine.scheduling.prompt_cache import MIB, PromptCache
 from engine.scheduling.prompt_disk import DiskTier
 from engine.scheduling.request import Request, RequestEnd
-from engine.scheduling.scheduler import Health, Scheduler, SlotInfo
+from engine.scheduling.scheduler import Scheduler, SlotInfo
 from engine.scheduling.task_board import Sink
 from engine.slot_files import SlotFiles
 from engine.text.tokenizer import Tokenizer

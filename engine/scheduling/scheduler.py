@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from engine.core.engine import Engine
 from engine.errors import EngineStopped, QueueFull, RequestError, SlotBusy, StepFailed, check_token_ids
 from engine.sampling.params import SamplingParams
+from engine.scheduling.health import Health, StepClock
 from engine.scheduling.prompt_cache import PromptCache
 from engine.scheduling.request import Failed, Request, RequestEnd, RequestEvent
 from engine.scheduling.slots import SlotTable
@@ -55,31 +56,6 @@ class _Call:
     future: concurrent.futures.Future
     idle_slot: int | None
     wait: bool
-
-
-@dataclass(frozen=True)
-class Health:
-    alive: bool
-    stalled: bool
-    n_waiting: int
-    n_running: int
-    n_faults: int  # engine steps that raised, since start
-    n_faults_in_row: int  # ... since the last step that succeeded
-    steps: StepClock | None = None
-
-
-@dataclass
-class StepClock:
-    """Engine steps since start: their count, wall time, and the engine thread's CPU
-    time inside them. ``1 - cpu_s / wall_s`` is the share of step time the engine
-    thread was off the CPU: waiting for the GIL, or preempted by other threads."""
-
-    n: int = 0
-    wall_s: float = 0.0
-    cpu_s: float = 0.0
-    n_decode: int = 0  # of those, steps of one token per sequence (no prefill)
-    decode_wall_s: float = 0.0
-    n_busy: int = 0  # sequences running, summed over the completed steps (llama-server's busy slots per decode)
 
 
 class Scheduler:
@@ -342,19 +318,12 @@ class Scheduler:
             self._count_fault()
             self.board.fail_seqs(exc.seqs, STEP_FAULT)
             return
-        self._time_step(time.perf_counter() - wall, time.thread_time() - cpu, n_busy)
+        self.clock.add(time.perf_counter() - wall, time.thread_time() - cpu, n_busy, self.engine.last_step_decode_only)
         n_failed = self.board.dispatch(events)  # a fault of one sequence fails its request alone
         if n_failed:
             self._count_fault(n_failed, in_row=n_failed == len(events))
         else:
             self.n_faults_in_row = 0
-
-    def _time_step(self, wall: float, cpu: float, n_busy: int) -> None:
-        clock = self.clock
-        clock.n, clock.wall_s, clock.cpu_s = clock.n + 1, clock.wall_s + wall, clock.cpu_s + cpu
-        clock.n_busy += n_busy
-        if self.engine.last_step_decode_only:
-            clock.n_decode, clock.decode_wall_s = clock.n_decode + 1, clock.decode_wall_s + wall
 
     def _count_fault(self, n: int = 1, in_row: bool = True) -> None:
         """``in_row``: nothing in that step went right (else the run of faults ends)."""
