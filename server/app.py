@@ -10,7 +10,7 @@ from fastapi import FastAPI
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from server import anthropic_api, errors, infill_api, native_api, openai_api, slot_api, webui
+from server import anthropic_api, errors, infill_api, native_api, oai_responses, openai_api, slot_api, webui
 from server.auth import PUBLIC, APIKeyMiddleware, JSONBodyMiddleware
 from server.body_limit import BodyLimitMiddleware
 from server.cors import CORSMiddleware, CORSPolicy, parse_origins
@@ -41,6 +41,7 @@ def create_app(settings: ServerSettings) -> FastAPI:
     app.include_router(native_api.router)
     app.include_router(infill_api.router)
     app.include_router(anthropic_api.router)
+    app.include_router(oai_responses.router)
     app.include_router(slot_api.router)
     public = PUBLIC | {"/metrics"} if settings.metrics_public else PUBLIC
     if settings.webui:

@@ -35,19 +35,13 @@ class NativeAnswer:
     def frame(self, run: Run, index: int, event) -> dict | None:
         id_slot = run.admitted.id_slots[0]
         if isinstance(event, Progress):
-            progress = {
-                "total": event.n_total,
-                "cache": event.n_cached,
-                "processed": event.n_processed,
-                "time_ms": (event.t - run.admitted.t) * 1000,
-            }
             return {
                 "index": index,
                 "content": "",
                 "tokens": [],
                 "id_slot": id_slot,
                 "stop": False,
-                "prompt_progress": progress,
+                "prompt_progress": run.progress(event),
             }
         if not isinstance(event, Delta):
             return None

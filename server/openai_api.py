@@ -11,7 +11,7 @@ from fastapi import APIRouter
 from fastapi import Request as HTTPRequest
 from fastapi.responses import JSONResponse, Response
 
-from engine import Delta, Engine, TokenLogprob
+from engine import Delta, Engine, Progress, TokenLogprob
 from server import __version__
 from server.chat_output import ChatAnswer
 from server.chat_prompt import chat_template, render_chat, uses_tools
@@ -66,6 +66,7 @@ async def _start(http: HTTPRequest, body: OpenAIFields, ids: list[int], max_toke
     engine = state.require_ready()
     run = Run(state, http, await build_request(state, body, ids, max_tokens, logprobs, OPENAI_DEFAULTS, forced))
     run.req_timings = body.timings_per_token
+    run.req.progress = body.return_progress and body.stream
     if not await run.open(engine):
         return None
     return run
@@ -90,14 +91,17 @@ async def _stream(run: Run, head: dict, include_usage: bool, render, first: list
         yield sse({**head, "choices": [choice], **usage})
 
     def frame(_: int, event) -> dict | None:
+        if isinstance(event, Progress):  # llama-server's: a role-only chunk carrying prompt_progress
+            opening = {"index": 0, "delta": {"role": "assistant", "content": None}, "finish_reason": None}
+            return {**head, "choices": [opening], **usage, "prompt_progress": run.progress(event)}
         choice = render(event)
         if choice is None:
             return None
-        timings = {"timings": run.timings()} if run.req_timings else {}
+        timings = {"timings": run.timings()} if run.req_timings or event.finished else {}
         return {**head, "choices": [choice], **usage, **timings}
 
     def tail() -> list[str]:
-        last = [sse({**head, "choices": [], "usage": run.usage()})] if include_usage else []
+        last = [sse({**head, "choices": [], "usage": run.usage(), "timings": run.timings()})] if include_usage else []
         return [*last, sse("[DONE]")]
 
     async for text in sse_frames(merged_events([run]), frame, tail):

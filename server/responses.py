@@ -52,6 +52,23 @@ class AnthropicTokenCount(_Out):
     input_tokens: int
 
 
+class ResponseObject(_Out):
+    """OpenAI's Responses API answer (the fields OpenAI's carries; output items as dicts)."""
+
+    id: str
+    object: Literal["response"]
+    created_at: int
+    status: Literal["completed", "incomplete", "in_progress"]
+    model: str
+    output: list[dict[str, Any]]
+    usage: dict[str, Any] | None
+
+
+class ResponseTokenCount(_Out):
+    object: Literal["response.input_tokens"]
+    input_tokens: int
+
+
 class Status(_Out):
     status: str
     error: str | None = None

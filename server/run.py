@@ -10,7 +10,18 @@ from dataclasses import dataclass, field
 
 from fastapi import Request as HTTPRequest
 
-from engine import Admitted, Delta, EngineService, Failed, QueueFull, Request, RequestError, RequestEvent, TokenLogprob
+from engine import (
+    Admitted,
+    Delta,
+    EngineService,
+    Failed,
+    Progress,
+    QueueFull,
+    Request,
+    RequestError,
+    RequestEvent,
+    TokenLogprob,
+)
 from server.errors import APIError
 from server.state import ServerState
 
@@ -223,6 +234,15 @@ class Run:
             "predicted_per_token_ms": predicted_ms / max(n_pred, 1),
             "predicted_per_second": n_pred / predicted_ms * 1000 if predicted_ms > 0 else 0.0,
             **self._draft_timings(),
+        }
+
+    def progress(self, event: Progress) -> dict:
+        """llama-server's ``prompt_progress`` for one Progress event."""
+        return {
+            "total": event.n_total,
+            "cache": event.n_cached,
+            "processed": event.n_processed,
+            "time_ms": (event.t - self.admitted.t) * 1000,
         }
 
     def _draft_timings(self) -> dict:

@@ -100,6 +100,7 @@ class SamplingFields(_Body):
     n_keep: Int(ge=-1) | None = None  # None: the server's (--keep, 0)
     stream: bool = False
     timings_per_token: bool = False  # llama-server: timings in every stream chunk
+    return_progress: bool = False  # llama-server: prompt_progress chunks while a streamed prompt is computed
     verbose: bool | None = Field(
         None,
         description="add __verbose (llama-server's native answer, with the prompt) to an OpenAI answer "
@@ -283,7 +284,6 @@ class NativeCompletionRequest(SamplingFields):
     n_predict: Int(ge=-1) = -1
     n_probs: Int(ge=0, le=20) = 0
     response_fields: list[str] | None = None
-    return_progress: bool = False
 
     def prompts(self) -> tuple[list[str | list], bool]:
         """(prompts, batch): each prompt as text or a list of ids and text pieces."""
