@@ -126,6 +126,16 @@ class EngineService:
         return self._engine.n_ctx_seq
 
     @property
+    def hidden_size(self) -> int:
+        """The length of an embedding (the model's final hidden state)."""
+        return self._engine.model_config.hidden_size
+
+    @property
+    def embedding_pooling(self) -> str | None:
+        """The pooling the checkpoint names for embeddings (None: it names none)."""
+        return self._engine.checkpoint_pooling
+
+    @property
     def n_slots(self) -> int:
         return self._engine.config.n_seq_max
 

@@ -10,7 +10,17 @@ from fastapi import FastAPI
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from server import anthropic_api, errors, infill_api, native_api, oai_responses, openai_api, slot_api, webui
+from server import (
+    anthropic_api,
+    embeddings_api,
+    errors,
+    infill_api,
+    native_api,
+    oai_responses,
+    openai_api,
+    slot_api,
+    webui,
+)
 from server.auth import PUBLIC, APIKeyMiddleware, JSONBodyMiddleware
 from server.body_limit import BodyLimitMiddleware
 from server.cors import CORSMiddleware, CORSPolicy, parse_origins
@@ -42,6 +52,7 @@ def create_app(settings: ServerSettings) -> FastAPI:
     app.include_router(infill_api.router)
     app.include_router(anthropic_api.router)
     app.include_router(oai_responses.router)
+    app.include_router(embeddings_api.router)
     app.include_router(slot_api.router)
     public = PUBLIC | {"/metrics"} if settings.metrics_public else PUBLIC
     if settings.webui:
@@ -93,7 +104,7 @@ def _add_openapi(app: FastAPI, state: ServerState, public: set[str]) -> None:
         """The document, with the limits of the loaded model (503 while it loads)."""
         if not document:
             engine = state.require_ready()
-            limits = {"vocab": engine.vocab_size, "n_slots": state.settings.parallel}
+            limits = {"vocab": engine.vocab_size, "n_slots": state.settings.parallel, "n_embd": engine.hidden_size}
             document.update(build_openapi(app, limits, bool(state.settings.api_keys), public))
         return JSONResponse(document)
 

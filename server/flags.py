@@ -63,6 +63,7 @@ FLAGS: dict[str, tuple[str, ...]] = {
     "chat_template_kwargs": ("--chat-template-kwargs",),
     "reasoning_format": ("--reasoning-format",),
     "reasoning_budget": ("--reasoning-budget",),
+    "pooling": ("--pooling",),
 }
 SWITCHES: dict[str, tuple[str | tuple[str, ...], str | tuple[str, ...]]] = {
     "kv_unified": ("--kv-unified", "--no-kv-unified"),
@@ -79,6 +80,7 @@ SWITCHES: dict[str, tuple[str | tuple[str, ...], str | tuple[str, ...]]] = {
     "verbose": (("-v", "--verbose"), "--no-verbose"),
     "cors_credentials": ("--cors-credentials", "--no-cors-credentials"),
     "slots": ("--slots", "--no-slots"),
+    "embeddings": (("--embedding", "--embeddings"), "--no-embeddings"),
     "slots_debug": ("--slots-debug", "--no-slots-debug"),
     "jinja": ("--jinja", "--no-jinja"),
     "webui": (("--webui", "--ui"), ("--no-webui", "--no-ui")),

@@ -114,7 +114,7 @@ def check_text_fits(engine: EngineService, n_chars: int) -> None:
     if n_chars > n_ctx * engine.tokenizer.max_token_chars:
         raise APIError(
             400,
-            f"the prompt has {n_chars} characters: more than a context of {n_ctx} tokens can hold",
+            f"the prompt has {n_chars} characters: too large for a context of {n_ctx} tokens",
             "exceed_context_size_error",
             n_ctx=n_ctx,
         )

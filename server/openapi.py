@@ -33,7 +33,7 @@ def int_range_pattern(hi: int) -> str:
 
 
 def build_openapi(app: FastAPI, limits: dict[str, int], api_keys: bool, public: frozenset[str]) -> dict:
-    """``limits``: vocab (token ids < vocab) and n_slots."""
+    """``limits``: vocab (token ids < vocab), n_slots and n_embd (the embedding size)."""
     spec = get_openapi(title=app.title, version=app.version, routes=app.routes)
     for path, ops in spec["paths"].items():
         for op in ops.values():
@@ -67,6 +67,8 @@ def _fill_limits(node, limits: dict[str, int]) -> None:
         node["maximum"] = limits["n_slots"] - 1
     elif mark == "n_slots":
         node["maximum"] = limits["n_slots"]
+    elif mark == "n_embd":
+        node["minimum"] = node["maximum"] = limits["n_embd"]
     elif mark == "token_keys":
         for option in node.get("anyOf", [node]):
             if option.get("type") == "object":

@@ -69,6 +69,26 @@ class ResponseTokenCount(_Out):
     input_tokens: int
 
 
+class EmbeddingItem(_Out):
+    object: Literal["embedding"]
+    index: int
+    embedding: list[float] | str  # base64 of little-endian float32 with encoding_format base64
+
+
+class EmbeddingList(_Out):
+    object: Literal["list"]
+    model: str
+    data: list[EmbeddingItem]
+    usage: dict[str, int]
+
+
+class NativeEmbedding(_Out):
+    """llama-server's /embedding: per input, its vectors (one pooled; pooling none: one per token)."""
+
+    index: int
+    embedding: list[list[float]]
+
+
 class Status(_Out):
     status: str
     error: str | None = None

@@ -39,6 +39,7 @@ class Choice:
     truncated: bool = False
     n_drafted: int = 0  # speculative decoding (llama-server's timings.draft_n)
     n_draft_accepted: int = 0
+    embedding: list[list[float]] | None = None  # an embedding request's pooled vector(s)
 
     def add(self, d: Delta) -> None:
         self.text += d.text
@@ -49,6 +50,7 @@ class Choice:
         self.n_drafted, self.n_draft_accepted = d.n_drafted, d.n_draft_accepted
         if d.finished:
             self.finish_reason, self.stop_word, self.truncated = d.finish_reason, d.stop_word, d.truncated
+            self.embedding = d.embedding
 
 
 async def _wait_disconnect(http: HTTPRequest) -> None:

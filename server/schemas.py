@@ -26,7 +26,9 @@ def _integral(v):
     return int(v) if isinstance(v, float) and v.is_integer() else v
 
 
-INT64 = 2**63 - 1024  # the largest int64 a double holds exactly: the JSON document (floats) states it exactly
+# the bound of every integer: within int64, and a round decimal that a double holds exactly, so no
+# number a client prints from a double in range (17 significant digits) lands past it
+INT64 = 10**18
 
 
 def Int(**constraints):  # noqa: N802 (a type)
@@ -40,6 +42,7 @@ def Int(**constraints):  # noqa: N802 (a type)
 
 
 TokenId = Int(ge=0, **_limit("token"))  # < the vocabulary size
+EmbedSize = Int(ge=1, **_limit("n_embd"))  # = the model's hidden size
 TokenIds = Annotated[list[TokenId], Field(min_length=1)]
 NonEmpty = Annotated[str, Field(min_length=1)]
 SlotId = Int(ge=-1, description="a slot (-1: any)", **_limit("slot"))

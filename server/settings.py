@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field, field_validator
 from pydantic.fields import FieldInfo
@@ -146,6 +147,10 @@ class ServerSettings(BaseSettings):
     )
     metrics_public: bool = Field(False, description="/metrics without the API key")
     slots: bool = Field(True, description="serve the slot monitoring endpoint GET /slots (off: 501)")
+    embeddings: bool = Field(False, description="serve /v1/embeddings and /embedding(s), beside generation (off: 501)")
+    pooling: Literal["none", "mean", "cls", "last"] | None = Field(
+        None, description="how embeddings pool the final hidden states (default: the checkpoint's, else last)"
+    )
     slots_debug: bool = Field(False, description="GET /slots shows each running request's sampling params")
     temp: float | None = Field(None, ge=0, description="default temperature of requests that set none")
     top_k: int | None = Field(None, ge=0, description="default top-k of requests that set none")
@@ -309,6 +314,8 @@ LLAMA_ENV = {  # setting -> the variable llama-server reads for the same flag (l
     "context_shift": "LLAMA_ARG_CONTEXT_SHIFT",
     "metrics": "LLAMA_ARG_ENDPOINT_METRICS",
     "slots": "LLAMA_ARG_ENDPOINT_SLOTS",
+    "embeddings": "LLAMA_ARG_EMBEDDINGS",
+    "pooling": "LLAMA_ARG_POOLING",
     "slots_debug": "LLAMA_SERVER_SLOTS_DEBUG",
     "cors_origins": "LLAMA_ARG_CORS_ORIGINS",
     "cors_methods": "LLAMA_ARG_CORS_METHODS",

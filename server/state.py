@@ -128,6 +128,12 @@ class ServerState:
             return False
         return not self._loader.is_alive()
 
+    @property
+    def embedding_pooling(self) -> str:
+        """How embeddings pool: --pooling, else the checkpoint's, else ``last``."""
+        given = self.settings.pooling or (self.engine.embedding_pooling if self.engine else None)
+        return given or "last"
+
     def require_ready(self) -> EngineService:
         """The engine, or a 503 that says why it cannot serve."""
         if self.status == "ready" and self.engine is not None:

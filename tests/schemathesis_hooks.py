@@ -9,6 +9,13 @@ proposing such requests as schema-valid ones. Everything else is checked as befo
 Image and document blocks of Anthropic messages are in the schema so that they get a
 clear 400 ("text only") rather than a shape error; positive cases do not carry them.
 
+A Responses request is refused (400) for what its schema leaves open on purpose, so
+that the answer names it: media parts (text only), ``previous_response_id`` (nothing is
+stored), a function tool without a name; positive cases do not carry them.
+
+An embedding input must hold a token: the empty string does only where the model adds
+BOS (as in llama-server), which no schema can say; positive cases carry no empty input.
+
 Likewise a structured-output constraint (a grammar, a JSON schema, a regex, a required
 tool call) must compile, which no JSON schema can say of a string: positive cases that
 carry one are not proposed (negative ones still are; the constraint tests cover what
@@ -57,11 +64,34 @@ def _media(body: dict) -> bool:
     return False
 
 
+def _responses_refused(body: dict) -> bool:
+    fmt = (body.get("text") or {}).get("format") if isinstance(body.get("text"), dict) else None
+    if body.get("previous_response_id") or (isinstance(fmt, dict) and fmt.get("type") != "text"):
+        return True
+    tools = body.get("tools") if isinstance(body.get("tools"), list) else []
+    if any(isinstance(t, dict) and t.get("type") == "function" and not t.get("name") for t in tools):
+        return True
+    items = body.get("input") if isinstance(body.get("input"), list) else []
+    for item in items:
+        parts = [*(item.get("content") or []), *(item.get("output") or [])] if isinstance(item, dict) else []
+        if any(isinstance(p, dict) and p.get("type") in ("input_image", "input_file") for p in parts):
+            return True
+    return False
+
+
 @schemathesis.hook
 def filter_case(context, case) -> bool:
     body = case.body
     if isinstance(body, dict) and _positive(case) and _constrained(body):
         return False
+    if str(case.path).endswith(("/embedding", "/embeddings")) and isinstance(body, dict) and _positive(case):
+        entries = [body.get("input"), body.get("content")]
+        entries += [x for e in entries if isinstance(e, list) for x in e]
+        if "" in entries or any(isinstance(e, dict) and e.get("prompt_string") == "" for e in entries):
+            return False
+    if str(case.path).startswith("/v1/responses") and isinstance(body, dict) and _positive(case):
+        if _responses_refused(body):
+            return False
     if str(case.path).startswith("/v1/messages") and isinstance(body, dict) and _positive(case) and _media(body):
         return False
     if not str(case.path).startswith(("/v1/chat/completions", "/chat/completions")) or not isinstance(body, dict):

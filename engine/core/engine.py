@@ -20,6 +20,7 @@ from engine.config import EngineConfig
 from engine.core.acceptance import TokenAcceptance
 from engine.core.draft_model import DraftModel
 from engine.core.planner import Chunk, plan_step
+from engine.core.pooling import Pooler, Pooling
 from engine.core.runner import ModelRunner
 from engine.core.sequence import FinishReason, Sequence, StepEvent, TokenLogprob
 from engine.core.speculation import Speculation
@@ -63,6 +64,7 @@ class Engine(TokenAcceptance):
         loaded = load(config, progress)
         self.model_config, self.tokenizer, self.model = loaded.model_config, loaded.tokenizer, loaded.model
         self.fingerprint = loaded.fingerprint
+        self.checkpoint_pooling = loaded.pooling  # what the checkpoint asks embeddings to pool with (or None)
         if config.quantization:  # before packing: the quantized layers are no nn.Linear any more
             quantize_linears(self.model, config.quantization)
             self.fingerprint = {**self.fingerprint, "quantization": config.quantization}
@@ -151,14 +153,22 @@ class Engine(TokenAcceptance):
     # ---- step-level API --------------------------------------------------------
 
     def add_sequence(
-        self, prompt_ids: list[int], params: SamplingParams, seq_id: int, n_cached: int = 0, n_keep: int = 0
+        self,
+        prompt_ids: list[int],
+        params: SamplingParams,
+        seq_id: int,
+        n_cached: int = 0,
+        n_keep: int = 0,
+        pooling: Pooling | None = None,
     ) -> Sequence:
         """Start generating for ``prompt_ids`` in memory sequence ``seq_id``.
 
         ``n_cached``: the caller guarantees memory already holds ``prompt_ids[:n_cached]``
         for ``seq_id`` (prefix reuse); everything after it is dropped. At least the last
-        prompt token is recomputed so it yields logits. Raises ValueError on an empty or
-        too long prompt, a busy ``seq_id`` or a token outside the vocabulary.
+        prompt token is recomputed so it yields logits. ``pooling``: an embedding, which
+        ends once the prompt is computed, with its pooled hidden states (pooling other
+        than ``last`` recomputes the whole prompt). Raises ValueError on an empty or too
+        long prompt, a busy ``seq_id`` or a token outside the vocabulary.
         """
         if not prompt_ids:
             raise ValueError("the prompt is empty")
@@ -167,6 +177,9 @@ class Engine(TokenAcceptance):
         if any(s.seq_id == seq_id for s in self.running):
             raise ValueError(f"sequence {seq_id} is busy")
         check_token_ids(prompt_ids, self.model_config.vocab_size)
+        pooler = Pooler(pooling, len(prompt_ids)) if pooling is not None else None
+        if pooler is not None and pooler.needs_whole_prompt:
+            n_cached = 0
         n_cached = max(0, min(n_cached, len(prompt_ids) - 1, self.memory.seq_pos_max(seq_id) + 1))
         n_cached = self.memory.seq_cut_point(seq_id, n_cached)
         restores = 0 < n_cached <= self.memory.seq_pos_max(seq_id) and n_cached in self.memory.checkpoints(seq_id)
@@ -187,6 +200,7 @@ class Engine(TokenAcceptance):
             n_computed=n_cached,
             n_keep=max(0, min(n_keep, len(prompt_ids))),
             matcher=self.grammars.matcher(params.constraint) if params.constraint else None,
+            pooler=pooler,
         )
         self.running.append(seq)
         return seq
@@ -269,8 +283,18 @@ class Engine(TokenAcceptance):
             _settle(masks)
             raise self._step_failed([c.seq for c in plan], exc) from exc
         events = self._sample_and_accept(plan, logits, keep_logits, masks)
+        self._end_embeddings(events)
         self.running = [s for s in self.running if not s.finished]
         return events
+
+    @staticmethod
+    def _end_embeddings(events: list[StepEvent]) -> None:
+        """An embedding sequence whose prompt is computed ends, with its pooled vector."""
+        for event in events:
+            seq = event.seq
+            if seq.pooler is not None and event.error is None and seq.n_pending == 0:
+                seq.finish_reason, event.finished = FinishReason.STOP, True
+                event.embedding = seq.pooler.result()
 
     def _plan(self, faults: list[StepEvent]) -> list[Chunk]:
         """The step's plan; when planning raises, each sequence is planned alone to

@@ -11,11 +11,11 @@ from engine.core.sequence import Sequence
 class Chunk(NamedTuple):
     seq: Sequence
     n_tokens: int
-    samples: bool  # the chunk reaches the end of the known tokens: sample the next one
+    samples: bool  # the chunk reaches the end of the known tokens: sample the next one (never for an embedding)
 
 
 def _chunk(seq: Sequence, n: int) -> Chunk:
-    return Chunk(seq, n, seq.n_computed + n == len(seq.tokens))
+    return Chunk(seq, n, seq.pooler is None and seq.n_computed + n == len(seq.tokens))
 
 
 def plan_step(running: list[Sequence], budget: int, align: int | None = None) -> list[Chunk]:
@@ -27,7 +27,7 @@ def plan_step(running: list[Sequence], budget: int, align: int | None = None) ->
     for seq in running:
         if seq.n_pending == 1 and budget > 0:
             del seq.draft[budget - 1 :]  # a proposal (speculation.py) rides along as far as the budget goes
-            plan.append(Chunk(seq, 1 + len(seq.draft), True))
+            plan.append(Chunk(seq, 1 + len(seq.draft), seq.pooler is None))
             budget -= 1 + len(seq.draft)
     for seq in running:
         if seq.n_pending > 1 and budget > 0:

@@ -1,4 +1,5 @@
-"""Runs one planned step: flat batch tensors -> memory.prepare -> model -> logits."""
+"""Runs one planned step: flat batch tensors -> memory.prepare -> model -> logits (and
+the hidden states embedding sequences pool, engine/core/pooling.py)."""
 
 from __future__ import annotations
 
@@ -20,33 +21,42 @@ class ModelRunner:
         """Compute the plan's tokens; return logits [S, vocab] for the chunks that sample,
         in plan order (a chunk with a proposal: one row per position). Advances each
         sequence's ``n_computed`` (by the proposal too: the engine cuts back what the
-        model did not confirm). On failure the new positions are removed again, so
-        memory is as before."""
-        ids, positions, logit_rows = [], [], []
+        model did not confirm). An embedding sequence's pooler gets the hidden states
+        of the rows it needs. On failure the new positions are removed again, so memory
+        is as before."""
+        ids, positions, logit_rows, pooled_rows = [], [], [], []
         row = 0
         for chunk in plan:
             seq, start = chunk.seq, chunk.seq.n_computed
             ids += seq.tokens[start : start + chunk.n_tokens] + seq.draft  # a draft rides after the known token
             positions.append(torch.arange(start, start + chunk.n_tokens))
+            if seq.pooler is not None:  # an embedding: the rows its pooling needs
+                pooled_rows.append([row + r for r in seq.pooler.rows(start, chunk.n_tokens)])
             row += chunk.n_tokens
             if chunk.samples:  # a proposal's chunk: a row per position (the verification)
                 logit_rows += range(row - 1 - len(seq.draft), row) if seq.draft else [row - 1]
         pos = torch.cat(positions)  # [T]
         batch = MemoryBatch([c.seq.seq_id for c in plan], [c.n_tokens for c in plan], pos)
         view = self.memory.prepare(batch)
+        rows = logit_rows + [r for pooled in pooled_rows for r in pooled]
         try:
-            logits = self.model(
+            hidden = self.model.hidden(
                 torch.tensor(ids, device=self.device),
                 pos.to(self.device),
                 view,
-                torch.tensor(logit_rows, dtype=torch.long, device=self.device),
-            )  # [S, V]
+                torch.tensor(rows, dtype=torch.long, device=self.device),
+            )  # [S + P, hidden]
+            logits = self.model.project(hidden[: len(logit_rows)])  # [S, V]
         except BaseException:
             for c in plan:  # a recurrent state cannot drop the step: back to its last checkpoint
                 seq_id, n = c.seq.seq_id, c.seq.n_computed
                 if not self.memory.seq_rm(seq_id, n):
                     self.memory.seq_rm(seq_id, self.memory.seq_cut_point(seq_id, n))
             raise
+        at = len(logit_rows)
+        for seq, pooled in zip((c.seq for c in plan if c.seq.pooler is not None), pooled_rows):
+            seq.pooler.add(hidden[at : at + len(pooled)])  # [k, hidden]
+            at += len(pooled)
         every = self.memory.checkpoint_every
         for c in plan:
             c.seq.n_computed += c.n_tokens

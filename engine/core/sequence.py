@@ -5,6 +5,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
+from engine.core.pooling import Pooler
 from engine.sampling.params import SamplingParams
 from engine.text.detokenizer import IncrementalDetokenizer, StopMatcher
 
@@ -48,6 +49,7 @@ class Sequence:
     n_drafts: int = 0  # ... in this many proposals
     n_draft_accepted: int = 0  # ... of which the model picked the same
     draft_window: int = 0  # most tokens the next proposal may have (0: the server's most)
+    pooler: Pooler | None = None  # an embedding: the prompt's hidden states are pooled, nothing is sampled
 
     def __post_init__(self) -> None:
         if not self.tokens:
@@ -77,3 +79,4 @@ class StepEvent:
     error: BaseException | None = None
     n_output: int = 0  # the sequence's output tokens with this one (a step may bring several)
     logprob: TokenLogprob | None = None  # this token's, when logprobs were asked for
+    embedding: list[list[float]] | None = None  # an embedding sequence's result (Pooler.result)

@@ -10,6 +10,7 @@ from engine.loading.checkpoint import Progress, load_model
 from engine.loading.fingerprint import model_fingerprint
 from engine.loading.gguf.checkpoint import GGUFCheckpoint, is_gguf
 from engine.loading.gguf.tokenizer import gguf_tokenizer
+from engine.loading.pooling_hint import checkpoint_pooling
 from engine.models.base import DecoderLM
 from engine.models.config import ModelConfig, load_model_config, parse_model_config
 from engine.text.chat_template import resolve_template
@@ -22,6 +23,7 @@ class LoadedModel:
     tokenizer: Tokenizer
     model: DecoderLM
     fingerprint: dict[str, str]  # for slot files: taken before any kernel repacks the weights
+    pooling: str | None = None  # the embedding pooling the checkpoint names (engine/loading/pooling_hint.py)
 
 
 def load(config: EngineConfig, progress: Progress | None = None) -> LoadedModel:
@@ -37,4 +39,6 @@ def load(config: EngineConfig, progress: Progress | None = None) -> LoadedModel:
     if config.chat_template is not None:
         tokenizer.use_chat_template(*resolve_template(config.chat_template))
     model = load_model(config.model, model_config, config.torch_dtype, config.torch_device, gguf, progress)
-    return LoadedModel(model_config, tokenizer, model, model_fingerprint(model_config, model, config.dtype))
+    fingerprint = model_fingerprint(model_config, model, config.dtype)
+    pooling = checkpoint_pooling(config.model, gguf.fields if gguf is not None else None)
+    return LoadedModel(model_config, tokenizer, model, fingerprint, pooling)

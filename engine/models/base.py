@@ -102,12 +102,22 @@ class DecoderLM(nn.Module):
         self, input_ids: torch.Tensor, positions: torch.Tensor, view: ForwardView, logit_rows: torch.Tensor
     ) -> torch.Tensor:
         """input_ids, positions: [T]; logit_rows: [S] rows to project -> logits [S, vocab] float32."""
+        return self.project(self.hidden(input_ids, positions, view, logit_rows))
+
+    def hidden(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, view: ForwardView, rows: torch.Tensor
+    ) -> torch.Tensor:
+        """input_ids, positions: [T]; rows: [S] -> the final hidden states of those rows
+        [S, hidden], after the final norm (transformers' ``last_hidden_state``)."""
         x = self.model.embed_tokens(input_ids)  # [T, hidden]
         cos, sin = self.rotary.cos_sin(positions)  # [T, 1, D]
         for layer in self.model.layers:
             x = layer(x, cos, sin, view)
-        x = self.model.norm(x[logit_rows])  # [S, hidden]
-        return self.lm_head(x).float()  # [S, vocab]
+        return self.model.norm(x[rows])  # [S, hidden]
+
+    def project(self, x: torch.Tensor) -> torch.Tensor:
+        """Final hidden states [S, hidden] -> logits [S, vocab] float32."""
+        return self.lm_head(x).float()
 
     # ---- weights ---------------------------------------------------------------
 

@@ -125,13 +125,15 @@ class FalconH1ForCausalLM(DecoderLM):
         attention = [FullAttentionSpec(cfg.n_kv_heads, cfg.head_dim, dtype) for _ in range(cfg.n_layers)]
         return attention + [self.ssm.spec(dtype) for _ in range(cfg.n_layers)]
 
-    def forward(
-        self, input_ids: torch.Tensor, positions: torch.Tensor, view: ForwardView, logit_rows: torch.Tensor
+    def hidden(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, view: ForwardView, rows: torch.Tensor
     ) -> torch.Tensor:
-        """input_ids, positions: [T]; logit_rows: [S] -> logits [S, vocab] float32."""
+        """input_ids, positions: [T]; rows: [S] -> final hidden states [S, hidden]."""
         x = self.model.embed_tokens(input_ids) * self.embedding_multiplier  # [T, hidden]
         cos, sin = self.rotary.cos_sin(positions)
         for layer in self.model.layers:
             x = layer(x, cos, sin, view)
-        logits = self.lm_head(self.model.final_layernorm(x[logit_rows])) * self.lm_head_multiplier
-        return logits.float()  # [S, vocab]
+        return self.model.final_layernorm(x[rows])
+
+    def project(self, x: torch.Tensor) -> torch.Tensor:
+        return (self.lm_head(x) * self.lm_head_multiplier).float()  # [S, vocab]

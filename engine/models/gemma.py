@@ -129,10 +129,10 @@ class GemmaLM(DecoderLM):
         cos, sin = self._rotary_of(layer).cos_sin(delta, scaled=False)
         return rotate(k.float(), cos, sin).to(k.dtype)
 
-    def forward(
-        self, input_ids: torch.Tensor, positions: torch.Tensor, view: ForwardView, logit_rows: torch.Tensor
+    def hidden(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, view: ForwardView, rows: torch.Tensor
     ) -> torch.Tensor:
-        """input_ids, positions: [T]; logit_rows: [S] rows to project -> logits [S, vocab] float32."""
+        """input_ids, positions: [T]; rows: [S] -> final hidden states [S, hidden]."""
         x = self.model.embed_tokens(input_ids)  # [T, hidden]
         x = x * torch.tensor(self.embed_scale, dtype=x.dtype)
         rope = {False: self.rotary.cos_sin(positions)}  # [T, 1, D] each
@@ -141,7 +141,10 @@ class GemmaLM(DecoderLM):
         for i, layer in enumerate(self.model.layers):
             cos, sin = rope[self.is_local[i] and self.rotary_local is not None]
             x = layer(x, cos, sin, view)
-        logits = self.lm_head(self.model.norm(x[logit_rows])).float()  # [S, vocab]
+        return self.model.norm(x[rows])
+
+    def project(self, x: torch.Tensor) -> torch.Tensor:
+        logits = self.lm_head(x).float()  # [S, vocab]
         if self.final_softcap:
             logits = torch.tanh(logits / self.final_softcap) * self.final_softcap
         return logits

@@ -259,10 +259,10 @@ class Gemma3nForCausalLM(DecoderLM):
         new = torch.sqrt(torch.mean(x**2, dim=-1, keepdim=True).clamp(min=1e-5))
         return x * target / new
 
-    def forward(
-        self, input_ids: torch.Tensor, positions: torch.Tensor, view: ForwardView, logit_rows: torch.Tensor
+    def hidden(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, view: ForwardView, rows: torch.Tensor
     ) -> torch.Tensor:
-        """input_ids, positions: [T]; logit_rows: [S] rows to project -> logits [S, vocab] float32."""
+        """input_ids, positions: [T]; rows: [S] -> final hidden states [S, hidden]."""
         m, cfg = self.model, self.cfg
         n_layers, hpl = cfg.n_layers, self.per_layer_hidden
         x = m.embed_tokens(input_ids)  # [T, hidden], in the table's dtype (float32 from blocks)
@@ -280,10 +280,12 @@ class Gemma3nForCausalLM(DecoderLM):
         for i, layer in enumerate(m.layers):
             cos, sin = rope[self.is_local[i]]
             h = layer(h, cos, sin, view, per_layer[:, i, :])
-        h = h[:, logit_rows]  # [A, S, hidden]
+        h = h[:, rows]  # [A, S, hidden]
         magnitude = torch.mean(h[0] ** 2, dim=-1, keepdim=True) ** 0.5
         unembedded = [self._match_magnitude(p(h[j + 1]), magnitude) for j, p in enumerate(m.altup_unembed_projections)]
-        x = m.norm(torch.stack([h[0], *unembedded]).mean(0))  # [S, hidden]
+        return m.norm(torch.stack([h[0], *unembedded]).mean(0))  # [S, hidden]
+
+    def project(self, x: torch.Tensor) -> torch.Tensor:
         logits = self.lm_head(x).float()  # [S, vocab]
         if self.final_softcap:
             logits = torch.tanh(logits / self.final_softcap) * self.final_softcap

@@ -133,13 +133,15 @@ class GraniteMoeHybridForCausalLM(DecoderLM):
         cos, sin = self.rotary.cos_sin(delta, scaled=False)
         return rotate(k.float(), cos, sin).to(k.dtype)
 
-    def forward(
-        self, input_ids: torch.Tensor, positions: torch.Tensor, view: ForwardView, logit_rows: torch.Tensor
+    def hidden(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, view: ForwardView, rows: torch.Tensor
     ) -> torch.Tensor:
-        """input_ids, positions: [T]; logit_rows: [S] -> logits [S, vocab] float32."""
+        """input_ids, positions: [T]; rows: [S] -> final hidden states [S, hidden]."""
         x = self.model.embed_tokens(input_ids) * self.embedding_multiplier  # [T, hidden]
         rope = self.rotary.cos_sin(positions) if self.use_rope else None
         for layer in self.model.layers:
             x = layer(x, rope, view)
-        logits = self.lm_head(self.model.norm(x[logit_rows]))  # [S, vocab]
-        return logits.float() / self.logits_scaling
+        return self.model.norm(x[rows])
+
+    def project(self, x: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(x).float() / self.logits_scaling  # [S, vocab]

@@ -204,11 +204,11 @@ class JambaForCausalLM(DecoderLM):
     def rope_shift(self, layer: int, k: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
         return k  # keys carry no position
 
-    def forward(
-        self, input_ids: torch.Tensor, positions: torch.Tensor, view: ForwardView, logit_rows: torch.Tensor
+    def hidden(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, view: ForwardView, rows: torch.Tensor
     ) -> torch.Tensor:
-        """input_ids, positions: [T]; logit_rows: [S] -> logits [S, vocab] float32."""
+        """input_ids, positions: [T]; rows: [S] -> final hidden states [S, hidden]."""
         x = self.model.embed_tokens(input_ids)  # [T, hidden]
         for layer in self.model.layers:
             x = layer(x, view)
-        return self.lm_head(self.model.final_layernorm(x[logit_rows])).float()
+        return self.model.final_layernorm(x[rows])

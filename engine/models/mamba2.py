@@ -202,11 +202,11 @@ class Mamba2ForCausalLM(DecoderLM):
     def rope_shift(self, layer: int, k: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError("Mamba2 has no positions to shift")
 
-    def forward(
-        self, input_ids: torch.Tensor, positions: torch.Tensor, view: ForwardView, logit_rows: torch.Tensor
+    def hidden(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, view: ForwardView, rows: torch.Tensor
     ) -> torch.Tensor:
-        """input_ids, positions: [T]; logit_rows: [S] -> logits [S, vocab] float32."""
+        """input_ids, positions: [T]; rows: [S] -> final hidden states [S, hidden]."""
         x = self.backbone.embeddings(input_ids)  # [T, hidden]
         for layer in self.backbone.layers:
             x = layer(x, view)
-        return self.lm_head(self.backbone.norm_f(x[logit_rows])).float()  # [S, vocab]
+        return self.backbone.norm_f(x[rows])  # [S, hidden]

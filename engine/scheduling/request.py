@@ -22,6 +22,7 @@ class Request:
     cache_prompt: bool = True
     n_keep: int = 0
     progress: bool = False  # send Progress events while the prompt is computed
+    pooling: str | None = None  # an embedding (engine/core/pooling.py): n is 1, nothing is sampled
     t_arrival: float = field(default_factory=time.monotonic)
     id: int = -1  # set by the scheduler
 
@@ -54,6 +55,7 @@ class Delta:
     truncated: bool = False  # a context shift dropped tokens of this choice
     n_drafted: int = 0  # speculative decoding: tokens proposed for this choice so far
     n_draft_accepted: int = 0  # ... of which the model confirmed
+    embedding: list[list[float]] | None = None  # an embedding request's pooled hidden states (unnormalized)
 
 
 @dataclass

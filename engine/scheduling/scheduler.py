@@ -125,9 +125,12 @@ class Scheduler:
             raise RequestError("the prompt is empty")
         check_token_ids(req.prompt_ids, self.engine.model_config.vocab_size)
         n_prompt = len(req.prompt_ids)
+        if req.pooling is not None and req.n != 1:
+            raise RequestError("an embedding has one choice (n = 1)", code="invalid_n")
         if n_prompt >= n_ctx:  # max_tokens past the context is not refused: generation ends there ("length")
+            what = "an input to embed" if req.pooling is not None else "the prompt"
             raise RequestError(
-                f"the prompt has {n_prompt} tokens but the slot's context is {n_ctx}",
+                f"{what} of {n_prompt} tokens is too large: the slot's context is {n_ctx}",
                 "exceed_context_size_error",
                 n_prompt_tokens=n_prompt,
                 n_ctx=n_ctx,

@@ -115,9 +115,10 @@ class TaskBoard:
             self.table.take(slot, req.id)
         task.slots, task.seqs = slots, [None] * req.n
         self.active[req.id] = task
-        n_cached = self._reuse_prefix(slots[0], req) if req.cache_prompt else 0
+        reuses = req.cache_prompt and req.pooling in (None, "last")  # other poolings need every hidden state
+        n_cached = self._reuse_prefix(slots[0], req) if reuses else 0
         try:
-            seq = self.engine.add_sequence(req.prompt_ids, req.params, slots[0].id, n_cached, req.n_keep)
+            seq = self.engine.add_sequence(req.prompt_ids, req.params, slots[0].id, n_cached, req.n_keep, req.pooling)
         except ValueError as exc:  # validated before queueing; kept as a guard
             self.fail(task, Failed(str(exc), "invalid_request_error", 400))
             return
@@ -227,7 +228,7 @@ class TaskBoard:
             task.t_first = delta.t
         delta.stop_word, delta.n_generated = seq.stop_string, event.n_output
         delta.n_drafted, delta.n_draft_accepted = seq.n_drafted, seq.n_draft_accepted
-        delta.truncated = seq.n_shifted > 0
+        delta.truncated, delta.embedding = seq.n_shifted > 0, event.embedding
         self.emit(task, delta)
         if event.finished:
             self._end_choice(task, index)

@@ -1,0 +1,24 @@
+"""The pooling a checkpoint asks for when it embeds: a sentence-transformers folder's
+``*_Pooling/config.json``, or a GGUF file's ``<arch>.pooling_type`` (llama.cpp's enum).
+None when the checkpoint says nothing (the server then pools the last token)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+GGUF_POOLING = {0: "none", 1: "mean", 2: "cls", 3: "last"}  # llama.cpp's llama_pooling_type (4, rank: not served)
+ST_POOLING = {"pooling_mode_cls_token": "cls", "pooling_mode_mean_tokens": "mean", "pooling_mode_lasttoken": "last"}
+
+
+def checkpoint_pooling(model: str, gguf_fields: dict | None = None) -> str | None:
+    if gguf_fields is not None:
+        arch = gguf_fields.get("general.architecture")
+        return GGUF_POOLING.get(gguf_fields.get(f"{arch}.pooling_type"))
+    for path in sorted(Path(model).glob("*_Pooling/config.json")):
+        try:
+            cfg = json.loads(path.read_text())
+        except (OSError, ValueError):
+            return None
+        return next((mode for key, mode in ST_POOLING.items() if cfg.get(key)), None)
+    return None
