@@ -28,7 +28,7 @@ from engine.errors import (
     check_token_ids,
 )
 from engine.sampling.grammar import ANY_JSON_OBJECT, JSON_OPTIONS, Constraint
-from engine.sampling.params import GREEDY, SamplingParams
+from engine.sampling.params import GREEDY, LLAMA_ORDER, OPENAI_ORDER, SAMPLERS, SamplingParams
 from engine.scheduling.request import Admitted, Delta, Failed, Progress, Request, RequestEnd, RequestEvent
 from engine.service import EngineService, SlotInfo
 from engine.slot_files import MAX_NAME_CHARS, NAME_PATTERN, SlotFiles
@@ -40,6 +40,9 @@ __all__ = [
     "ANY_JSON_OBJECT",
     "DEMO_MODEL",
     "GREEDY",
+    "LLAMA_ORDER",
+    "OPENAI_ORDER",
+    "SAMPLERS",
     "JSON_OPTIONS",
     "MAX_NAME_CHARS",
     "NAME_PATTERN",

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 
+from server.sampler_settings import SAMPLER_FLAGS
 from server.settings import ServerSettings
 
 FLAGS: dict[str, tuple[str, ...]] = {
@@ -87,9 +88,7 @@ SWITCHES: dict[str, tuple[str | tuple[str, ...], str | tuple[str, ...]]] = {
     "prefill_assistant": ("--prefill-assistant", "--no-prefill-assistant"),
 }
 FLAGS["tags"] = ("--tags",)
-FLAGS.update(
-    {"temp": ("--temp",), "top_k": ("--top-k",), "top_p": ("--top-p",), "min_p": ("--min-p",), "seed": ("-s", "--seed")}
-)
+FLAGS.update(SAMPLER_FLAGS)
 
 
 def add_flags(parser: argparse.ArgumentParser) -> None:

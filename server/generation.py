@@ -7,12 +7,13 @@ import asyncio
 
 from engine import Constraint, EngineService, Request, SamplingParams, check_token_ids
 from server.errors import APIError
+from server.sampler_fields import LLAMA_SAMPLING, OPENAI_SAMPLING, sampler_params
 from server.schemas import SamplingFields
 from server.state import ServerState
 from server.structured import constraint_of
 
-LLAMA_DEFAULTS = dict(temperature=0.8, top_k=40, top_p=0.95, min_p=0.05)  # llama-server's /completion
-OPENAI_DEFAULTS = dict(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0)
+LLAMA_DEFAULTS = dict(temperature=0.8, top_k=40, top_p=0.95, min_p=0.05, **LLAMA_SAMPLING)  # llama-server's /completion
+OPENAI_DEFAULTS = dict(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, **OPENAI_SAMPLING)
 
 
 async def build_request(
@@ -35,7 +36,8 @@ async def build_request(
     all_defaults = defaults | state.settings.sampling_defaults
     if state.settings.reverse_prompt:
         all_defaults["stop"] = (state.settings.reverse_prompt,)
-    params = sampling_params(body, n_tokens, logprobs, all_defaults, constraint, bias)
+    encode = lambda text: engine.tokenizer.encode(text, False)  # noqa: E731 (DRY's breakers)
+    params = sampling_params(body, n_tokens, logprobs, all_defaults, constraint, bias, encode)
     n = getattr(body, "n", 1)
     s = state.settings
     cache_prompt = s.cache_prompt if body.cache_prompt is None else body.cache_prompt
@@ -67,8 +69,10 @@ def sampling_params(
     defaults: dict,
     constraint: Constraint | None = None,
     bias: dict[int, float] | None = None,
+    encode=None,
 ) -> SamplingParams:
     pick = lambda name: defaults[name] if getattr(body, name) is None else getattr(body, name)  # noqa: E731
+    given = lambda *names: next((v for v in (getattr(body, n, None) for n in names) if v is not None), None)  # noqa: E731
     try:
         return SamplingParams(
             max_tokens=max_tokens,
@@ -77,9 +81,9 @@ def sampling_params(
             top_p=max(pick("top_p"), 1e-9),
             min_p=pick("min_p"),
             seed=_seed(body.seed if body.seed is not None else defaults.get("seed")),
-            presence_penalty=body.presence_penalty or 0.0,
-            frequency_penalty=body.frequency_penalty or 0.0,
-            repetition_penalty=body.repetition_penalty or 1.0,
+            presence_penalty=_or(given("presence_penalty"), defaults.get("presence_penalty"), 0.0),
+            frequency_penalty=_or(given("frequency_penalty"), defaults.get("frequency_penalty"), 0.0),
+            repetition_penalty=_or(given("repetition_penalty", "repeat_penalty"), defaults.get("repeat_penalty"), 1.0),
             logit_bias=bias or {},
             logprobs=logprobs,
             stop=tuple([body.stop] if isinstance(body.stop, str) else body.stop or defaults.get("stop", ())),
@@ -88,9 +92,14 @@ def sampling_params(
             spec_n_min=body.spec_n_min,
             spec_p_min=body.spec_p_min,
             constraint=constraint,
+            **sampler_params(body, defaults, encode or (lambda _: [])),
         )
     except ValueError as exc:
         raise APIError(400, str(exc)) from exc
+
+
+def _or(*values):
+    return next(v for v in values if v is not None)
 
 
 def _seed(seed: int | None) -> int | None:

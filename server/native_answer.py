@@ -5,6 +5,7 @@ stream frames and the prompt-progress frames."""
 from __future__ import annotations
 
 import json
+import math
 
 from engine import Delta, Progress
 from server.run import Run
@@ -29,7 +30,8 @@ class NativeAnswer:
         body = self.body
         out = native_final(self.state, self.engine, run, index, stream)
         if body.n_probs and not stream:
-            out["completion_probabilities"] = token_probs(self.engine, run.choices[0].logprobs)
+            lps = run.choices[0].logprobs
+            out["completion_probabilities"] = token_probs(self.engine, lps, body.post_sampling_probs)
         return select_fields(out, body.response_fields) if body.response_fields else out
 
     def frame(self, run: Run, index: int, event) -> dict | None:
@@ -50,21 +52,25 @@ class NativeAnswer:
             return {**self.final(run, index, stream=True), "content": event.text, "tokens": tokens}
         out = {"index": index, "content": event.text, "tokens": tokens, "id_slot": id_slot, "stop": False}
         if self.body.n_probs and event.logprob is not None:
-            out["completion_probabilities"] = token_probs(self.engine, [event.logprob])
+            out["completion_probabilities"] = token_probs(self.engine, [event.logprob], self.body.post_sampling_probs)
         if self.body.timings_per_token:
             out["timings"] = run.timings()
         return out
 
 
-def token_probs(engine, lps) -> list[dict]:
-    """llama-server's ``completion_probabilities``: each token with its bytes."""
+def token_probs(engine, lps, post_sampling: bool = False) -> list[dict]:
+    """llama-server's ``completion_probabilities``: each token with its bytes, and its
+    log probability (``post_sampling_probs``: its probability after the sampling chain,
+    as ``prob`` and ``top_probs``)."""
     tok = engine.tokenizer
 
     def entry(token_id: int, logprob: float) -> dict:
         piece = tok.decode([token_id], skip_special=False)
-        return {"id": token_id, "token": piece, "bytes": list(tok.token_bytes(token_id)), "logprob": logprob}
+        value = {"prob": math.exp(logprob)} if post_sampling else {"logprob": logprob}
+        return {"id": token_id, "token": piece, "bytes": list(tok.token_bytes(token_id)), **value}
 
-    return [{**entry(lp.token_id, lp.logprob), "top_logprobs": [entry(t, v) for t, v in lp.top]} for lp in lps]
+    top = "top_probs" if post_sampling else "top_logprobs"
+    return [{**entry(lp.token_id, lp.logprob), top: [entry(t, v) for t, v in lp.top]} for lp in lps]
 
 
 def native_final(state, engine, run: Run, index: int = 0, stream: bool = False) -> dict:
@@ -95,6 +101,11 @@ def verbose_answer(state, engine, run: Run) -> dict:
     return {**native_final(state, engine, run), "prompt": prompt, "has_new_line": "\n" in run.choices[0].text}
 
 
+SAMPLER_NAMES = ("repeat_last_n", "top_n_sigma", "typical_p", "xtc_probability", "xtc_threshold", "dynatemp_range",
+                 "dynatemp_exponent", "mirostat", "mirostat_tau", "mirostat_eta", "dry_multiplier", "dry_base",
+                 "dry_allowed_length", "dry_penalty_last_n", "min_keep", "post_sampling_probs")  # fmt: skip
+
+
 def generation_settings(params, eos_ids) -> dict:
     """The sampling settings a request ran with, in llama-server's names. ``logit_bias``
     lists [token, bias] pairs, ``false`` for a banned token; ``ignore_eos`` bans EOS as
@@ -119,6 +130,8 @@ def generation_settings(params, eos_ids) -> dict:
         "logit_bias": [[t, b] for t, b in bias.items()],
         "grammar": constraint.source if constraint and constraint.kind in ("gbnf", "lark") else "",
         "json_schema": json.loads(constraint.source) if constraint and constraint.kind == "json_schema" else {},
+        **{name: getattr(params, name) for name in SAMPLER_NAMES},
+        "samplers": list(params.samplers),
         "speculative.n_max": params.spec_n_max,
         "speculative.n_min": params.spec_n_min,
         "speculative.p_min": params.spec_p_min,

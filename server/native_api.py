@@ -31,6 +31,7 @@ from server.responses import (
     documented,
 )
 from server.run import Run
+from server.sampler_fields import sampler_order
 from server.schemas import ApplyTemplateRequest, DetokenizeRequest, NativeCompletionRequest, TokenizeRequest
 from server.sse import SSEResponse, merged_events, sse_frames
 
@@ -115,6 +116,16 @@ async def apply_template(body: ApplyTemplateRequest, http: HTTPRequest) -> dict:
     return {"prompt": await render_chat(engine, body, state.settings.template_kwargs, state.settings.prefill_assistant)}
 
 
+def _default_params(state) -> dict:
+    """What a /completion request that sets nothing samples with (the server's flags over
+    llama-server's defaults)."""
+    params = {**LLAMA_DEFAULTS, **state.settings.sampling_defaults, "n_predict": state.settings.n_predict}
+    params["samplers"] = list(
+        sampler_order(params["samplers"]) if isinstance(params["samplers"], str | list) else params["samplers"]
+    )
+    return params
+
+
 @router.get("/props", response_model=None, responses=documented(Props, 503))
 async def props(http: HTTPRequest) -> dict:
     state = http.app.state.slotserve
@@ -123,7 +134,7 @@ async def props(http: HTTPRequest) -> dict:
     tok = engine.tokenizer
     template = tok.chat_template
     return {
-        "default_generation_settings": {"n_ctx": engine.n_ctx, "params": {**LLAMA_DEFAULTS, "n_predict": -1}},
+        "default_generation_settings": {"n_ctx": engine.n_ctx, "params": _default_params(state)},
         "total_slots": engine.n_slots,
         "model_path": str(state.settings.model),
         "model_alias": state.settings.model_name,

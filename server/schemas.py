@@ -4,50 +4,22 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, Strict, field_validator
+from pydantic import ConfigDict, Field, field_validator
 
-
-class _Body(BaseModel):
-    """Strict types (a string is never taken for a number), unknown fields ignored.
-    Every constraint the server enforces on a body's shape is stated here, so the
-    OpenAPI document says exactly what is accepted. Limits that depend on the model
-    or the settings (vocabulary, slots) carry an ``x-limit`` mark that server/openapi.py
-    turns into numbers; the routes enforce the same limits."""
-
-    model_config = ConfigDict(extra="ignore", strict=True)
-
-
-def _limit(name: str) -> dict:
-    return {"json_schema_extra": {"x-limit": name}}
-
-
-def _integral(v):
-    """JSON Schema counts 5.0 as an integer: take it as 5 (strict mode refuses floats)."""
-    return int(v) if isinstance(v, float) and v.is_integer() else v
-
-
-# the bound of every integer: within int64, and a round decimal that a double holds exactly, so no
-# number a client prints from a double in range (17 significant digits) lands past it
-INT64 = 10**18
-
-
-def Int(**constraints):  # noqa: N802 (a type)
-    """An integer field with its constraints (before the validator, so the JSON schema
-    states them), taking integral floats too. Every one is bounded (int64 unless the
-    field says less): a larger number is a 400 naming the field, never an overflow
-    deep in the engine."""
-    constraints.setdefault("ge", -INT64)
-    constraints.setdefault("le", INT64)
-    return Annotated[int, Field(**constraints), BeforeValidator(_integral)]
-
-
-TokenId = Int(ge=0, **_limit("token"))  # < the vocabulary size
-EmbedSize = Int(ge=1, **_limit("n_embd"))  # = the model's hidden size
-TokenIds = Annotated[list[TokenId], Field(min_length=1)]
-NonEmpty = Annotated[str, Field(min_length=1)]
-SlotId = Int(ge=-1, description="a slot (-1: any)", **_limit("slot"))
-Bias = Annotated[float, Field(ge=-100, le=100)] | bool | Literal["-inf"]  # false or "-inf": never this token
-BiasPair = Annotated[tuple[TokenId | str, Bias], Strict(False)]  # a JSON array is a list: let it be the pair
+from server.sampler_fields import SamplerFields
+from server.schemas_base import (  # noqa: F401 (re-exported: the bodies' building blocks)
+    INT64,
+    Bias,
+    BiasPair,
+    EmbedSize,
+    Int,
+    NonEmpty,
+    SlotId,
+    TokenId,
+    TokenIds,
+    _Body,
+    _limit,
+)
 
 
 class StreamOptions(_Body):
@@ -79,7 +51,7 @@ class StructuredOutputs(_Body):
     grammar: str | None = None
 
 
-class SamplingFields(_Body):
+class SamplingFields(SamplerFields):
     """Fields shared by every generating endpoint (OpenAI names plus llama-server's)."""
 
     temperature: float | None = Field(None, ge=0, le=100)

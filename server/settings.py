@@ -12,12 +12,13 @@ from typing import Literal
 
 from pydantic import Field, field_validator
 from pydantic.fields import FieldInfo
-from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+from pydantic_settings import PydanticBaseSettingsSource, SettingsConfigDict
 
 from engine import DEMO_MODEL
+from server.sampler_settings import SamplerSettings
 
 
-class ServerSettings(BaseSettings):
+class ServerSettings(SamplerSettings):
     model_config = SettingsConfigDict(env_prefix="SLOTSERVE_", extra="forbid", protected_namespaces=())
 
     model: Path = Field(DEMO_MODEL, description="Hugging Face checkpoint folder (default: the embedded demo model)")
@@ -152,11 +153,6 @@ class ServerSettings(BaseSettings):
         None, description="how embeddings pool the final hidden states (default: the checkpoint's, else last)"
     )
     slots_debug: bool = Field(False, description="GET /slots shows each running request's sampling params")
-    temp: float | None = Field(None, ge=0, description="default temperature of requests that set none")
-    top_k: int | None = Field(None, ge=0, description="default top-k of requests that set none")
-    top_p: float | None = Field(None, gt=0, le=1, description="default top-p of requests that set none")
-    min_p: float | None = Field(None, ge=0, le=1, description="default min-p of requests that set none")
-    seed: int | None = Field(None, description="default sampling seed of requests that set none (-1: random)")
     chat_template: str | None = Field(
         None, description="a built-in chat template by name (chatml, llama3, mistral, gemma, ...) or jinja text"
     )
@@ -268,13 +264,6 @@ class ServerSettings(BaseSettings):
     @property
     def model_tags(self) -> list[str]:
         return sorted({t.strip() for t in (self.tags or "").split(",") if t.strip()})
-
-    @property
-    def sampling_defaults(self) -> dict:
-        """The server-wide defaults that override a route's own (only those set)."""
-        given = {"temperature": self.temp, "top_k": self.top_k, "top_p": self.top_p, "min_p": self.min_p}
-        given["seed"] = self.seed
-        return {k: v for k, v in given.items() if v is not None}
 
     @property
     def step_tokens(self) -> int:

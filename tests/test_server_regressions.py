@@ -180,13 +180,13 @@ def test_an_integer_past_int64_is_a_400_naming_its_field(srv, route, body, field
 
 
 def test_a_huge_top_k_runs_and_fails_nobody_beside_it(srv):
-    """top_k within int64 but far past the vocabulary means "all tokens" (clamped), and
+    """top_k at the integer bound (10**18), far past the vocabulary, means "all tokens" (clamped), and
     a request running beside it is untouched."""
     plain = {"prompt": "def add(a, b):", "n_predict": 24, "temperature": 0, "ignore_eos": True}
     alone = httpx.post(srv.url + "/completion", json=plain, timeout=60).json()["tokens"]
-    with _Running(srv.url, {"prompt": "x", "top_k": 2**62, "seed": 7}) as huge:
+    with _Running(srv.url, {"prompt": "x", "top_k": 10**18, "seed": 7}) as huge:
         beside = httpx.post(srv.url + "/completion", json=plain, timeout=60)
     assert huge.status == 200
     assert beside.status_code == 200 and beside.json()["tokens"] == alone
-    r = httpx.post(srv.url + "/v1/completions", json={"prompt": "x", "top_k": 2**62, "max_tokens": 3}, timeout=60)
+    r = httpx.post(srv.url + "/v1/completions", json={"prompt": "x", "top_k": 10**18, "max_tokens": 3}, timeout=60)
     assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 3

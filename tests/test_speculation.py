@@ -12,6 +12,7 @@ import pytest
 import torch
 from checkpoints import BASE, make_checkpoint
 from server_proc import ServerProcess, metric
+from stats import chi2_ppf
 
 from engine import DEMO_MODEL, Engine, SamplingParams
 from engine.core.speculation import Speculation, ngram_draft
@@ -237,15 +238,9 @@ def test_speculative_sampling_keeps_the_target_distribution(folder):
     wanted = [expected[c] * n for c in big] + [n * (1 - sum(expected[c] for c in big))]
     chi2 = sum((o - e) ** 2 / e for o, e in zip(observed, wanted) if e > 0)
     dof = len(big)
-    assert chi2 < scipy_chi2_ppf(0.999, dof), (chi2, dof)
+    assert chi2 < chi2_ppf(0.999, dof), (chi2, dof)
     accepted = sum(1 for g in out if g.token_ids[1] == proposals[g.token_ids[0]][0])
     assert 0 < accepted < n  # proposals were kept and refused
-
-
-def scipy_chi2_ppf(q: float, dof: int) -> float:
-    """The chi-square quantile by the Wilson-Hilferty approximation (no scipy needed)."""
-    z = {0.999: 3.090232}[q]
-    return dof * (1 - 2 / (9 * dof) + z * (2 / (9 * dof)) ** 0.5) ** 3
 
 
 @pytest.fixture(scope="module")

@@ -33,7 +33,7 @@ class TokenAcceptance:
         kept = logits.clone() if keep_logits else None
         broken = self._apply_masks(samplers, first, logits, masks)
         rows = [  # row j of a proposal: sampled as if its first j tokens were already output
-            SampleRow(s.params, s.seed, s.prompt_ids, s.output_ids + s.draft[:j])
+            SampleRow(s.params, s.seed, s.prompt_ids, s.output_ids + s.draft[:j], s.mirostat_mu)
             for s in samplers
             for j in range(1 + len(s.draft))
         ]
@@ -126,6 +126,8 @@ class TokenAcceptance:
         tok = out.tokens[row]
         seq.tokens.append(tok)
         seq.output_ids.append(tok)
+        if out.mu is not None and out.mu[row] is not None:
+            seq.mirostat_mu = out.mu[row]
         if out.logprobs is not None and seq.params.logprobs is not None:
             n = seq.params.logprobs
             top = list(zip(out.top_ids[row][:n], out.top_logprobs[row][:n])) if out.top_ids else []

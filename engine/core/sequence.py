@@ -49,6 +49,7 @@ class Sequence:
     n_drafts: int = 0  # ... in this many proposals
     n_draft_accepted: int = 0  # ... of which the model picked the same
     draft_window: int = 0  # most tokens the next proposal may have (0: the server's most)
+    mirostat_mu: float | None = None  # mirostat's state (None: not started)
     pooler: Pooler | None = None  # an embedding: the prompt's hidden states are pooled, nothing is sampled
 
     def __post_init__(self) -> None:

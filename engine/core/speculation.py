@@ -73,7 +73,9 @@ class Speculation:
         """Set ``draft`` for each decoding sequence that may speculate (others: [])."""
         if not self.n_max:  # off: no sequence ever holds a proposal
             return
-        decoding = [seq for seq in running if seq.n_pending == 1 and seq.pooler is None]
+        decoding = [  # mirostat's state moves token by token: its rows cannot be verified together
+            seq for seq in running if seq.n_pending == 1 and seq.pooler is None and not seq.params.mirostat
+        ]
         spare = self.step_tokens - len(decoding)
         for seq in running:
             seq.draft = []
