@@ -25,10 +25,11 @@ from server.auth import PUBLIC, APIKeyMiddleware, JSONBodyMiddleware
 from server.body_limit import BodyLimitMiddleware
 from server.cors import CORSMiddleware, CORSPolicy, parse_origins
 from server.errors import APIError
+from server.header_case import HeaderCase
 from server.metrics import StatusCounter
 from server.openapi import build_openapi
 from server.path_prefix import PathPrefix
-from server.responses import Status, documented
+from server.responses import ErrorBody, Status, documented
 from server.settings import ServerSettings
 from server.state import ServerState
 
@@ -66,7 +67,8 @@ def create_app(settings: ServerSettings) -> FastAPI:
 
 
 def _add_probes(app: FastAPI, state: ServerState) -> None:
-    probe = documented(Status) | {503: {"model": Status, "description": "not alive / not ready (the body says why)"}}
+    why = "not alive / not ready (the body says why; /health while loading: llama-server's error)"
+    probe = documented(Status) | {503: {"model": Status | ErrorBody, "description": why}}
 
     @app.get("/health", response_model=None, responses=probe)
     async def health() -> JSONResponse:
@@ -111,7 +113,7 @@ def _add_openapi(app: FastAPI, state: ServerState, public: set[str]) -> None:
 
 def _add_middleware(app: FastAPI, state: ServerState, public: set[str]) -> None:
     """Added innermost first: JSON bodies, the body limit, API keys, CORS, the status
-    counter, the path prefix."""
+    counter, the path prefix, the header spelling."""
     settings = state.settings
     app.add_middleware(JSONBodyMiddleware)
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_size)
@@ -122,4 +124,5 @@ def _add_middleware(app: FastAPI, state: ServerState, public: set[str]) -> None:
     )
     app.add_middleware(CORSMiddleware, policy=cors)  # outside the key check: preflights carry no credentials
     app.add_middleware(StatusCounter, metrics=state.metrics)  # sees 401s too
-    app.add_middleware(PathPrefix, prefix=settings.api_prefix)  # outermost: routes see paths without it
+    app.add_middleware(PathPrefix, prefix=settings.api_prefix)  # routes see paths without it
+    app.add_middleware(HeaderCase)  # outermost: every answer's header names in their usual spelling

@@ -37,7 +37,7 @@ class NativeAnswer:
     def frame(self, run: Run, index: int, event) -> dict | None:
         id_slot = run.admitted.id_slots[0]
         if isinstance(event, Progress):
-            return {
+            out = {
                 "index": index,
                 "content": "",
                 "tokens": [],
@@ -45,6 +45,7 @@ class NativeAnswer:
                 "stop": False,
                 "prompt_progress": run.progress(event),
             }
+            return {**out, "timings": run.progress_timings(event)} if self.body.timings_per_token else out
         if not isinstance(event, Delta):
             return None
         tokens = [event.token_id] if event.token_id is not None else []

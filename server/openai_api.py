@@ -93,7 +93,8 @@ async def _stream(run: Run, head: dict, include_usage: bool, render, first: list
     def frame(_: int, event) -> dict | None:
         if isinstance(event, Progress):  # llama-server's: a role-only chunk carrying prompt_progress
             opening = {"index": 0, "delta": {"role": "assistant", "content": None}, "finish_reason": None}
-            return {**head, "choices": [opening], **usage, "prompt_progress": run.progress(event)}
+            timings = {"timings": run.progress_timings(event)} if run.req_timings else {}
+            return {**head, "choices": [opening], **usage, "prompt_progress": run.progress(event), **timings}
         choice = render(event)
         if choice is None:
             return None

@@ -238,6 +238,21 @@ class Run:
             **self._draft_timings(),
         }
 
+    def progress_timings(self, event: Progress) -> dict:
+        """``timings`` as they stand at a Progress event: the prompt so far, nothing predicted."""
+        n_prompt, prompt_ms = event.n_processed - event.n_cached, (event.t - self.admitted.t) * 1000
+        return {
+            "cache_n": event.n_cached,
+            "prompt_n": n_prompt,
+            "prompt_ms": prompt_ms,
+            "prompt_per_token_ms": prompt_ms / max(n_prompt, 1),
+            "prompt_per_second": n_prompt / prompt_ms * 1000 if prompt_ms > 0 else 0.0,
+            "predicted_n": 0,
+            "predicted_ms": 0.0,
+            "predicted_per_token_ms": 0.0,
+            "predicted_per_second": 0.0,
+        }
+
     def progress(self, event: Progress) -> dict:
         """llama-server's ``prompt_progress`` for one Progress event."""
         return {

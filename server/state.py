@@ -146,6 +146,10 @@ class ServerState:
         raise APIError(503, reason, "unavailable_error", headers={"Retry-After": "1"})
 
     def health(self) -> tuple[int, dict]:
+        """Liveness, as llama-server answers it: 503 "Loading model" until the model is
+        loaded (Kubernetes' startupProbe uses /ready, so no pod is restarted for it)."""
+        if self.status == "loading":
+            return 503, {"error": {"code": 503, "message": "Loading model", "type": "unavailable_error"}}
         if self.status == "failed":
             return 503, {"status": "error", "error": self.error}
         if self.engine is not None:

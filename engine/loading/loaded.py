@@ -3,6 +3,7 @@ Face folder or a GGUF file, with ``--chat-template`` applied."""
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 from engine.config import EngineConfig
@@ -15,6 +16,8 @@ from engine.models.base import DecoderLM
 from engine.models.config import ModelConfig, load_model_config, parse_model_config
 from engine.text.chat_template import resolve_template
 from engine.text.tokenizer import Tokenizer
+
+log = logging.getLogger("slotserve.engine")
 
 
 @dataclass
@@ -38,6 +41,9 @@ def load(config: EngineConfig, progress: Progress | None = None) -> LoadedModel:
         tokenizer = Tokenizer.from_folder(config.model, model_config.eos_token_ids)
     if config.chat_template is not None:
         tokenizer.use_chat_template(*resolve_template(config.chat_template))
+    elif tokenizer.chat_template is None:  # llama-server's fallback
+        tokenizer.use_chat_template(*resolve_template("chatml"))
+        log.info("the model has no chat template: chat requests use chatml (as llama-server; --chat-template sets one)")
     model = load_model(config.model, model_config, config.torch_dtype, config.torch_device, gguf, progress)
     fingerprint = model_fingerprint(model_config, model, config.dtype)
     pooling = checkpoint_pooling(config.model, gguf.fields if gguf is not None else None)

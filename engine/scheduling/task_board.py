@@ -125,6 +125,8 @@ class TaskBoard:
         self._track(task, 0, seq)
         task.n_cached, task.t_admit = seq.n_computed, time.monotonic()
         self.emit(task, Admitted([s.id for s in slots], len(req.prompt_ids), seq.n_computed, task.t_admit))
+        if req.progress:  # llama-server's first update: before any prompt token is computed
+            self._progress(task, seq)
 
     def _reuse_prefix(self, slot: Slot, req: Request) -> int:
         """Tokens of the prompt the slot holds after keeping its own prefix or copying a
