@@ -114,6 +114,10 @@ async def render_chat(engine: EngineService, body: ChatFields, kwargs: dict | No
         return text[:end]
 
     try:
-        return await asyncio.to_thread(render)
+        text = await asyncio.to_thread(render)
     except ChatTemplateError as exc:
         raise APIError(400, f"chat template: {exc}") from exc
+    tok = engine.tokenizer
+    if tok.adds_bos and tok.bos_token and text.startswith(tok.bos_token):
+        text = text[len(tok.bos_token) :]  # encoding adds it (llama-server's rule: no double BOS)
+    return text

@@ -188,7 +188,7 @@ async def chat_prompt(state, engine, body: ChatCompletionRequest) -> tuple[str, 
     if body.continue_final_message and "add_generation_prompt" in body.model_fields_set and body.add_generation_prompt:
         raise APIError(400, "continue_final_message and add_generation_prompt cannot both be true")
     prompt = await render_chat(engine, body, state.settings.template_kwargs, state.settings.prefill_assistant)
-    return prompt, await encode(engine, prompt, add_special=False)
+    return prompt, await encode(engine, prompt, add_special=True)  # BOS where the tokenizer adds it
 
 
 def _chat_max_tokens(body: ChatCompletionRequest) -> int | None:

@@ -44,7 +44,7 @@ def test_schemathesis_finds_nothing(tmp_path):
 
 def test_the_document_states_the_models_limits(tmp_path):
     with ServerProcess("--metrics", "-np", "3", "--api-key", KEY) as srv:
-        assert srv.wait_listening().status_code == 200
+        srv.wait_listening()
         srv.wait_ready()
         auth = {"Authorization": f"Bearer {KEY}"}
         doc = httpx.get(srv.url + "/openapi.json", headers=auth).json()

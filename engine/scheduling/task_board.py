@@ -126,7 +126,7 @@ class TaskBoard:
         task.n_cached, task.t_admit = seq.n_computed, time.monotonic()
         self.emit(task, Admitted([s.id for s in slots], len(req.prompt_ids), seq.n_computed, task.t_admit))
         if req.progress:  # llama-server's first update: before any prompt token is computed
-            self._progress(task, seq)
+            self._progress(task, seq, task.t_admit)
 
     def _reuse_prefix(self, slot: Slot, req: Request) -> int:
         """Tokens of the prompt the slot holds after keeping its own prefix or copying a
@@ -235,10 +235,10 @@ class TaskBoard:
         if event.finished:
             self._end_choice(task, index)
 
-    def _progress(self, task: Task, seq: Sequence) -> None:
+    def _progress(self, task: Task, seq: Sequence, t: float | None = None) -> None:
         n_total = len(task.req.prompt_ids)
         n_done = min(seq.n_computed, n_total)
-        self.emit(task, Progress(n_total, task.n_cached, n_done, time.monotonic()))
+        self.emit(task, Progress(n_total, task.n_cached, n_done, time.monotonic() if t is None else t))
 
     def _fan_out(self, task: Task, first: Sequence) -> None:
         """n > 1: the prompt was computed once in the first slot; share it with the others."""

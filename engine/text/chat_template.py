@@ -1,5 +1,9 @@
 """Rendering a chat template (jinja2, sandboxed as transformers does): the model's own,
-or one of the built-in templates chosen by name (llama-server's ``--chat-template``)."""
+or a built-in one chosen by name (llama-server's ``--chat-template``). Every name
+llama-server knows renders what llama-server renders for it: its C++ formats
+(engine/text/llama_formats.py), except where a jinja template here renders the same
+text and more (tools, thinking: ``JINJA_NAMES``); a few names of our own (deepseek-r1,
+hermes, qwen3, ...) are jinja only."""
 
 from __future__ import annotations
 
@@ -12,17 +16,18 @@ from typing import Any
 from jinja2.exceptions import TemplateError
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
+from engine.text.llama_formats import FORMATS
+
 TEMPLATES = Path(__file__).parent / "templates"
 ALIASES = {
     "hermes": "chatml",
     "qwen2.5": "chatml",
     "qwen3": "chatml",
     "mistral": "mistral-v7",
-    "deepseek3": "deepseek-r1",
-    "deepseek": "deepseek-r1",
     "phi3.5": "phi3",
     "gemma2": "gemma",
 }
+JINJA_NAMES = {"chatml", "phi3"}  # llama-server's names whose jinja here renders its text exactly (tested)
 
 
 class ChatTemplateError(ValueError):
@@ -30,7 +35,7 @@ class ChatTemplateError(ValueError):
 
 
 def builtin_names() -> list[str]:
-    return sorted([p.stem for p in TEMPLATES.glob("*.jinja")] + list(ALIASES))
+    return sorted({p.stem for p in TEMPLATES.glob("*.jinja")} | set(ALIASES) | set(FORMATS))
 
 
 _NAME = re.compile(r"[A-Za-z0-9_.\-]{1,64}")
@@ -46,10 +51,13 @@ def builtin_source(name: str) -> str | None:
     return path.read_text(encoding="utf-8") if path.is_file() else None
 
 
-def resolve_template(spec: str) -> tuple[str, str]:
-    """(name, source) of ``--chat-template``'s value: a built-in name, else jinja text
-    (named "custom"). A single word that is not a built-in is refused (ValueError): it
-    is a misspelt name, not a template."""
+def resolve_template(spec: str) -> tuple[str, str | None]:
+    """(name, source) of ``--chat-template``'s value: a built-in name (source None: one
+    of llama-server's C++ formats), else jinja text (named "custom"). A single word that
+    is not a built-in is refused (ValueError): it is a misspelt name, not a template."""
+    name = ALIASES.get(spec, spec)
+    if name in FORMATS and name not in JINJA_NAMES:
+        return name, None
     source = builtin_source(spec)
     if source is not None:
         return ALIASES.get(spec, spec), source

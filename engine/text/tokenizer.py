@@ -14,6 +14,7 @@ from tokenizers import Tokenizer as HFTokenizer
 from engine.errors import CheckpointError
 from engine.text.chat_template import ChatTemplate
 from engine.text.fim import find_fim_tokens
+from engine.text.llama_formats import FormattedTemplate
 
 
 def _read_json(path: Path, required: bool) -> dict[str, Any]:
@@ -114,9 +115,10 @@ class Tokenizer:
     def _specials(self) -> dict[str, str | None]:
         return {"bos_token": self.bos_token, "eos_token": self.eos_token}
 
-    def use_chat_template(self, name: str, source: str) -> None:
-        """Replace the model's template (raises ChatTemplateError when it does not parse)."""
-        self.chat_template = ChatTemplate(source, self._specials, name)
+    def use_chat_template(self, name: str, source: str | None) -> None:
+        """Replace the model's template (raises ChatTemplateError when it does not parse);
+        ``source`` None: llama-server's C++ format of that name."""
+        self.chat_template = FormattedTemplate(name) if source is None else ChatTemplate(source, self._specials, name)
 
     @property
     def vocab_size(self) -> int:
@@ -140,6 +142,13 @@ class Tokenizer:
         if add_special and self.add_bos and self.bos_id is not None and (not ids or ids[0] != self.bos_id):
             ids = [self.bos_id] + ids
         return ids
+
+    @functools.cached_property
+    def adds_bos(self) -> bool:
+        """Whether encoding with special tokens puts BOS first (then a chat prompt carries
+        no BOS text of its own: llama-server's rule against a double BOS)."""
+        ids = self.encode("", True)
+        return self.bos_id is not None and bool(ids) and ids[0] == self.bos_id
 
     @functools.cached_property
     def _byte_level(self) -> bool:

@@ -166,11 +166,12 @@ def test_built_in_templates_props_and_template_variables(srv):
 
 def test_named_templates_render_their_family(tmp_path):
     from engine.text.chat_template import ChatTemplate, builtin_names, resolve_template
+    from engine.text.llama_formats import FormattedTemplate
 
     markers = {"llama3": "<|start_header_id|>", "mistral": "[INST]", "gemma": "<start_of_turn>", "phi3": "<|user|>"}
     for name, marker in markers.items():
-        _, source = resolve_template(name)
-        assert marker in ChatTemplate(source, {}).render(ASK)
+        name, source = resolve_template(name)
+        assert marker in (FormattedTemplate(name) if source is None else ChatTemplate(source, {})).render(ASK)
     assert {"chatml", "llama3", "mistral-v7", "gemma", "deepseek-r1"} <= set(builtin_names())
     with pytest.raises(ValueError, match="unknown chat template"):
         resolve_template("chatmll")
