@@ -84,7 +84,7 @@ class Thinking(_Body):
 
 class MessagesFields(_Body):
     model: str | None = None
-    messages: list[AnthropicMessage] = Field(min_length=1)
+    messages: list[AnthropicMessage]  # none at all is taken, as llama-server: the prompt is the template's opening
     system: str | list[TextBlock] | None = None
     tools: list[AnthropicTool] | None = None
     tool_choice: AnthropicToolChoice | None = None
@@ -150,10 +150,16 @@ def to_chat(body: MessagesFields, extra: dict | None = None) -> ChatCompletionRe
             chat["tool_choice"] = {"auto": "auto", "any": "required", "none": "none"}[choice.type]
     if body.thinking is not None:
         chat["chat_template_kwargs"] = {"enable_thinking": body.thinking.type != "disabled"}
+    empty = not messages
+    if empty:
+        chat["messages"] = [{"role": "user", "content": ""}]  # validated with one, rendered with none
     try:
-        return ChatCompletionRequest.model_validate(chat)
+        out = ChatCompletionRequest.model_validate(chat)
     except ValidationError as exc:  # what the chat request refuses, named as a 400
         raise RequestValidationError(exc.errors()) from exc
+    if empty:
+        out.messages = []
+    return out
 
 
 def _function(tool: AnthropicTool) -> dict:
@@ -204,7 +210,7 @@ async def messages(body: MessagesRequest, http: HTTPRequest) -> Response:
     if body.stream:
         if not isinstance(answer, SSEResponse):
             return answer
-        answer.body_iterator = _events(answer.body_iterator, model)
+        answer.body_iterator = _events(answer.body_iterator, model, len(answer.run.req.prompt_ids))
         return answer
     if answer.status_code != 200:
         return answer
@@ -238,10 +244,10 @@ def _event(kind: str, data: dict) -> str:
     return f"event: {kind}\ndata: {json.dumps({'type': kind, **data})}\n\n"
 
 
-async def _events(chunks: AsyncIterator[str], model: str) -> AsyncIterator[str]:
+async def _events(chunks: AsyncIterator[str], model: str, n_prompt: int) -> AsyncIterator[str]:
     """OpenAI chat chunks (SSE text) -> Anthropic's event sequence."""
     message = {"id": f"msg_{uuid.uuid4().hex}", "type": "message", "role": "assistant", "model": model, "content": []}
-    message |= {"stop_reason": None, "stop_sequence": None, "usage": {"input_tokens": 0, "output_tokens": 0}}
+    message |= {"stop_reason": None, "stop_sequence": None, "usage": {"input_tokens": n_prompt, "output_tokens": 0}}
     yield _event("message_start", {"message": message})
     open_kind, index, reason, usage = None, -1, "end_turn", {}
     async for frame in chunks:

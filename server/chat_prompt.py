@@ -92,7 +92,7 @@ async def render_chat(engine: EngineService, body: ChatFields, kwargs: dict | No
     messages, continue_final = body.messages, body.continue_final_message
     if len(messages) >= 2 and messages[-1].role == messages[-2].role == "assistant":
         raise APIError(400, "messages: two assistant messages at the end; at most the last one is continued")
-    last_is_assistant = messages[-1].role == "assistant"
+    last_is_assistant = bool(messages) and messages[-1].role == "assistant"
     if continue_final and not last_is_assistant:
         raise APIError(400, "continue_final_message: the last message must be the assistant's")
     turns = [_turn(m) for m in messages]

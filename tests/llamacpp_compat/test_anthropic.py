@@ -110,3 +110,15 @@ def test_errors_come_in_anthropics_shape(srv, client):
         anthropic.Anthropic(base_url=srv.url, api_key="wrong").messages.create(model="d", max_tokens=4, messages=USER)
     assert err.value.body["type"] == "error"
     assert json.loads(httpx.get(srv.url + "/health").text)  # the server is well
+
+
+def test_no_messages_at_all_is_taken_as_llama_server_takes_it(srv):
+    r = httpx.post(srv.url + "/v1/messages", json={"max_tokens": 4, "messages": []}, headers={"x-api-key": KEY})
+    assert r.status_code == 200 and r.json()["type"] == "message" and r.json()["usage"]["output_tokens"] > 0
+    body = {"model": "demo", "max_tokens": 4, "messages": USER, "stream": True}
+    with httpx.stream("POST", srv.url + "/v1/messages", json=body, headers={"x-api-key": KEY}, timeout=60) as s:
+        start = next(json.loads(line[6:]) for line in s.iter_lines() if line.startswith("data: "))
+    counted = httpx.post(srv.url + "/v1/messages/count_tokens", json={"messages": USER}, headers={"x-api-key": KEY})
+    assert (
+        start["type"] == "message_start" and start["message"]["usage"]["input_tokens"] == counted.json()["input_tokens"]
+    )
