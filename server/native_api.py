@@ -76,6 +76,8 @@ async def _open_runs(state, http: HTTPRequest, body: NativeCompletionRequest, pr
             req = await build_request(state, body, ids, requested, body.n_probs or None, LLAMA_DEFAULTS)
             req.progress = body.return_progress and body.stream
             run = Run(state, http, req)
+            if body.sse_ping_interval is not None:
+                run.ping_interval = body.sse_ping_interval
             runs.append(run)
             if not await run.open(state.require_ready()):
                 raise _ClientGone

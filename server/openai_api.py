@@ -66,6 +66,8 @@ async def _start(http: HTTPRequest, body: OpenAIFields, ids: list[int], max_toke
     engine = state.require_ready()
     run = Run(state, http, await build_request(state, body, ids, max_tokens, logprobs, OPENAI_DEFAULTS, forced))
     run.req_timings = body.timings_per_token
+    if body.sse_ping_interval is not None:
+        run.ping_interval = body.sse_ping_interval
     run.req.progress = body.return_progress and body.stream
     if not await run.open(engine):
         return None
@@ -83,9 +85,12 @@ def system_fingerprint(engine) -> str:
     return f"slotserve-{__version__}-{engine.fingerprint['weights_sha256'][:12]}"
 
 
-async def _stream(run: Run, head: dict, include_usage: bool, render, first: list | None = None) -> AsyncIterator[str]:
+async def _stream(
+    run: Run, head: dict, include_usage: bool, render, first: list | None = None, verbose=None
+) -> AsyncIterator[str]:
     """SSE frames: ``first`` (choice objects sent before any token), then ``render(delta)``
-    for each delta; then usage, [DONE]."""
+    for each delta; then usage, [DONE]. ``verbose()``: llama-server's ``__verbose``, on the
+    chunk that finishes the (first) choice."""
     usage = {"usage": None} if include_usage else {}
     for choice in first or []:
         yield sse({**head, "choices": [choice], **usage})
@@ -99,7 +104,8 @@ async def _stream(run: Run, head: dict, include_usage: bool, render, first: list
         if choice is None:
             return None
         timings = {"timings": run.timings()} if run.req_timings or event.finished else {}
-        return {**head, "choices": [choice], **usage, **timings}
+        extra = {"__verbose": verbose()} if verbose and event.finished and event.index == 0 else {}
+        return {**head, "choices": [choice], **usage, **timings, **extra}
 
     def tail() -> list[str]:
         last = [sse({**head, "choices": [], "usage": run.usage(), "timings": run.timings()})] if include_usage else []
@@ -140,7 +146,7 @@ async def completions(body: CompletionRequest, http: HTTPRequest) -> Response:
             return {"index": d.index, "text": text, "logprobs": lps, "finish_reason": d.finish_reason}
 
         include = bool(body.stream_options and body.stream_options.include_usage)
-        return SSEResponse(_stream(run, head, include, render), run)
+        return SSEResponse(_stream(run, head, include, render, verbose=_verbose_now(state, engine, body, run)), run)
 
     await run.collect()
 
@@ -171,10 +177,17 @@ async def chat_completions(body: ChatCompletionRequest, http: HTTPRequest) -> Re
     if body.stream:
         include = bool(body.stream_options and body.stream_options.include_usage)
         chunk_head = {**head, "object": "chat.completion.chunk"}
-        return SSEResponse(_stream(run, chunk_head, include, answer.delta, answer.opening()), run)
+        verbose = _verbose_now(state, engine, body, run)
+        return SSEResponse(_stream(run, chunk_head, include, answer.delta, answer.opening(), verbose), run)
     await run.collect()
     choices = await asyncio.to_thread(lambda: [answer.choice(c) for c in run.choices])  # logprobs: many decodes
     return JSONResponse({**head, "choices": choices, "usage": run.usage(), **await _verbose(state, engine, body, run)})
+
+
+def _verbose_now(state, engine, body: OpenAIFields, run: Run):
+    """For a stream: a function giving ``__verbose`` when it is on (None when off)."""
+    on = state.settings.verbose if body.verbose is None else body.verbose
+    return (lambda: verbose_answer(state, engine, run)) if on else None
 
 
 async def _verbose(state, engine, body: OpenAIFields, run: Run) -> dict:

@@ -83,6 +83,7 @@ class Run:
         self._overflowed = False
         self._last_t: dict[int, float] = {}  # per choice: time of its last token
         self.req_timings = False  # llama-server's timings_per_token: timings in every stream chunk
+        self.ping_interval = state.settings.sse_ping_interval  # the request's sse_ping_interval, else the server's
 
     MAX_BUFFERED = 1024  # events waiting for a client that does not read; beyond: cancel
 

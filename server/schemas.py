@@ -76,6 +76,7 @@ class SamplingFields(SamplerFields):
     stream: bool = False
     timings_per_token: bool = False  # llama-server: timings in every stream chunk
     return_progress: bool = False  # llama-server: prompt_progress chunks while a streamed prompt is computed
+    sse_ping_interval: Int(ge=-1, le=86400) | None = None  # llama-server: this stream's ping interval (s; -1 off)
     verbose: bool | None = Field(
         None,
         description="add __verbose (llama-server's native answer, with the prompt) to an OpenAI answer "

@@ -52,7 +52,7 @@ class SSEResponse(StreamingResponse):
         """``frames``, with an SSE comment (``:``) whenever none came for
         ``--sse-ping-interval`` seconds (llama-server's ping: clients that time out a
         quiet connection, such as undici, keep it while a long prompt is computed)."""
-        interval = self.run.state.settings.sse_ping_interval
+        interval = self.run.ping_interval
         if interval <= 0:
             async for frame in frames:
                 yield frame

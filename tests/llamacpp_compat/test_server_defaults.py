@@ -78,16 +78,26 @@ def test_routes_under_an_api_prefix_and_sse_pings():
         assert r.status_code == 404 and r.json()["error"]["type"] == "not_found_error"
         body = {"model": "x", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
         assert httpx.post(srv.url + "/llm/v2/v1/chat/completions", json=body, timeout=60).status_code == 200
-        engine = srv.state.engine._engine  # after its first step, the engine waits for the gate: a quiet stream
-        gate, real_step, n_steps = threading.Event(), engine.step, []
-        engine.step = lambda *a, **k: (n_steps.append(1), len(n_steps) == 1 or gate.wait(60), real_step(*a, **k))[2]
-        body = {"prompt": "def f(x):", "n_predict": 3, "stream": True}
-        with httpx.stream("POST", srv.url + "/llm/v2/completion", json=body, timeout=60) as r:
+        _pings_while_quiet(srv, "/llm/v2/completion", {})
+    with InProcessServer(parallel=1) as srv:  # the server's 30 s, the request's 1 s
+        _pings_while_quiet(srv, "/completion", {"sse_ping_interval": 1})
+
+
+def _pings_while_quiet(srv, path: str, extra: dict) -> None:
+    engine = srv.state.engine._engine  # after its first step, the engine waits for the gate: a quiet stream
+    gate, real_step, n_steps = threading.Event(), engine.step, []
+    engine.step = lambda *a, **k: (n_steps.append(1), len(n_steps) == 1 or gate.wait(60), real_step(*a, **k))[2]
+    body = {"prompt": "def f(x):", "n_predict": 3, "stream": True, **extra}
+    try:
+        with httpx.stream("POST", srv.url + path, json=body, timeout=60) as r:
             lines = (line for line in r.iter_lines() if line)
             assert next(lines).startswith("data: ")  # the first token
             assert next(lines) == ":"  # an SSE comment while nothing comes
             gate.set()
             assert any(line.startswith("data: ") for line in lines)  # then the rest
+    finally:
+        gate.set()
+        engine.step = real_step
 
 
 def test_special_tokens_are_written_with_sp(demo_server):

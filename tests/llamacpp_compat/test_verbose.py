@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import json
+
 import httpx
 from server_proc import InProcessServer
 
@@ -33,3 +35,16 @@ def test_a_request_asks_for_it_on_a_quiet_server(demo_server):
     assert "__verbose" not in httpx.post(demo_server.url + "/v1/completions", json=plain, timeout=60).json()
     loud = httpx.post(demo_server.url + "/v1/completions", json={**plain, "verbose": True}, timeout=60).json()
     assert loud["__verbose"]["tokens"] and loud["__verbose"]["stop_type"] in ("limit", "eos", "word")
+
+
+def test_a_stream_carries_it_on_its_finishing_chunk(demo_server):
+    body = {"messages": MESSAGES, "max_tokens": 6, "temperature": 0, "stream": True, "verbose": True}
+    with httpx.stream("POST", demo_server.url + "/v1/chat/completions", json=body, timeout=60) as r:
+        chunks = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: {")]
+    carrying = [c for c in chunks if "__verbose" in c]
+    assert len(carrying) == 1 and carrying[0]["choices"][0]["finish_reason"] is not None
+    text = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"])
+    assert carrying[0]["__verbose"]["content"] == text and carrying[0]["__verbose"]["prompt"]
+    quiet = {**body, "verbose": False}
+    with httpx.stream("POST", demo_server.url + "/v1/chat/completions", json=quiet, timeout=60) as r:
+        assert not any("__verbose" in line for line in r.iter_lines())
