@@ -27,10 +27,12 @@ from engine.core.speculation import Speculation
 from engine.errors import StepFailed, check_token_ids
 from engine.kernels.attention import install_decode_attention
 from engine.kernels.blocks import block_modules, log_kernel_choice, weight_bytes_by_type
+from engine.kernels.lora_linear import install_lora
 from engine.kernels.packed_linear import onednn_available, pack_linears
 from engine.kernels.quantize import quantize_linears
 from engine.loading.checkpoint import Progress
 from engine.loading.loaded import load
+from engine.loading.lora import load_lora
 from engine.sampling.grammar import BatchMasker, GrammarCompiler
 from engine.sampling.params import SamplingParams
 from engine.text.detokenizer import IncrementalDetokenizer, StopMatcher
@@ -73,6 +75,7 @@ class Engine(TokenAcceptance):
         install_decode_attention()  # memory's decode rows attend in one compiled call, where built
         if self._use_onednn():
             pack_linears(self.model)
+        self.lora = install_lora(self.model, [load_lora(p) for p in config.lora]) if config.lora else None
         self.weight_bytes = weight_bytes_by_type(self.model)  # resident, by type (/props, /metrics)
         layout = "unified" if config.kv_unified else "stream"
         self.memory_config = MemoryConfig(
@@ -94,7 +97,7 @@ class Engine(TokenAcceptance):
                 f"context shift needs a cache that can move positions; a '{self.memory.kind}' cache cannot "
                 "(sliding-window layers: add --swa-full)"
             )
-        self.runner = ModelRunner(self.model, self.memory, self.device)
+        self.runner = ModelRunner(self.model, self.memory, self.device, self.lora)
         self.running: list[Sequence] = []
         self.last_step_decode_only = False  # whether the last step's plan was one token per sequence
         self.n_checkpoint_restores = 0  # prefix reuses that restarted from a kept checkpoint
@@ -160,6 +163,7 @@ class Engine(TokenAcceptance):
         n_cached: int = 0,
         n_keep: int = 0,
         pooling: Pooling | None = None,
+        lora: tuple[float, ...] = (),
     ) -> Sequence:
         """Start generating for ``prompt_ids`` in memory sequence ``seq_id``.
 
@@ -167,8 +171,9 @@ class Engine(TokenAcceptance):
         for ``seq_id`` (prefix reuse); everything after it is dropped. At least the last
         prompt token is recomputed so it yields logits. ``pooling``: an embedding, which
         ends once the prompt is computed, with its pooled hidden states (pooling other
-        than ``last`` recomputes the whole prompt). Raises ValueError on an empty or too
-        long prompt, a busy ``seq_id`` or a token outside the vocabulary.
+        than ``last`` recomputes the whole prompt). ``lora``: each loaded adapter's scale
+        for this sequence (missing ones: 0). Raises ValueError on an empty or too long
+        prompt, a busy ``seq_id`` or a token outside the vocabulary.
         """
         if not prompt_ids:
             raise ValueError("the prompt is empty")
@@ -201,6 +206,7 @@ class Engine(TokenAcceptance):
             n_keep=max(0, min(n_keep, len(prompt_ids))),
             matcher=self.grammars.matcher(params.constraint) if params.constraint else None,
             pooler=pooler,
+            lora=tuple(lora),
         )
         self.running.append(seq)
         return seq

@@ -6,15 +6,17 @@ from __future__ import annotations
 import torch
 
 from engine.core.planner import Chunk
+from engine.kernels.lora_linear import LoRAState
 from engine.models.base import DecoderLM
 from memory import Memory, MemoryBatch
 
 
 class ModelRunner:
-    def __init__(self, model: DecoderLM, memory: Memory, device: torch.device):
+    def __init__(self, model: DecoderLM, memory: Memory, device: torch.device, lora: LoRAState | None = None):
         self.model = model
         self.memory = memory
         self.device = device
+        self.lora = lora
 
     @torch.inference_mode()
     def run(self, plan: list[Chunk]) -> torch.Tensor:
@@ -39,6 +41,7 @@ class ModelRunner:
         batch = MemoryBatch([c.seq.seq_id for c in plan], [c.n_tokens for c in plan], pos)
         view = self.memory.prepare(batch)
         rows = logit_rows + [r for pooled in pooled_rows for r in pooled]
+        self._set_lora(plan, len(ids))
         try:
             hidden = self.model.hidden(
                 torch.tensor(ids, device=self.device),
@@ -48,11 +51,13 @@ class ModelRunner:
             )  # [S + P, hidden]
             logits = self.model.project(hidden[: len(logit_rows)])  # [S, V]
         except BaseException:
+            self._set_lora([], 0)
             for c in plan:  # a recurrent state cannot drop the step: back to its last checkpoint
                 seq_id, n = c.seq.seq_id, c.seq.n_computed
                 if not self.memory.seq_rm(seq_id, n):
                     self.memory.seq_rm(seq_id, self.memory.seq_cut_point(seq_id, n))
             raise
+        self._set_lora([], 0)
         at = len(logit_rows)
         for seq, pooled in zip((c.seq for c in plan if c.seq.pooler is not None), pooled_rows):
             seq.pooler.add(hidden[at : at + len(pooled)])  # [k, hidden]
@@ -65,3 +70,17 @@ class ModelRunner:
             elif every and c.seq.n_computed % every == 0:  # a spaced checkpoint
                 self.memory.checkpoint(c.seq.seq_id)
         return logits
+
+    def _set_lora(self, plan: list[Chunk], n_rows: int) -> None:
+        """Each row's adapter scales for this forward (its sequence's; none: cleared)."""
+        if self.lora is None:
+            return
+        if not plan:
+            self.lora.scales, self.lora.active = None, []
+            return
+        n = self.lora.n_adapters
+        per_seq = [(list(c.seq.lora[:n]) + [0.0] * n)[:n] for c in plan]
+        counts = torch.tensor([c.n_tokens + len(c.seq.draft) for c in plan])
+        scales = torch.tensor(per_seq, dtype=torch.float32).T.repeat_interleave(counts, dim=1)  # [n, T]
+        self.lora.scales = scales.to(self.device)
+        self.lora.active = [i for i in range(n) if bool(scales[i].any())]

@@ -50,6 +50,7 @@ class Sequence:
     n_draft_accepted: int = 0  # ... of which the model picked the same
     draft_window: int = 0  # most tokens the next proposal may have (0: the server's most)
     mirostat_mu: float | None = None  # mirostat's state (None: not started)
+    lora: tuple[float, ...] = ()  # each loaded LoRA adapter's scale for this sequence (missing: 0)
     pooler: Pooler | None = None  # an embedding: the prompt's hidden states are pooled, nothing is sampled
 
     def __post_init__(self) -> None:
