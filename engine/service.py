@@ -245,8 +245,11 @@ class EngineService:
         the file in a worker thread (``progress(bytes done, of total)`` hears of it)."""
         files, slot = self.files(), self.check_slot(id_slot)
         sched = self._sched
-        tokens, state = await sched.call(lambda: slot_io.snapshot(sched.board, slot))
-        n_written = await asyncio.to_thread(files.write, filename, tokens, state, self.fingerprint, progress)
+        tokens, state, lora = await sched.call(lambda: slot_io.snapshot(sched.board, slot))
+        fingerprint = self.fingerprint
+        if "lora" in fingerprint:  # the scales its cache was computed with
+            fingerprint = {**fingerprint, "lora_scales": ",".join(repr(s) for s in lora)}
+        n_written = await asyncio.to_thread(files.write, filename, tokens, state, fingerprint, progress)
         return SlotSaved(len(tokens), n_written)
 
     async def restore_slot(self, id_slot: int, filename: str, nowait: bool = False, progress=None) -> SlotRestored:
@@ -255,9 +258,11 @@ class EngineService:
         files, slot = self.files(), self.check_slot(id_slot)
         args = (filename, self.fingerprint, self.vocab_size, self.n_ctx, progress)
         file, n_read = await asyncio.to_thread(files.read, *args)
+        lora = tuple(float(s) for s in file.fingerprint.get("lora_scales", "").split(",") if s)
         sched = self._sched
         try:
-            await sched.call(lambda: slot_io.restore(sched.board, slot, file.tokens, file.state), slot, not nowait)
+            restore = lambda: slot_io.restore(sched.board, slot, file.tokens, file.state, lora)  # noqa: E731
+            await sched.call(restore, slot, not nowait)
         except StateMismatch as exc:
             raise BadSlotFile(f"the file does not fit this server's cache: {exc}") from None
         except CacheFull as exc:

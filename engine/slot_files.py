@@ -16,6 +16,9 @@ from memory.slot_file import SlotFile, SlotFileError, decode, encode, fingerprin
 __all__ = ["MAX_NAME_CHARS", "NAME_PATTERN", "SlotFileInfo", "SlotFiles"]
 
 
+FILE_KEYS = ("lora_scales",)  # what a file says of its own cache (not of the model): taken as given
+
+
 @dataclass(frozen=True)
 class SlotFileInfo:
     filename: str
@@ -70,7 +73,8 @@ class SlotFiles:
             raise _bad_name(exc) from None
         except SlotFileError as exc:
             raise BadSlotFile(str(exc)) from None
-        reason = fingerprint_mismatch(file.fingerprint, fingerprint)
+        taken = {k: file.fingerprint[k] for k in FILE_KEYS if k in file.fingerprint and "lora" in fingerprint}
+        reason = fingerprint_mismatch(file.fingerprint, {**fingerprint, **taken})
         if reason:
             raise BadSlotFile(reason, code="model_mismatch")
         if file.tokens and (min(file.tokens) < 0 or max(file.tokens) >= vocab_size):

@@ -15,6 +15,7 @@ from server import (
     embeddings_api,
     errors,
     infill_api,
+    lora_api,
     native_api,
     oai_responses,
     openai_api,
@@ -54,6 +55,7 @@ def create_app(settings: ServerSettings) -> FastAPI:
     app.include_router(anthropic_api.router)
     app.include_router(oai_responses.router)
     app.include_router(embeddings_api.router)
+    app.include_router(lora_api.router)
     app.include_router(slot_api.router)
     public = PUBLIC | {"/metrics"} if settings.metrics_public else PUBLIC
     if settings.webui:

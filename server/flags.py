@@ -65,6 +65,8 @@ FLAGS: dict[str, tuple[str, ...]] = {
     "reasoning_format": ("--reasoning-format",),
     "reasoning_budget": ("--reasoning-budget",),
     "pooling": ("--pooling",),
+    "lora": ("--lora",),
+    "lora_scaled": ("--lora-scaled",),
 }
 SWITCHES: dict[str, tuple[str | tuple[str, ...], str | tuple[str, ...]]] = {
     "kv_unified": ("--kv-unified", "--no-kv-unified"),
@@ -82,6 +84,7 @@ SWITCHES: dict[str, tuple[str | tuple[str, ...], str | tuple[str, ...]]] = {
     "cors_credentials": ("--cors-credentials", "--no-cors-credentials"),
     "slots": ("--slots", "--no-slots"),
     "embeddings": (("--embedding", "--embeddings"), "--no-embeddings"),
+    "lora_init_without_apply": ("--lora-init-without-apply", "--no-lora-init-without-apply"),
     "slots_debug": ("--slots-debug", "--no-slots-debug"),
     "jinja": ("--jinja", "--no-jinja"),
     "webui": (("--webui", "--ui"), ("--no-webui", "--no-ui")),

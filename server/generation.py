@@ -41,7 +41,20 @@ async def build_request(
     n = getattr(body, "n", 1)
     s = state.settings
     cache_prompt = s.cache_prompt if body.cache_prompt is None else body.cache_prompt
-    return Request(ids, params, n, body.id_slot, cache_prompt, s.keep if body.n_keep is None else body.n_keep)
+    n_keep = s.keep if body.n_keep is None else body.n_keep
+    return Request(ids, params, n, body.id_slot, cache_prompt, n_keep, lora=lora_scales(state, body.lora))
+
+
+def lora_scales(state: ServerState, given: list | None) -> tuple[float, ...]:
+    """Each adapter's scale: the request's (unlisted: 0), else the server's (/lora-adapters)."""
+    if given is None:
+        return tuple(state.lora_scales)
+    scales = [0.0] * len(state.lora_scales)
+    for entry in given:
+        if entry.id >= len(scales):
+            raise APIError(400, f"lora: no adapter with id {entry.id} ({len(scales)} loaded)", code="invalid_lora")
+        scales[entry.id] = entry.scale
+    return tuple(scales)
 
 
 def logit_bias(engine: EngineService, given: dict | list) -> dict[int, float]:

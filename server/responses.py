@@ -89,6 +89,12 @@ class NativeEmbedding(_Out):
     embedding: list[list[float]]
 
 
+class LoraAdapter(_Out):
+    id: int
+    path: str
+    scale: float
+
+
 class Status(_Out):
     status: str
     error: str | None = None

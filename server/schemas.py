@@ -51,6 +51,11 @@ class StructuredOutputs(_Body):
     grammar: str | None = None
 
 
+class LoraScale(_Body):
+    id: Int(ge=0, le=1023)
+    scale: float = Field(ge=-100, le=100)
+
+
 class SamplingFields(SamplerFields):
     """Fields shared by every generating endpoint (OpenAI names plus llama-server's)."""
 
@@ -77,6 +82,9 @@ class SamplingFields(SamplerFields):
     timings_per_token: bool = False  # llama-server: timings in every stream chunk
     return_progress: bool = False  # llama-server: prompt_progress chunks while a streamed prompt is computed
     sse_ping_interval: Int(ge=-1, le=86400) | None = None  # llama-server: this stream's ping interval (s; -1 off)
+    lora: list[LoraScale] | None = Field(
+        None, description="LoRA adapters for this request by id (GET /lora-adapters); unlisted ones: scale 0"
+    )
     verbose: bool | None = Field(
         None,
         description="add __verbose (llama-server's native answer, with the prompt) to an OpenAI answer "

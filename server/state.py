@@ -28,6 +28,7 @@ class ServerState:
         self.error: str | None = None
         self.engine: EngineService | None = None  # set once loaded and started
         self.default_constraint = None  # --grammar / --json-schema, compiled once loaded
+        self._lora_scales: list[float] | None = None
         self.n_inflight = 0  # HTTP requests between admission check and their last byte
         self.t_started = time.time()
         self.loop: asyncio.AbstractEventLoop | None = None
@@ -70,6 +71,7 @@ class ServerState:
                 spec_type=None if s.spec_type in (None, "none") else s.spec_type,
                 model_draft=s.model_draft,
                 special=s.special,
+                lora=tuple(path for path, _ in s.lora_adapters),
                 spec_draft_max=s.spec_ngram_simple_size_m if s.model_draft is None else s.spec_draft_n_max,
                 spec_draft_min=s.spec_draft_n_min,
                 spec_p_min=s.spec_draft_p_min,
@@ -133,6 +135,13 @@ class ServerState:
         """How embeddings pool: --pooling, else the checkpoint's, else ``last``."""
         given = self.settings.pooling or (self.engine.embedding_pooling if self.engine else None)
         return given or "last"
+
+    @property
+    def lora_scales(self) -> list[float]:
+        """The scale of each loaded adapter for requests that name none (POST /lora-adapters sets them)."""
+        if self._lora_scales is None:
+            self._lora_scales = [scale for _, scale in self.settings.lora_adapters]
+        return self._lora_scales
 
     def require_ready(self) -> EngineService:
         """The engine, or a 503 that says why it cannot serve."""

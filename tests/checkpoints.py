@@ -223,3 +223,20 @@ def greedy_reference(model, prompt: list[int], n: int) -> tuple[list[int], torch
         pad_token_id=0,
     )
     return out.sequences[0, len(prompt) :].tolist(), torch.stack(out.logits)[:, 0]
+
+
+LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+def make_adapter(folder, out, alpha: float, seed: int = 0):
+    """A PEFT LoRA on every projection with random A and B (PEFT starts B at zero)."""
+    from peft import LoraConfig, get_peft_model
+
+    model = get_peft_model(load_reference(folder), LoraConfig(r=4, lora_alpha=alpha, target_modules=LORA_TARGETS))
+    torch.manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_" in name:
+                p.copy_(torch.randn_like(p) * 0.2)
+    model.save_pretrained(out)
+    return model.merge_and_unload().eval()

@@ -9,27 +9,12 @@ import json
 
 import pytest
 import torch
-from checkpoints import greedy_reference, load_reference, make_checkpoint
+from checkpoints import greedy_reference, load_reference, make_adapter, make_checkpoint
 
 from engine import Engine, SamplingParams
 from engine.errors import CheckpointError
 
-TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 N = 16
-
-
-def make_adapter(folder, out, alpha: float, seed: int = 0):
-    """A PEFT LoRA on every projection with random A and B (PEFT starts B at zero)."""
-    from peft import LoraConfig, get_peft_model
-
-    model = get_peft_model(load_reference(folder), LoraConfig(r=4, lora_alpha=alpha, target_modules=TARGETS))
-    torch.manual_seed(seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "lora_" in name:
-                p.copy_(torch.randn_like(p) * 0.2)
-    model.save_pretrained(out)
-    return model.merge_and_unload().eval()
 
 
 def test_adapters_at_any_scale_share_a_batch_and_match_the_merged_model(tmp_path):

@@ -13,6 +13,7 @@ import dataclasses
 import logging
 import random
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -76,6 +77,8 @@ class Engine(TokenAcceptance):
         if self._use_onednn():
             pack_linears(self.model)
         self.lora = install_lora(self.model, [load_lora(p) for p in config.lora]) if config.lora else None
+        if config.lora:  # slot files and disk entries record the adapter set they were made with
+            self.fingerprint = {**self.fingerprint, "lora": ";".join(str(Path(p).resolve()) for p in config.lora)}
         self.weight_bytes = weight_bytes_by_type(self.model)  # resident, by type (/props, /metrics)
         layout = "unified" if config.kv_unified else "stream"
         self.memory_config = MemoryConfig(

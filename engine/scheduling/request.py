@@ -23,6 +23,7 @@ class Request:
     n_keep: int = 0
     progress: bool = False  # send Progress events while the prompt is computed
     pooling: str | None = None  # an embedding (engine/core/pooling.py): n is 1, nothing is sampled
+    lora: tuple[float, ...] = ()  # each loaded LoRA adapter's scale (missing: 0)
     t_arrival: float = field(default_factory=time.monotonic)
     id: int = -1  # set by the scheduler
 

@@ -13,17 +13,18 @@ class SlotNotReady(SlotBusy):
     """The slot is between states (a request is being set up in it); retry."""
 
 
-def snapshot(board: TaskBoard, slot_id: int) -> tuple[list[int], SeqState]:
-    """The tokens whose cache the slot holds now and that cache (copied), busy or idle."""
+def snapshot(board: TaskBoard, slot_id: int) -> tuple[list[int], SeqState, tuple[float, ...]]:
+    """The tokens whose cache the slot holds now, that cache (copied), busy or idle, and
+    the LoRA scales it was computed with."""
     slot = board.table.slots[slot_id]
     tokens = list(board.cached_tokens(slot))
     memory = board.engine.memory
     if memory.seq_pos_max(slot_id) + 1 != len(tokens):
         raise SlotNotReady(f"slot {slot_id} is being set up for a request; retry")
-    return tokens, memory.save_seq(slot_id)
+    return tokens, memory.save_seq(slot_id), slot.lora
 
 
-def restore(board: TaskBoard, slot_id: int, tokens: list[int], state: SeqState) -> None:
+def restore(board: TaskBoard, slot_id: int, tokens: list[int], state: SeqState, lora: tuple[float, ...] = ()) -> None:
     """Replace an idle slot's cache with ``state`` (``tokens``: one per cell).
 
     All or nothing: raises StateMismatch (shapes) with the slot unchanged. When blocks
@@ -42,7 +43,7 @@ def restore(board: TaskBoard, slot_id: int, tokens: list[int], state: SeqState) 
                 raise
             memory.seq_rm(others[0].id)
             others[0].cached = []
-    slot.cached = list(tokens)
+    slot.cached, slot.lora = list(tokens), lora
 
 
 def erase(board: TaskBoard, slot_id: int) -> int:

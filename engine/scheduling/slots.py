@@ -21,6 +21,14 @@ def common_prefix(a: list[int], b: list[int]) -> int:
     return n
 
 
+def lora_key(scales: tuple[float, ...]) -> tuple[float, ...]:
+    """LoRA scales as a cache key: trailing zeros dropped, so () is the base model."""
+    scales = tuple(float(s) for s in scales)
+    while scales and scales[-1] == 0:
+        scales = scales[:-1]
+    return scales
+
+
 @dataclass(eq=False)
 class Slot:
     id: int
@@ -28,6 +36,7 @@ class Slot:
     id_task: int | None = None  # the request using it; None when idle
     last_used: int = 0
     restored: tuple[str, int] | None = None  # its latest prompt's start from the prompt cache: tier, tokens
+    lora: tuple[float, ...] = ()  # the LoRA scales its cache was computed with (lora_key; (): none)
 
     @property
     def busy(self) -> bool:

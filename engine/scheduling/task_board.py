@@ -18,7 +18,7 @@ from engine.core.engine import Engine
 from engine.core.sequence import Sequence, StepEvent
 from engine.scheduling.prompt_cache import PromptCache, shared_prefix
 from engine.scheduling.request import Admitted, Delta, Failed, Progress, Request, RequestEnd, RequestEvent
-from engine.scheduling.slots import Slot, SlotTable, common_prefix
+from engine.scheduling.slots import Slot, SlotTable, common_prefix, lora_key
 from memory import CacheFull
 
 WAIT_FOR_SHARED = 64  # tokens of a start being computed elsewhere worth waiting for (see _shared_start_in_flight)
@@ -107,18 +107,22 @@ class TaskBoard:
         return n
 
     def _start(self, task: Task, slots: list[Slot]) -> None:
-        req = task.req
+        req, key = task.req, lora_key(task.req.lora)
         for i, slot in enumerate(slots):
-            keeps = common_prefix(slot.cached, req.prompt_ids) if i == 0 and req.cache_prompt else 0
+            same = slot.lora == key  # a cache computed with other LoRA scales is nobody's prefix
+            keeps = common_prefix(slot.cached, req.prompt_ids) if i == 0 and req.cache_prompt and same else 0
             if keeps < len(slot.cached):  # what the slot holds past the shared prefix is about to go
                 self._save_idle(slot)
             self.table.take(slot, req.id)
         task.slots, task.seqs = slots, [None] * req.n
         self.active[req.id] = task
         reuses = req.cache_prompt and req.pooling in (None, "last")  # other poolings need every hidden state
-        n_cached = self._reuse_prefix(slots[0], req) if reuses else 0
+        n_cached = self._reuse_prefix(slots[0], req, key) if reuses else 0
+        for slot in slots:
+            slot.lora = key
         try:
-            seq = self.engine.add_sequence(req.prompt_ids, req.params, slots[0].id, n_cached, req.n_keep, req.pooling)
+            args = (req.n_keep, req.pooling, req.lora)
+            seq = self.engine.add_sequence(req.prompt_ids, req.params, slots[0].id, n_cached, *args)
         except ValueError as exc:  # validated before queueing; kept as a guard
             self.fail(task, Failed(str(exc), "invalid_request_error", 400))
             return
@@ -128,24 +132,26 @@ class TaskBoard:
         if req.progress:  # llama-server's first update: before any prompt token is computed
             self._progress(task, seq, task.t_admit)
 
-    def _reuse_prefix(self, slot: Slot, req: Request) -> int:
+    def _reuse_prefix(self, slot: Slot, req: Request, key: tuple[float, ...] = ()) -> int:
         """Tokens of the prompt the slot holds after keeping its own prefix or copying a
-        longer one from another slot (busy or idle)."""
+        longer one from another slot (busy or idle) computed with the same LoRA scales
+        (``key``); the pool and the prompt cache hold base-model caches only."""
         prompt, memory = req.prompt_ids, self.engine.memory
         slot.restored = None
-        own = memory.seq_cut_point(slot.id, common_prefix(slot.cached, prompt))
+        own = memory.seq_cut_point(slot.id, common_prefix(slot.cached, prompt)) if slot.lora == key else 0
         best, n_best = None, own
         for other in self.table.slots:
-            if other is slot:
+            if other is slot or other.lora != key:
                 continue
             n = memory.seq_cut_point(other.id, common_prefix(self.cached_tokens(other), prompt))
             if n > n_best:
                 best, n_best = other, n
-        if memory.cached_prefix(prompt) > n_best:  # blocks kept in the pool by their tokens' hash
+        if not key and memory.cached_prefix(prompt) > n_best:  # blocks kept in the pool by their tokens' hash
             own = n_best = memory.attach_prefix(slot.id, prompt)
             best, slot.cached = None, prompt[:n_best]
             self.n_pool_tokens += n_best
-        restored = self.prompt_cache.restore_into(memory, slot, prompt, n_best) if self.prompt_cache else None
+        cache = self.prompt_cache if not key else None
+        restored = cache.restore_into(memory, slot, prompt, n_best) if cache else None
         if restored is not None:
             return restored
         if best is None:
@@ -158,7 +164,7 @@ class TaskBoard:
         return n_best
 
     def _save_idle(self, slot: Slot) -> None:
-        if self.prompt_cache is not None and self.cache_idle_slots:
+        if self.prompt_cache is not None and self.cache_idle_slots and not slot.lora:
             self.prompt_cache.save_slot(self.engine.memory, slot)
 
     def cached_tokens(self, slot: Slot) -> list[int]:
@@ -247,7 +253,8 @@ class TaskBoard:
             self.engine.memory.seq_cp(first.seq_id, slot.id, 0, n_prompt)
             seed = None if req.params.seed is None else req.params.seed + i
             params = dataclasses.replace(req.params, seed=seed)
-            self._track(task, i, self.engine.add_sequence(req.prompt_ids, params, slot.id, n_prompt - 1, req.n_keep))
+            seq = self.engine.add_sequence(req.prompt_ids, params, slot.id, n_prompt - 1, req.n_keep, lora=req.lora)
+            self._track(task, i, seq)
 
     def _end_choice(self, task: Task, index: int) -> None:
         seq = task.seqs[index]
@@ -258,7 +265,8 @@ class TaskBoard:
             self._report(task, _outcome(task))
         slot = task.slots[index]
         self.table.release(slot, seq.tokens[: seq.n_computed])
-        self.engine.memory.publish_prefix(slot.id, slot.cached)  # its whole blocks outlive the slot's cache
+        if not slot.lora:  # its whole blocks outlive the slot's cache (base-model caches only: keyed by tokens)
+            self.engine.memory.publish_prefix(slot.id, slot.cached)
 
     def _report(self, task: Task, outcome: str) -> None:
         if task.ended or self.on_end is None:
