@@ -4,10 +4,12 @@
     python bench/embed_beside.py --rounds 5 --out bench/results/embed-beside.json
 
 One streamed /completion at a time (128 tokens, greedy) is timed token by token, in
-rounds that alternate "alone" and "beside" (``--clients`` threads sending 200-token
-embedding inputs back to back the whole time). Reported: inter-token latency p50/p90,
-tokens per second of the stream, and embedded tokens per second during "beside"; the
-ratios beside/alone are the figure (1.0: embeddings cost decoding nothing).
+rounds that alternate "alone", "embed" (``--clients`` threads sending a 200-token
+embedding input back to back the whole time) and "complete" (the same threads sending
+the same text as one-token /completion requests: the load any other short request
+puts on the steps). Reported: inter-token latency p50/p90 and tokens per second of the
+stream, and input tokens per second of the load. The figure: embed/complete (1.0: an
+embedding costs decoding what any request of its size costs), and embed/alone.
 """
 
 from __future__ import annotations
@@ -50,18 +52,22 @@ def main() -> None:
     proc = None if args.url else start_server(args.port, Path(tempfile.mkdtemp()), server_args)
     url = args.url or f"http://127.0.0.1:{args.port}"
     stream(url, 8)  # warm-up
-    rows: dict[str, list] = {"alone": [], "beside": []}
-    embedded = []
+    rows: dict[str, list] = {"alone": [], "embed": [], "complete": []}
+    loads: dict[str, list] = {"embed": [], "complete": []}
     for _ in range(args.rounds):
-        for mode in ("alone", "beside"):
+        for mode in rows:
             stop, count = threading.Event(), [0]
 
-            def load(stop=stop, count=count):
+            def load(stop=stop, count=count, mode=mode):
                 while not stop.is_set():
-                    r = httpx.post(url + "/v1/embeddings", json={"input": TEXT}, timeout=120).json()
-                    count[0] += r["usage"]["prompt_tokens"]
+                    if mode == "embed":
+                        r = httpx.post(url + "/v1/embeddings", json={"input": TEXT}, timeout=120).json()
+                        count[0] += r["usage"]["prompt_tokens"]
+                    else:
+                        r = httpx.post(url + "/completion", json={"prompt": TEXT, "n_predict": 1}, timeout=120).json()
+                        count[0] += r["tokens_evaluated"]
 
-            workers = [threading.Thread(target=load) for _ in range(args.clients if mode == "beside" else 0)]
+            workers = [threading.Thread(target=load) for _ in range(args.clients if mode != "alone" else 0)]
             for w in workers:
                 w.start()
             time.sleep(0.5 if workers else 0)
@@ -74,7 +80,7 @@ def main() -> None:
             gaps = [(b - a) * 1000 for a, b in zip(times[1:], times[2:])]
             rows[mode].append({"itl_ms": gaps, "tok_s": (len(times) - 1) / (t1 - t0)})
             if workers:
-                embedded.append(count[0] / (t1 - t0 + 0.5))
+                loads[mode].append(count[0] / (t1 - t0 + 0.5))
     if proc:
         proc.terminate()
         proc.wait(30)
@@ -87,13 +93,12 @@ def main() -> None:
             "tok_s": statistics.median(r["tok_s"] for r in rows[mode]),
         }
 
-    alone, beside = summary("alone"), summary("beside")
-    out = {
-        "alone": alone,
-        "beside": beside,
-        "embedded_tok_s": statistics.median(embedded),
-        "ratio_tok_s": beside["tok_s"] / alone["tok_s"],
-        "ratio_itl_p50": beside["itl_p50_ms"] / alone["itl_p50_ms"],
+    out = {mode: summary(mode) for mode in rows}
+    for mode in loads:
+        out[mode]["load_tok_s"] = statistics.median(loads[mode])
+    out |= {
+        "embed_vs_complete_tok_s": out["embed"]["tok_s"] / out["complete"]["tok_s"],
+        "embed_vs_alone_tok_s": out["embed"]["tok_s"] / out["alone"]["tok_s"],
         "clients": args.clients,
         "rounds": args.rounds,
     }
