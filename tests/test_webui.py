@@ -108,6 +108,14 @@ def test_a_wrong_key_is_a_clear_message(page):
     assert "refused the API key" in page.text_content("#notice")
 
 
+def test_the_web_app_files_load_without_the_key():
+    with InProcessServer(parallel=1, api_key="k") as srv:
+        for path in ("/", "/sw.js", "/manifest.webmanifest", "/_app/version.json"):
+            assert httpx.get(srv.url + path).status_code == 200, path
+        assert httpx.get(srv.url + "/manifest.webmanifest").json()["start_url"] == "/"
+        assert httpx.get(srv.url + "/props").status_code == 401  # the API still wants it
+
+
 def test_no_webui_turns_it_off():
     with InProcessServer(parallel=1, webui=False) as srv:
         assert httpx.get(srv.url + "/").status_code == 404
