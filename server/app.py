@@ -109,6 +109,7 @@ def _add_openapi(app: FastAPI, state: ServerState, public: set[str]) -> None:
         if not document:
             engine = state.require_ready()
             limits = {"vocab": engine.vocab_size, "n_slots": state.settings.parallel, "n_embd": engine.hidden_size}
+            limits["n_lora"] = len(state.lora_scales)
             document.update(build_openapi(app, limits, bool(state.settings.api_keys), public))
         return JSONResponse(document)
 

@@ -33,7 +33,7 @@ def int_range_pattern(hi: int) -> str:
 
 
 def build_openapi(app: FastAPI, limits: dict[str, int], api_keys: bool, public: frozenset[str]) -> dict:
-    """``limits``: vocab (token ids < vocab), n_slots and n_embd (the embedding size)."""
+    """``limits``: vocab (token ids < vocab), n_slots, n_embd (the embedding size) and n_lora (adapters loaded)."""
     spec = get_openapi(title=app.title, version=app.version, routes=app.routes)
     for path, ops in spec["paths"].items():
         for op in ops.values():
@@ -67,6 +67,8 @@ def _fill_limits(node, limits: dict[str, int]) -> None:
         node["maximum"] = limits["n_slots"] - 1
     elif mark == "n_slots":
         node["maximum"] = limits["n_slots"]
+    elif mark == "lora":
+        node["maximum"] = limits["n_lora"] - 1
     elif mark == "n_embd":
         node["minimum"] = node["maximum"] = limits["n_embd"]
     elif mark == "token_keys":

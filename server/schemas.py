@@ -52,7 +52,7 @@ class StructuredOutputs(_Body):
 
 
 class LoraScale(_Body):
-    id: Int(ge=0, le=1023)
+    id: Int(ge=0, **_limit("lora"))  # < the number of adapters loaded
     scale: float = Field(ge=-100, le=100)
 
 

@@ -92,8 +92,9 @@ def filter_case(context, case) -> bool:
     if str(case.path).startswith("/v1/responses") and isinstance(body, dict) and _positive(case):
         if _responses_refused(body):
             return False
-    if str(case.path).startswith("/v1/messages") and isinstance(body, dict) and _positive(case) and _media(body):
-        return False
+    if str(case.path).startswith("/v1/messages") and isinstance(body, dict) and _positive(case):
+        if _media(body) or (not body.get("messages") and not body.get("system")):
+            return False  # media: text only; no turn at all: served where the template renders something
     if not str(case.path).startswith(("/v1/chat/completions", "/chat/completions")) or not isinstance(body, dict):
         return True
     messages = body.get("messages")
