@@ -15,10 +15,11 @@ from pydantic.fields import FieldInfo
 from pydantic_settings import PydanticBaseSettingsSource, SettingsConfigDict
 
 from engine import DEMO_MODEL
+from server.lora_settings import LoraSettings
 from server.sampler_settings import SamplerSettings
 
 
-class ServerSettings(SamplerSettings):
+class ServerSettings(SamplerSettings, LoraSettings):
     model_config = SettingsConfigDict(env_prefix="SLOTSERVE_", extra="forbid", protected_namespaces=())
 
     model: Path = Field(DEMO_MODEL, description="Hugging Face checkpoint folder (default: the embedded demo model)")
@@ -148,9 +149,6 @@ class ServerSettings(SamplerSettings):
     )
     metrics_public: bool = Field(False, description="/metrics without the API key")
     slots: bool = Field(True, description="serve the slot monitoring endpoint GET /slots (off: 501)")
-    lora: str | None = Field(None, description="LoRA adapters (PEFT folders), comma-separated, each at scale 1")
-    lora_scaled: str | None = Field(None, description="LoRA adapters with their scales, FILE:SCALE, comma-separated")
-    lora_init_without_apply: bool = Field(False, description="load the adapters at scale 0 (POST /lora-adapters)")
     embeddings: bool = Field(False, description="serve /v1/embeddings and /embedding(s), beside generation (off: 501)")
     pooling: Literal["none", "mean", "cls", "last"] | None = Field(
         None, description="how embeddings pool the final hidden states (default: the checkpoint's, else last)"
@@ -187,19 +185,6 @@ class ServerSettings(SamplerSettings):
     ) -> tuple[PydanticBaseSettingsSource, ...]:
         """Flags (init), then SLOTSERVE_* variables, then llama-server's LLAMA_ARG_* ones."""
         return init_settings, env_settings, LlamaEnv(settings_cls), dotenv_settings, file_secret_settings
-
-    @field_validator("lora_scaled")
-    @classmethod
-    def _lora_scaled(cls, v: str | None) -> str | None:
-        for item in filter(str.strip, (v or "").split(",")):
-            path, _, scale = item.strip().rpartition(":")
-            try:
-                float(scale)
-            except ValueError:
-                raise ValueError(f"--lora-scaled takes FILE:SCALE, not {item.strip()!r}") from None
-            if not path:
-                raise ValueError(f"--lora-scaled takes FILE:SCALE, not {item.strip()!r}")
-        return v
 
     @field_validator("cors_origins")
     @classmethod
@@ -280,16 +265,6 @@ class ServerSettings(SamplerSettings):
     @property
     def model_tags(self) -> list[str]:
         return sorted({t.strip() for t in (self.tags or "").split(",") if t.strip()})
-
-    @property
-    def lora_adapters(self) -> list[tuple[str, float]]:
-        """(path, scale) of each adapter, ``--lora`` ones first: the ids requests name."""
-        out = [(p.strip(), 1.0) for p in (self.lora or "").split(",") if p.strip()]
-        for item in (self.lora_scaled or "").split(","):
-            if item.strip():
-                path, _, scale = item.strip().rpartition(":")
-                out.append((path, float(scale)))
-        return [(p, 0.0 if self.lora_init_without_apply else s) for p, s in out]
 
     @property
     def step_tokens(self) -> int:

@@ -16,10 +16,10 @@ from dataclasses import dataclass
 
 from engine.core.engine import Engine
 from engine.core.sequence import Sequence, StepEvent
+from engine.scheduling.prefix_reuse import PrefixReuse
 from engine.scheduling.prompt_cache import PromptCache, shared_prefix
 from engine.scheduling.request import Admitted, Delta, Failed, Progress, Request, RequestEnd, RequestEvent
 from engine.scheduling.slots import Slot, SlotTable, common_prefix, lora_key
-from memory import CacheFull
 
 WAIT_FOR_SHARED = 64  # tokens of a start being computed elsewhere worth waiting for (see _shared_start_in_flight)
 
@@ -41,7 +41,7 @@ class Task:
     ended: bool = False  # told to ``on_end`` (once)
 
 
-class TaskBoard:
+class TaskBoard(PrefixReuse):
     def __init__(
         self,
         engine: Engine,
@@ -131,37 +131,6 @@ class TaskBoard:
         self.emit(task, Admitted([s.id for s in slots], len(req.prompt_ids), seq.n_computed, task.t_admit))
         if req.progress:  # llama-server's first update: before any prompt token is computed
             self._progress(task, seq, task.t_admit)
-
-    def _reuse_prefix(self, slot: Slot, req: Request, key: tuple[float, ...] = ()) -> int:
-        """Tokens of the prompt the slot holds after keeping its own prefix or copying a
-        longer one from another slot (busy or idle) computed with the same LoRA scales
-        (``key``); the pool and the prompt cache hold base-model caches only."""
-        prompt, memory = req.prompt_ids, self.engine.memory
-        slot.restored = None
-        own = memory.seq_cut_point(slot.id, common_prefix(slot.cached, prompt)) if slot.lora == key else 0
-        best, n_best = None, own
-        for other in self.table.slots:
-            if other is slot or other.lora != key:
-                continue
-            n = memory.seq_cut_point(other.id, common_prefix(self.cached_tokens(other), prompt))
-            if n > n_best:
-                best, n_best = other, n
-        if not key and memory.cached_prefix(prompt) > n_best:  # blocks kept in the pool by their tokens' hash
-            own = n_best = memory.attach_prefix(slot.id, prompt)
-            best, slot.cached = None, prompt[:n_best]
-            self.n_pool_tokens += n_best
-        cache = self.prompt_cache if not key else None
-        restored = cache.restore_into(memory, slot, prompt, n_best) if cache else None
-        if restored is not None:
-            return restored
-        if best is None:
-            return own
-        try:
-            self.engine.memory.seq_cp(best.id, slot.id, 0, n_best)
-        except CacheFull:
-            return 0  # seq_cp replaced nothing; the slot may still hold its own prefix, but be safe
-        slot.cached = prompt[:n_best]
-        return n_best
 
     def _save_idle(self, slot: Slot) -> None:
         if self.prompt_cache is not None and self.cache_idle_slots and not slot.lora:

@@ -105,9 +105,14 @@ def test_a_required_function_call_is_an_item_whole_and_streamed(client):
 
 
 def test_text_format_json_schema_constrains_the_output(client):
-    fmt = {"type": "json_schema", "name": "forecast", "schema": WEATHER, "strict": True}
-    r = client.responses.create(model="m", input=ASK, text={"format": fmt}, max_output_tokens=60, temperature=0.7)
-    jsonschema.validate(json.loads(r.output_text), WEATHER)
+    days = {"type": "integer", "minimum": 1, "maximum": 7}
+    bounded = {**WEATHER, "properties": {**WEATHER["properties"], "days": days}}
+    fmt = {"type": "json_schema", "name": "forecast", "schema": bounded, "strict": True}
+    for seed in (1, 2, 3):  # sampled, seeded: the same answers every run, each valid JSON of the schema
+        r = client.responses.create(model="m", input=ASK, text={"format": fmt}, max_output_tokens=120, temperature=0.7,
+                                    extra_body={"seed": seed})  # fmt: skip
+        assert r.status == "completed"
+        jsonschema.validate(json.loads(r.output_text), bounded)
     assert r.text.format.type == "json_schema"
 
 
