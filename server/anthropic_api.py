@@ -22,7 +22,7 @@ from server.errors import APIError
 from server.openai_api import chat_completions, chat_prompt
 from server.responses import AnthropicError, AnthropicMessageOut, AnthropicTokenCount, documented
 from server.schemas import ChatCompletionRequest, Int, NonEmpty, ToolName, _Body
-from server.sse import SSEResponse
+from server.sse import SSEResponse, chat_chunks
 
 router = APIRouter()
 INT32 = 2**31 - 1  # bounds of Anthropic's integers (exact in a JSON document's doubles)
@@ -250,13 +250,10 @@ async def _events(chunks: AsyncIterator[str], model: str, n_prompt: int) -> Asyn
     message |= {"stop_reason": None, "stop_sequence": None, "usage": {"input_tokens": n_prompt, "output_tokens": 0}}
     yield _event("message_start", {"message": message})
     open_kind, index, reason, usage = None, -1, "end_turn", {}
-    async for frame in chunks:
-        if frame.startswith(":"):  # an SSE ping passes through
-            yield frame
+    async for data in chat_chunks(chunks):
+        if isinstance(data, str):  # an SSE ping passes through
+            yield data
             continue
-        if not frame.startswith("data: ") or frame.startswith("data: [DONE]"):
-            continue
-        data = json.loads(frame[6:])
         if "error" in data:
             error = data["error"]
             yield _event("error", {"error": {"type": error.get("type", "api_error"), "message": error["message"]}})

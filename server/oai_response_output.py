@@ -9,6 +9,8 @@ import time
 import uuid
 from collections.abc import AsyncIterator
 
+from server.sse import chat_chunks
+
 
 def new_id(prefix: str) -> str:
     return f"{prefix}_{uuid.uuid4().hex}"
@@ -162,13 +164,10 @@ async def response_events(chunks: AsyncIterator[str], response: dict) -> AsyncIt
     yield _frame(ev.event("response.created", response=ev._head()))
     yield _frame(ev.event("response.in_progress", response=ev._head()))
     reason, usage, timings = None, {}, None
-    async for frame in chunks:
-        if frame.startswith(":"):  # an SSE ping passes through
-            yield frame
+    async for data in chat_chunks(chunks):
+        if isinstance(data, str):  # an SSE ping passes through
+            yield data
             continue
-        if not frame.startswith("data: ") or frame.startswith("data: [DONE]"):
-            continue
-        data = json.loads(frame[6:])
         if "error" in data:
             error = data["error"]
             yield _frame(ev.event("error", code=error.get("type"), message=error["message"], param=None))

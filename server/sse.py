@@ -93,6 +93,17 @@ def sse_error(failure: Failed) -> str:
     return sse({"error": {"message": failure.message, "type": failure.type, "code": failure.status}})
 
 
+async def chat_chunks(frames: AsyncIterator[str]) -> AsyncIterator[str | dict]:
+    """An OpenAI chat stream read back (for the routes that rewrite it): each ``data:``
+    chunk as a dict (an error frame too: ``{"error": ...}``), an SSE ping as its text
+    (to pass through), ``[DONE]`` dropped."""
+    async for frame in frames:
+        if frame.startswith(":"):
+            yield frame
+        elif frame.startswith("data: ") and not frame.startswith("data: [DONE]"):
+            yield json.loads(frame[6:])
+
+
 async def merged_events(runs: list[Run]) -> AsyncIterator[tuple[int, RequestEvent]]:
     """(run index, event) of several runs as they come (one run: its events in order)."""
     if len(runs) == 1:
