@@ -51,7 +51,7 @@ class EngineConfig:
     spec_ngram_size: int = 12  # tokens of the n-gram looked up (--spec-ngram-simple-size-n)
     model_draft: Path | None = None  # the draft model's checkpoint (-md), HF folder or GGUF
     special: bool = False  # special tokens are written into the output text (llama-server's -sp)
-    lora: tuple[str, ...] = ()  # LoRA adapters (PEFT folders), by index; each sequence says its scales
+    lora: tuple[str, ...] = ()  # LoRA adapters (GGUF files or PEFT folders), by index; each sequence says its scales
 
     @property
     def cache_cells(self) -> int:

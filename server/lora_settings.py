@@ -8,7 +8,7 @@ from pydantic_settings import BaseSettings
 
 
 class LoraSettings(BaseSettings):
-    lora: str | None = Field(None, description="LoRA adapters (PEFT folders), comma-separated, each at scale 1")
+    lora: str | None = Field(None, description="LoRA adapters (GGUF files, PEFT folders), comma-separated, at scale 1")
     lora_scaled: str | None = Field(None, description="LoRA adapters with their scales, FILE:SCALE, comma-separated")
     lora_init_without_apply: bool = Field(False, description="load the adapters at scale 0 (POST /lora-adapters)")
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -38,19 +39,29 @@ for args in jobs:  # one interpreter for several models: the imports are paid on
     sys.argv = [tree + "/convert_hf_to_gguf.py", *args]
     runpy.run_path(sys.argv[0], run_name="__main__")
 """
+LORA_WRAPPER = """
+import runpy, sys
+tree = sys.argv[1]
+sys.path[:0] = [tree, tree + "/gguf-py"]
+sys.argv = [tree + "/convert_lora_to_gguf.py", *sys.argv[2:]]
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
 
 
 def converter_tree() -> Path:
-    """The extracted converter (convert_hf_to_gguf.py, conversion/, gguf-py/). Raises
-    RuntimeError when it can be neither found nor downloaded."""
+    """The extracted converters (convert_hf_to_gguf.py, convert_lora_to_gguf.py,
+    conversion/, gguf-py/). Raises RuntimeError when they can be neither found nor
+    downloaded."""
     tree = CACHE / "tree"
-    if (tree / "convert_hf_to_gguf.py").is_file():
+    wanted = ("convert_hf_to_gguf.py", "convert_lora_to_gguf.py", "conversion/", "gguf-py/")
+    if all((tree / name).exists() for name in wanted):
         return tree
+    shutil.rmtree(tree, ignore_errors=True)  # an older, smaller extraction
     CACHE.mkdir(parents=True, exist_ok=True)
     archive = download_sdist()
     prefix = archive.name.removesuffix(".tar.gz") + "/vendor/llama.cpp/"
-    wanted = ("convert_hf_to_gguf.py", "conversion/", "gguf-py/")
     staging = CACHE / "staging"
+    shutil.rmtree(staging, ignore_errors=True)
     with tarfile.open(archive) as tar:
         members = [
             m for m in tar.getmembers() if m.name.startswith(prefix) and m.name[len(prefix) :].startswith(wanted)
@@ -129,6 +140,34 @@ def convert_many(jobs: list[tuple[Path, Path, str]], processes: int = 2) -> list
         if proc.returncode != 0:
             raise RuntimeError(f"convert_hf_to_gguf.py failed: {err[-2000:]}")
     return [out for _, out, _ in jobs]
+
+
+def convert_lora(adapter: Path, base: Path, out: Path, outtype: str = "f32") -> Path:
+    """``adapter`` (a PEFT folder trained on the Hugging Face checkpoint ``base``) as a
+    GGUF LoRA at ``out``, written by llama.cpp's convert_lora_to_gguf.py."""
+    args = ["--base", str(base), "--outfile", str(out), "--outtype", outtype, str(adapter)]
+    cmd = [sys.executable, "-c", LORA_WRAPPER, str(converter_tree()), *args]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    if done.returncode != 0:
+        raise RuntimeError(f"convert_lora_to_gguf.py failed: {done.stderr[-2000:]}")
+    return out
+
+
+def gguf_lora_files(root: Path) -> tuple:
+    """A tiny llama and a LoRA on it, each also as GGUF: (HF folder, its GGUF, the PEFT
+    adapter folder, the adapter as a GGUF LoRA, PEFT's merged model). Fails or skips
+    (``unavailable``) where llama.cpp's converters cannot be had."""
+    from checkpoints import make_adapter, make_checkpoint
+    from unavailable import unavailable
+
+    try:
+        converter_tree()
+    except RuntimeError as exc:
+        unavailable(f"llama.cpp's converters, the GGUF LoRA tests' oracle, cannot be had: {exc}", "SLOTSERVE_SKIP_GGUF")
+    folder = make_checkpoint(root / "base", "llama")
+    merged = make_adapter(folder, root / "lora", alpha=8.0)
+    base_gguf = convert(folder, root / "base.gguf")
+    return folder, base_gguf, root / "lora", convert_lora(root / "lora", folder, root / "lora.gguf"), merged
 
 
 def write_gguf(src: Path, dst: Path, tensors, overrides: dict | None = None) -> Path:

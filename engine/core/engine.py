@@ -77,7 +77,8 @@ class Engine(TokenAcceptance, ContextShift):
         install_decode_attention()  # memory's decode rows attend in one compiled call, where built
         if self._use_onednn():
             pack_linears(self.model)
-        self.lora = install_lora(self.model, [load_lora(p) for p in config.lora]) if config.lora else None
+        adapters = [load_lora(p, self.model_config, config.torch_dtype) for p in config.lora]
+        self.lora = install_lora(self.model, adapters) if adapters else None
         if config.lora:  # slot files and disk entries record the adapter set they were made with
             self.fingerprint = {**self.fingerprint, "lora": ";".join(str(Path(p).resolve()) for p in config.lora)}
         self.weight_bytes = weight_bytes_by_type(self.model)  # resident, by type (/props, /metrics)

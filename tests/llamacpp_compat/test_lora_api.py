@@ -1,7 +1,8 @@
 """LoRA over HTTP (--lora, GET/POST /lora-adapters, a request's ``lora``): greedy text
 equal to transformers on PEFT's merged model (or the base model at scale 0), requests
 with different scales at once, a cache computed with one adapter scale never reused by
-another (the slot's own, copied prefixes, slot files), and the 400s."""
+another (the slot's own, copied prefixes, slot files), and the 400s; a GGUF LoRA on a
+GGUF model, as llama-server users run them."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import concurrent.futures
 import httpx
 import pytest
 from checkpoints import greedy_reference, load_reference, make_adapter, make_checkpoint
+from gguf_tools import gguf_lora_files
 from server_proc import InProcessServer
 
 PROMPT = "def add(a, b):\n    return"
@@ -98,3 +100,11 @@ def test_post_lora_adapters_sets_the_default_and_bad_ids_are_400s(srv, models):
         r = httpx.post(srv.url + path, json=body, timeout=60)
         assert r.status_code == 400 and "no adapter with id 3" in r.json()["error"]["message"]
     assert complete(srv)["tokens"] == expected(srv, merged)
+
+
+def test_a_gguf_lora_on_a_gguf_model(tmp_path):
+    folder, base_gguf, _, lora_gguf, merged = gguf_lora_files(tmp_path)
+    with InProcessServer(model=base_gguf, lora_scaled=f"{lora_gguf}:0.0", parallel=2, ctx_size=512) as s:
+        assert httpx.get(s.url + "/lora-adapters").json() == [{"id": 0, "path": str(lora_gguf), "scale": 0.0}]
+        assert complete(s)["tokens"] == expected(s, load_reference(folder))
+        assert complete(s, lora=[{"id": 0, "scale": 1.0}])["tokens"] == expected(s, merged)
