@@ -120,7 +120,7 @@ def to_chat(body: MessagesFields, extra: dict | None = None) -> ChatCompletionRe
             c for b in blocks if isinstance(b, ToolResultBlock) and isinstance(b.content, list) for c in b.content
         ]
         if any(isinstance(b, ImageBlock) for b in [*blocks, *nested]):
-            raise APIError(400, "this server takes text only: image and document blocks are not supported")
+            raise APIError(400, "image input is not supported: this server takes text only (no image, no document)")
         for b in blocks:
             if isinstance(b, ToolResultBlock):
                 messages.append({"role": "tool", "tool_call_id": b.tool_use_id, "content": _text(b.content)})

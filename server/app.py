@@ -12,6 +12,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from server import (
     anthropic_api,
+    cors_proxy,
     embeddings_api,
     errors,
     infill_api,
@@ -57,6 +58,7 @@ def create_app(settings: ServerSettings) -> FastAPI:
     app.include_router(embeddings_api.router)
     app.include_router(lora_api.router)
     app.include_router(slot_api.router)
+    app.include_router(cors_proxy.router)
     public = PUBLIC | {"/metrics"} if settings.metrics_public else PUBLIC
     if settings.webui:
         webui.mount(app)

@@ -88,6 +88,7 @@ SWITCHES: dict[str, tuple[str | tuple[str, ...], str | tuple[str, ...]]] = {
     "slots_debug": ("--slots-debug", "--no-slots-debug"),
     "jinja": ("--jinja", "--no-jinja"),
     "webui": (("--webui", "--ui"), ("--no-webui", "--no-ui")),
+    "ui_mcp_proxy": (("--webui-mcp-proxy", "--ui-mcp-proxy"), ("--no-webui-mcp-proxy", "--no-ui-mcp-proxy")),
     "prefill_assistant": ("--prefill-assistant", "--no-prefill-assistant"),
 }
 FLAGS["tags"] = ("--tags",)

@@ -148,6 +148,7 @@ async def props(http: HTTPRequest) -> dict:
         "eos_token": tok.eos_token,
         "build_info": "slotserve",
         "is_sleeping": False,
+        "cors_proxy_enabled": state.settings.ui_mcp_proxy,
         "memory": memory,
         "weights": {"bytes": sum(engine.weight_bytes.values()), "types": engine.weight_bytes},
         "prompt_cache": engine.prompt_cache() or {"enabled": False},

@@ -228,6 +228,7 @@ class Props(_Out):
     eos_token: str | None
     build_info: str
     is_sleeping: bool
+    cors_proxy_enabled: bool  # whether /cors-proxy is served (--ui-mcp-proxy)
     memory: dict[str, Any]
     weights: dict[str, Any]  # {"bytes": resident weight bytes, "types": bytes by stored type}
     prompt_cache: dict[str, Any]  # the prompt cache: limits, entries, bytes, hits, restores; its disk tier

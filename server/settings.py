@@ -139,6 +139,7 @@ class ServerSettings(SamplerSettings, LoraSettings):
     max_body_size: int = Field(8 << 20, gt=0, description="largest request body in bytes; larger is 413")
     log_prompts: bool = Field(False, description="log prompt and completion text (off: never in the logs)")
     webui: bool = Field(True, description="serve the web page (chat, slots, live view) at /")
+    ui_mcp_proxy: bool = Field(False, description="serve the MCP CORS proxy (/cors-proxy): not on untrusted networks")
     verbose: bool = Field(
         False,
         description="tracebacks with errors (a model that fails to load, for one), and __verbose in OpenAI answers "
@@ -280,6 +281,7 @@ LLAMA_ENV = {  # setting -> the variable llama-server reads for the same flag (l
     "chat_template_kwargs": "LLAMA_ARG_CHAT_TEMPLATE_KWARGS",
     "prefill_assistant": "LLAMA_ARG_PREFILL_ASSISTANT",
     "webui": "LLAMA_ARG_UI",
+    "ui_mcp_proxy": "LLAMA_ARG_UI_MCP_PROXY",
     "jinja": "LLAMA_ARG_JINJA",
     "reasoning_format": "LLAMA_ARG_THINK",
     "reasoning_budget": "LLAMA_ARG_THINK_BUDGET",

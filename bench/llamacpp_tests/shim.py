@@ -16,7 +16,7 @@ from engine import DEMO_MODEL
 MODELS = {  # a preset's repository or file (a substring) -> the local checkpoint (else SHIM_MODEL: the demo model)
     "stories260K-infill": os.environ.get("SHIM_FIM_MODEL", str(DEMO_MODEL)),  # a tokenizer with FIM tokens
 }
-VALUELESS = {"--offline", "--cont-batching", "--no-mmproj", "--no-models-autoload", "--ui-mcp-proxy",
+VALUELESS = {"--offline", "--cont-batching", "--no-mmproj", "--no-models-autoload",
              "--backend_sampling", "--reranking"}  # fmt: skip
 
 

@@ -103,6 +103,7 @@ def test_errors_come_in_anthropics_shape(srv, client):
     with pytest.raises(anthropic.BadRequestError) as err:
         client.messages.create(model="demo", max_tokens=4, messages=[{"role": "user", "content": [image]}])
     assert err.value.body["type"] == "error" and "text only" in err.value.body["error"]["message"]
+    assert "image input is not supported" in err.value.body["error"]["message"]  # llama-server's words
     missing = httpx.post(srv.url + "/v1/messages", json={"messages": USER}, headers={"x-api-key": KEY})
     assert missing.status_code == 400 and missing.json()["error"]["type"] == "invalid_request_error"
     assert "max_tokens" in missing.json()["error"]["message"]
