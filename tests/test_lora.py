@@ -14,7 +14,6 @@ import numpy as np
 import pytest
 import torch
 from checkpoints import greedy_reference, load_reference, make_adapter, make_checkpoint
-from gguf_tools import gguf_lora_files
 
 from engine import Engine, SamplingParams
 from engine.errors import CheckpointError
@@ -51,14 +50,9 @@ def test_adapters_at_any_scale_share_a_batch_and_match_the_merged_model(tmp_path
     run_batch(engine, [((1.0,), full), ((0.0,), load_reference(folder)), ((0.5,), half)])
 
 
-@pytest.fixture(scope="module")
-def gguf_files(tmp_path_factory):
-    return gguf_lora_files(tmp_path_factory.mktemp("gguf-lora"))
-
-
-def test_a_gguf_lora_on_a_gguf_model_matches_the_merged_model(gguf_files):
+def test_a_gguf_lora_on_a_gguf_model_matches_the_merged_model(gguf_lora):
     """llama's q/k rows, which the converter interleaves, come back in the adapter too."""
-    folder, base_gguf, peft_folder, lora_gguf, merged = gguf_files
+    folder, base_gguf, peft_folder, lora_gguf, merged = gguf_lora
     reader = gguf.GGUFReader(str(lora_gguf))
     assert reader.fields["general.type"].contents() == "adapter"
     lora = (str(lora_gguf), str(peft_folder))  # the same adapter as either file: ids 0 and 1
@@ -81,8 +75,8 @@ def _adapter_file(path, arch: str, tensors: dict, kind: str = "adapter"):
     return str(path)
 
 
-def test_a_gguf_that_is_no_lora_for_this_model_is_refused(gguf_files, tmp_path):
-    folder, base_gguf, *_ = gguf_files
+def test_a_gguf_that_is_no_lora_for_this_model_is_refused(gguf_lora, tmp_path):
+    folder, base_gguf, *_ = gguf_lora
     a, b = np.zeros((4, 64), np.float32), np.zeros((64, 4), np.float32)
     pair = {"blk.0.attn_output.weight.lora_a": a, "blk.0.attn_output.weight.lora_b": b}
     cases = [

@@ -11,7 +11,6 @@ import concurrent.futures
 import httpx
 import pytest
 from checkpoints import greedy_reference, load_reference, make_adapter, make_checkpoint
-from gguf_tools import gguf_lora_files
 from server_proc import InProcessServer
 
 PROMPT = "def add(a, b):\n    return"
@@ -102,8 +101,8 @@ def test_post_lora_adapters_sets_the_default_and_bad_ids_are_400s(srv, models):
     assert complete(srv)["tokens"] == expected(srv, merged)
 
 
-def test_a_gguf_lora_on_a_gguf_model(tmp_path):
-    folder, base_gguf, _, lora_gguf, merged = gguf_lora_files(tmp_path)
+def test_a_gguf_lora_on_a_gguf_model(gguf_lora):
+    folder, base_gguf, _, lora_gguf, merged = gguf_lora
     with InProcessServer(model=base_gguf, lora_scaled=f"{lora_gguf}:0.0", parallel=2, ctx_size=512) as s:
         assert httpx.get(s.url + "/lora-adapters").json() == [{"id": 0, "path": str(lora_gguf), "scale": 0.0}]
         assert complete(s)["tokens"] == expected(s, load_reference(folder))
