@@ -61,10 +61,12 @@ def test_a_gguf_lora_on_a_gguf_model_matches_the_merged_model(gguf_lora):
     run_batch(engine, [((1.0, 0.0), merged), ((0.0, 0.0), base), ((0.0, 1.0), merged)])
 
 
-def _adapter_file(path, arch: str, tensors: dict, kind: str = "adapter"):
+def _adapter_file(path, arch: str, tensors: dict, alora: list[int] | None = None):
     writer = gguf.GGUFWriter(str(path), arch)
-    writer.add_type(kind)
+    writer.add_type("adapter")
     writer.add_string("adapter.type", "lora")
+    if alora:  # an activated LoRA's invocation tokens
+        writer.add_array("adapter.alora.invocation_tokens", alora)
     writer.add_float32("adapter.lora.alpha", 8.0)
     for name, data in tensors.items():
         writer.add_tensor(name, data)
@@ -84,6 +86,7 @@ def test_a_gguf_that_is_no_lora_for_this_model_is_refused(gguf_lora, tmp_path):
         (_adapter_file(tmp_path / "qwen.gguf", "qwen2", pair), "a LoRA for 'qwen2' models"),
         (_adapter_file(tmp_path / "embd.gguf", "llama", {"token_embd.weight.lora_a": a}), "adapts no attention"),
         (_adapter_file(tmp_path / "half.gguf", "llama", {"blk.0.ffn_up.weight.lora_a": a}), "lora_a alone"),
+        (_adapter_file(tmp_path / "alora.gguf", "llama", pair, alora=[5, 6]), "aLoRA"),
     ]
     for path, message in cases:
         with pytest.raises(CheckpointError, match=message):
