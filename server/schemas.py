@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Annotated, Literal
 
 from pydantic import ConfigDict, Field, field_validator
+from pydantic_core import PydanticCustomError
 
 from server.sampler_fields import SamplerFields
 from server.schemas_base import (  # noqa: F401 (re-exported: the bodies' building blocks)
@@ -173,6 +174,9 @@ class MessageToolCall(_Body):
     function: FunctionCall
 
 
+MEDIA = {"image_url": "image", "input_audio": "audio", "audio_url": "audio", "video_url": "video", "file": "file"}
+
+
 class Message(_Body):
     role: Literal["system", "user", "assistant", "tool", "developer"]
     content: str | list[ContentPart] | None = None
@@ -180,6 +184,19 @@ class Message(_Body):
     tool_calls: list[MessageToolCall] | None = None
     tool_call_id: str | None = None
     reasoning_content: str | None = None
+
+    @field_validator("content", mode="before")
+    @classmethod
+    def _text_only(cls, v):
+        """A media part is refused in llama-server's words, not as a shape error."""
+        kind = (
+            next((MEDIA[p["type"]] for p in v if isinstance(p, dict) and p.get("type") in MEDIA), None)
+            if isinstance(v, list)
+            else None
+        )
+        if kind is not None:
+            raise PydanticCustomError("media", f"{kind} input is not supported: this server takes text only")
+        return v
 
     def text(self) -> str:
         if isinstance(self.content, list):

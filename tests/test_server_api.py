@@ -180,9 +180,9 @@ BAD = [
     ("/v1/chat/completions", {"messages": [{"role": "wizard", "content": "x"}]}, 400, "role"),
     (
         "/v1/chat/completions",
-        {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]},
+        {"messages": [{"role": "user", "content": [{"type": "text", "text": "x"}, {"type": "image_url"}]}]},
         400,
-        "messages.0.content",
+        "messages.0.content: image input is not supported: this server takes text only",
     ),
     ("/completion", {"prompt": "x", "n_predict": -5}, 400, "n_predict"),
     ("/detokenize", {"tokens": [-1]}, 400, "tokens"),
