@@ -11,6 +11,7 @@ event loop. What reads or changes memory runs on the engine thread between two s
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,7 +20,7 @@ from engine.config import EngineConfig
 from engine.core.engine import Engine
 from engine.errors import BadSlotFile, NoRoom, SlotError, SlotFilesOff
 from engine.sampling.grammar import Constraint
-from engine.sampling.params import SamplingParams
+from engine.sampling.params import DryBreakers, SamplingParams
 from engine.scheduling import slot_io
 from engine.scheduling.health import Health
 from engine.scheduling.prompt_cache import MIB, PromptCache
@@ -119,6 +120,12 @@ class EngineService:
     @property
     def vocab_size(self) -> int:
         return self._engine.model_config.vocab_size
+
+    @functools.lru_cache(maxsize=32)  # noqa: B019 - one service per server
+    def dry_breakers(self, texts: tuple[str, ...]) -> DryBreakers:
+        """DRY's breakers: every token sequence that writes one of ``texts`` in this
+        vocabulary (a scan of it, once per set: call it off the event loop)."""
+        return DryBreakers(seq for text in texts for seq in self.tokenizer.breaker_sequences(text))
 
     @property
     def n_ctx(self) -> int:

@@ -7,7 +7,7 @@ import asyncio
 
 from engine import Constraint, EngineService, Request, SamplingParams, check_token_ids
 from server.errors import APIError
-from server.sampler_fields import LLAMA_SAMPLING, OPENAI_SAMPLING, sampler_params
+from server.sampler_fields import LLAMA_SAMPLING, OPENAI_SAMPLING, dry_breaker_texts, sampler_params
 from server.schemas import SamplingFields
 from server.state import ServerState
 from server.structured import constraint_of
@@ -36,8 +36,9 @@ async def build_request(
     all_defaults = defaults | state.settings.sampling_defaults
     if state.settings.reverse_prompt:
         all_defaults["stop"] = (state.settings.reverse_prompt,)
-    encode = lambda text: engine.tokenizer.encode(text, False)  # noqa: E731 (DRY's breakers)
-    params = sampling_params(body, n_tokens, logprobs, all_defaults, constraint, bias, encode)
+    texts = dry_breaker_texts(body, all_defaults)  # found in the vocabulary once per set, off the event loop
+    breakers = await asyncio.to_thread(engine.dry_breakers, texts) if texts else None
+    params = sampling_params(body, n_tokens, logprobs, all_defaults, constraint, bias, breakers)
     n = getattr(body, "n", 1)
     s = state.settings
     cache_prompt = s.cache_prompt if body.cache_prompt is None else body.cache_prompt
@@ -82,7 +83,7 @@ def sampling_params(
     defaults: dict,
     constraint: Constraint | None = None,
     bias: dict[int, float] | None = None,
-    encode=None,
+    breakers=None,
 ) -> SamplingParams:
     pick = lambda name: defaults[name] if getattr(body, name) is None else getattr(body, name)  # noqa: E731
     given = lambda *names: next((v for v in (getattr(body, n, None) for n in names) if v is not None), None)  # noqa: E731
@@ -105,7 +106,7 @@ def sampling_params(
             spec_n_min=body.spec_n_min,
             spec_p_min=body.spec_p_min,
             constraint=constraint,
-            **sampler_params(body, defaults, encode or (lambda _: [])),
+            **sampler_params(body, defaults, breakers),
         )
     except ValueError as exc:
         raise APIError(400, str(exc)) from exc

@@ -63,14 +63,28 @@ class SamplerFields(_Body):
     post_sampling_probs: bool = False
 
 
-def sampler_params(body: SamplerFields, defaults: dict, encode) -> dict:
-    """The SamplingParams fields of llama-server's samplers: the request's value, else
-    the server's (``defaults``), else the engine's. ``encode(text)``: token ids (the DRY
-    breakers are token sequences)."""
-
+def _picker(body: SamplerFields, defaults: dict):
     def pick(name: str, default=None):
         value = getattr(body, name)
         return value if value is not None else defaults.get(name, default)
+
+    return pick
+
+
+def dry_breaker_texts(body: SamplerFields, defaults: dict) -> tuple[str, ...] | None:
+    """The DRY sequence breakers a request samples with (None: DRY is off)."""
+    pick = _picker(body, defaults)
+    if not pick("dry_multiplier", 0) > 0:
+        return None
+    breakers = pick("dry_sequence_breakers")
+    return tuple(DRY_BREAKERS if breakers is None else breakers)
+
+
+def sampler_params(body: SamplerFields, defaults: dict, breakers=None) -> dict:
+    """The SamplingParams fields of llama-server's samplers: the request's value, else
+    the server's (``defaults``), else the engine's. ``breakers``: the DRY breakers of
+    ``dry_breaker_texts`` as token sequences (engine ``dry_breakers``)."""
+    pick = _picker(body, defaults)
 
     order = body.samplers if body.samplers is not None else defaults.get("samplers")
     out = {
@@ -88,8 +102,6 @@ def sampler_params(body: SamplerFields, defaults: dict, encode) -> dict:
     if base is not None:
         out["dry_base"] = base if base >= 1 else 1.75
     if out.get("dry_multiplier", 0) > 0:
-        breakers = pick("dry_sequence_breakers")
-        breakers = DRY_BREAKERS if breakers is None else breakers
-        out["dry_breakers"] = tuple(tuple(ids) for ids in (encode(b) for b in breakers) if ids)
+        out["dry_breakers"] = breakers if breakers is not None else ()
         out.setdefault("dry_penalty_last_n", 64)
     return out

@@ -13,9 +13,11 @@ import pytest
 import torch
 from stats import assert_drawn_from
 
+from engine import DEMO_MODEL
 from engine.sampling.dry import dry_penalties
-from engine.sampling.params import LLAMA_ORDER, OPENAI_ORDER, SamplingParams
+from engine.sampling.params import LLAMA_ORDER, OPENAI_ORDER, DryBreakers, SamplingParams
 from engine.sampling.sampler import SampleRow, sample
+from engine.text.tokenizer import Tokenizer
 
 N = 4000
 LOGITS = [3.0, 2.6, 2.5, 2.0, 1.2, 1.0, 0.4, 0.0, -0.5, -1.5, -2.0, -4.0, -6.0, -9.0, -12.0, -15.0]
@@ -151,7 +153,7 @@ def brute_dry(history: list[int], p: SamplingParams) -> dict[int, float]:
     n, limit = len(h), len(h)
     rev = h[::-1]
     for i in range(n):  # the latest breaker, read backwards
-        hits = [len(s) - 1 for s in p.dry_breakers if rev[i] == s[0] and len(s) - 1 <= i
+        hits = [len(s) - 1 for s in p.dry_breakers.sequences if rev[i] == s[0] and len(s) - 1 <= i
                 and all(s[1 + j] == rev[i - 1 - j] for j in range(len(s) - 1))]  # fmt: skip
         if hits:
             limit = i - max(hits)
@@ -166,7 +168,7 @@ def brute_dry(history: list[int], p: SamplingParams) -> dict[int, float]:
         length = min(length, limit)
         if length >= p.dry_allowed_length:
             best[h[j + 1]] = max(best.get(h[j + 1], 0), length)
-    single = {s[0] for s in p.dry_breakers if len(s) == 1}
+    single = {s[0] for s in p.dry_breakers.sequences if len(s) == 1}
     return {t: p.dry_multiplier * p.dry_base ** (L - p.dry_allowed_length) for t, L in best.items() if t not in single}
 
 
@@ -181,6 +183,39 @@ def test_dry_penalties_equal_a_brute_force_reading():
     assert dry_penalties(rep, params) == {5: pytest.approx(0.8 * 1.75**2)}
     assert dry_penalties([1, 2, 3, 4, 9, 1, 2, 3], params) == {4: pytest.approx(0.8 * 1.75)}  # a breaker between
     assert dry_penalties([1, 2, 3, 9, 5, 1, 2, 3], params) == {}  # a breaker inside the match
+
+
+def test_a_breaker_is_every_token_sequence_that_writes_it():
+    """llama.cpp's reading: a token whose text contains the breaker breaks on its own; a
+    token that ends with the breaker's start is followed by the rest's tokens."""
+    tok = Tokenizer.from_folder(DEMO_MODEL)
+    vocab = tok.vocab_bytes
+    assert vocab == [tok.token_bytes(i) for i in range(tok.vocab_size)]
+    newline = {s[0] for s in tok.breaker_sequences("\n")}
+    assert newline == {i for i, w in enumerate(vocab) if b"\n" in w} and len(newline) > 10
+    text = "### Response:"
+    s = text.encode()
+    expected = set()
+    for i, w in enumerate(vocab):
+        if s in w:
+            expected.add((i,))
+            continue
+        for k in range(1, len(s)):  # the token ends with the breaker's first k bytes
+            if w.endswith(s[:k]):
+                expected.add((i, *tok.encode(s[k:].decode(), False)))
+    got = tok.breaker_sequences(text)
+    assert set(got) == expected and len(got) == len(expected)
+    assert sum(len(x) > 1 for x in got) > 3  # '#', '##', ' #', ... start it
+
+
+def test_a_token_that_writes_a_breaker_among_other_text_breaks_a_repeat():
+    tok = Tokenizer.from_folder(DEMO_MODEL)
+    nn = next(i for i, w in enumerate(tok.vocab_bytes) if b"\n" in w and len(w) > 1)  # "\n\n", ":\n", ...
+    history = [100, nn, 101, 102, 100, nn, 101]  # "100 nn 101" repeats: 102 would extend it, across nn
+    as_tokenized = SamplingParams(dry_multiplier=0.8, dry_breakers=(tuple(tok.encode("\n", False)),))
+    assert dry_penalties(history, as_tokenized) == {102: pytest.approx(0.8 * 1.75)}  # nn is not "\n"'s token
+    every = SamplingParams(dry_multiplier=0.8, dry_breakers=DryBreakers(tok.breaker_sequences("\n")))
+    assert dry_penalties(history, every) == {}  # the repeat may not reach back past nn
 
 
 def test_dry_lowers_the_token_that_extends_a_repeat():

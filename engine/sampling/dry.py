@@ -1,14 +1,15 @@
 """DRY ("don't repeat yourself"), as llama.cpp defines it: a token that would extend a
 repeat of the context's end by more than ``allowed_length`` tokens loses
 ``multiplier * base ** (length - allowed_length)`` from its logit. Repeats do not reach
-back past a sequence breaker (a token sequence: newline, colon, quote, star by
-default), and a one-token breaker is never penalized itself."""
+back past a sequence breaker (newline, colon, quote, star by default: every token
+sequence that writes one, engine/text/breakers.py), and a one-token breaker is never
+penalized itself."""
 
 from __future__ import annotations
 
 import math
 
-from engine.sampling.params import SamplingParams
+from engine.sampling.params import DryBreakers, SamplingParams
 
 FLOAT_MAX_LOG = 88.7228391  # log of float32's largest value: the exponent stays below it
 
@@ -30,12 +31,10 @@ def _z_function(s: list[int]) -> list[int]:
     return z
 
 
-def _repeat_limit(rev: list[int], breakers: tuple[tuple[int, ...], ...]) -> int:
+def _repeat_limit(rev: list[int], breakers: DryBreakers) -> int:
     """How far back (in tokens, ``rev`` is the context backwards) a repeat may reach: to
     just after the latest complete breaker."""
-    tails: dict[int, list[tuple[int, ...]]] = {}
-    for seq in breakers:
-        tails.setdefault(seq[0], []).append(seq[1:])
+    tails = breakers.tails
     for i, token in enumerate(rev):
         longest = -1
         for tail in tails.get(token, ()):
@@ -64,7 +63,7 @@ def dry_penalties(history: list[int], p: SamplingParams) -> dict[int, float]:
         if length >= p.dry_allowed_length:
             token = window[n - k]  # what followed that earlier repeat
             longest[token] = max(longest.get(token, 0), length)
-    single = {seq[0] for seq in p.dry_breakers if len(seq) == 1}
+    single = p.dry_breakers.single
     max_exp = int(FLOAT_MAX_LOG / math.log(p.dry_base)) if p.dry_base > 1.000001 else 0
     out = {}
     for token, length in longest.items():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -12,6 +13,21 @@ if TYPE_CHECKING:
 SAMPLERS = ("penalties", "dry", "top_n_sigma", "top_k", "typ_p", "top_p", "min_p", "xtc", "temperature")
 LLAMA_ORDER = SAMPLERS  # llama-server's default chain: temperature last
 OPENAI_ORDER = ("penalties", "dry", "temperature", "top_n_sigma", "top_k", "typ_p", "top_p", "min_p", "xtc")
+
+
+class DryBreakers:
+    """DRY's sequence breakers as token sequences (engine/text/breakers.py), indexed by
+    their first token once per breaker set, so each step only looks them up."""
+
+    __slots__ = ("sequences", "single", "tails")
+
+    def __init__(self, sequences: Iterable[tuple[int, ...]] = ()):
+        self.sequences = tuple(dict.fromkeys(tuple(s) for s in sequences if s))
+        tails: dict[int, list[tuple[int, ...]]] = {}
+        for seq in self.sequences:
+            tails.setdefault(seq[0], []).append(seq[1:])
+        self.tails = {head: tuple(t) for head, t in tails.items()}  # first token -> the rests that may follow it
+        self.single = frozenset(seq[0] for seq in self.sequences if len(seq) == 1)  # breakers of one token
 
 
 @dataclass(frozen=True)
@@ -60,7 +76,7 @@ class SamplingParams:
     dry_base: float = 1.75
     dry_allowed_length: int = 2
     dry_penalty_last_n: int = -1  # tokens scanned for repeats (-1: all, 0: off)
-    dry_breakers: tuple[tuple[int, ...], ...] = ()  # sequence breakers as token sequences (server-tokenized)
+    dry_breakers: DryBreakers | tuple[tuple[int, ...], ...] = ()  # sequence breakers (token sequences)
     min_keep: int = 0  # truncating samplers keep at least this many tokens
     post_sampling_probs: bool = False
 
@@ -84,6 +100,8 @@ class SamplingParams:
             if not ok:
                 raise ValueError(message)
         object.__setattr__(self, "stop", tuple([self.stop] if isinstance(self.stop, str) else self.stop))
+        if not isinstance(self.dry_breakers, DryBreakers):
+            object.__setattr__(self, "dry_breakers", DryBreakers(self.dry_breakers))
 
     @property
     def greedy(self) -> bool:

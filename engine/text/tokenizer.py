@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import functools
 import json
+import re
 from pathlib import Path
 from typing import Any
 
 from tokenizers import Tokenizer as HFTokenizer
 
 from engine.errors import CheckpointError
+from engine.text.breakers import overlapping_sequences
 from engine.text.chat_template import ChatTemplate
 from engine.text.fim import find_fim_tokens
 from engine.text.llama_formats import FormattedTemplate
@@ -62,6 +64,8 @@ def _byte_table() -> dict[str, int]:
 
 
 _UNICODE_TO_BYTE = _byte_table()
+_TO_LATIN1 = str.maketrans({c: chr(b) for c, b in _UNICODE_TO_BYTE.items()})  # then .encode("latin-1")
+_BYTE_PIECE = re.compile("[" + "".join(map(re.escape, _UNICODE_TO_BYTE)) + "]*")
 
 
 class TokenizeError(ValueError):
@@ -162,12 +166,41 @@ class Tokenizer:
         byte-level BPE entries through GPT-2's byte table, SentencePiece ``<0xNN>``
         byte tokens as that byte and its other pieces with U+2581 as a space, added
         tokens as their decoded text."""
+        return self._piece_bytes(token_id)
+
+    @functools.cached_property
+    def vocab_bytes(self) -> list[bytes]:
+        """Every token's bytes (``token_bytes``), by id; byte-level and SentencePiece
+        entries in bulk (a 150k vocabulary in well under a second)."""
+        out = [b""] * self.vocab_size
+        for piece, i in self.hf.get_vocab(with_added_tokens=True).items():
+            if i >= len(out):
+                continue
+            if i in self._added_ids or (len(piece) == 6 and piece.startswith("<0x") and piece.endswith(">")):
+                out[i] = self._piece_bytes(i)
+            elif self._byte_level:
+                ok = _BYTE_PIECE.fullmatch(piece)
+                out[i] = piece.translate(_TO_LATIN1).encode("latin-1") if ok else self._piece_bytes(i)
+            else:
+                out[i] = piece.replace("\u2581", " ").encode("utf-8")
+        return out
+
+    @functools.lru_cache(maxsize=64)  # noqa: B019 - one tokenizer per engine
+    def breaker_sequences(self, breaker: str) -> tuple[tuple[int, ...], ...]:
+        """DRY's sequences for one breaker string in this vocabulary (engine/text/breakers.py)."""
+        return tuple(overlapping_sequences(self.vocab_bytes, lambda t: self.encode(t, False), breaker))
+
+    @functools.cached_property
+    def _added_ids(self) -> frozenset[int]:
+        return frozenset(self.hf.get_added_tokens_decoder())
+
+    def _piece_bytes(self, token_id: int) -> bytes:
         piece = self.hf.id_to_token(token_id)
         if piece is None:
             return b""
         if len(piece) == 6 and piece.startswith("<0x") and piece.endswith(">"):
             return bytes([int(piece[3:5], 16)])
-        added = token_id in self.hf.get_added_tokens_decoder()
+        added = token_id in self._added_ids
         if self._byte_level and not added and all(c in _UNICODE_TO_BYTE for c in piece):
             return bytes(_UNICODE_TO_BYTE[c] for c in piece)
         if not self._byte_level and not added:  # SentencePiece: U+2581 is a space (decode would strip a leading one)

@@ -46,6 +46,27 @@ def test_each_sampler_is_taken_seeded_and_changes_the_draws(demo_server, name):
     assert plain != changed
 
 
+def test_a_dry_breaker_is_any_token_that_writes_it(demo_server):
+    """ "\n" as a breaker also stops a repeat at a token that writes "\n" among other
+    text (llama.cpp's reading), not only at the token "\n" is encoded to."""
+    from engine import DEMO_MODEL
+    from engine.text.tokenizer import Tokenizer
+
+    tok = Tokenizer.from_folder(DEMO_MODEL)
+    nn = next(i for i, w in enumerate(tok.vocab_bytes) if b"\n" in w and len(w) > 1)
+    assert [nn] != tok.encode("\n", False)
+    prompt = [100, nn, 101, 102, 100, nn, 101]  # 102 would extend "100 nn 101", across nn
+
+    def p102(**dry) -> float:
+        body = {"prompt": prompt, "n_predict": 1, "n_probs": 10, "post_sampling_probs": True, "logit_bias": [[102, 8]]}
+        first = completion(demo_server, **body, **dry)["completion_probabilities"][0]["top_probs"]
+        return next((p["prob"] for p in first if p["id"] == 102), 0.0)  # 0: out of the top 10
+
+    dry = {"dry_multiplier": 3.0, "dry_allowed_length": 2}
+    assert p102(**dry, dry_sequence_breakers=["\n"]) == pytest.approx(p102(), abs=1e-6)  # nn breaks: no penalty
+    assert p102(**dry, dry_sequence_breakers=["\u00a7"]) < p102() - 0.05  # a breaker nowhere: 102 is lowered
+
+
 def test_the_samplers_order_takes_names_aliases_and_letters(demo_server):
     hot = {"temperature": 4.0, "top_p": 0.5, "n_probs": 5, "post_sampling_probs": True}
     names = completion(demo_server, samplers=["top_p", "temperature"], **hot)
