@@ -121,6 +121,11 @@ class EngineService:
     def vocab_size(self) -> int:
         return self._engine.model_config.vocab_size
 
+    @property
+    def lora_labels(self) -> list[tuple[str, str]]:
+        """Each loaded LoRA adapter's (task name, prompt prefix), by id ("": not given)."""
+        return self._engine.lora_labels
+
     @functools.lru_cache(maxsize=32)  # noqa: B019 - one service per server
     def dry_breakers(self, texts: tuple[str, ...]) -> DryBreakers:
         """DRY's breakers: every token sequence that writes one of ``texts`` in this

@@ -17,9 +17,12 @@ router = APIRouter()
 @router.get("/lora-adapters", response_model=None, responses=documented(list[LoraAdapter], 503))
 async def list_adapters(http: HTTPRequest) -> list[dict]:
     state = http.app.state.slotserve
-    state.require_ready()
+    engine = state.require_ready()
     paths = [path for path, _ in state.settings.lora_adapters]
-    return [{"id": i, "path": p, "scale": s} for i, (p, s) in enumerate(zip(paths, state.lora_scales))]
+    rows = zip(paths, state.lora_scales, engine.lora_labels)
+    return [
+        {"id": i, "path": p, "scale": s, "task_name": t, "prompt_prefix": x} for i, (p, s, (t, x)) in enumerate(rows)
+    ]
 
 
 @router.post("/lora-adapters", response_model=None, responses=documented(list[LoraAdapter], 400, 503))

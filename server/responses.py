@@ -93,6 +93,8 @@ class LoraAdapter(_Out):
     id: int
     path: str
     scale: float
+    task_name: str  # a GGUF adapter's adapter.lora.task_name ("" when not given, as llama-server)
+    prompt_prefix: str  # its adapter.lora.prompt_prefix
 
 
 class Status(_Out):

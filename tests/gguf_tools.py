@@ -182,8 +182,11 @@ def write_gguf(src: Path, dst: Path, tensors, overrides: dict | None = None) -> 
         vtype = field.types[0]
         sub = field.types[-1] if vtype == gguf.GGUFValueType.ARRAY else None
         writer.add_key_value(field.name, overrides.pop(field.name, field.contents()), vtype, sub_type=sub)
-    for key, value in overrides.items():  # integers the source does not have
-        writer.add_uint32(key, value)
+    for key, value in overrides.items():  # keys the source does not have
+        if isinstance(value, str):
+            writer.add_string(key, value)
+        else:
+            writer.add_uint32(key, value)
     for name, data, raw_dtype in tensors:
         writer.add_tensor(name, data, raw_dtype=raw_dtype)
     writer.write_header_to_file()

@@ -79,6 +79,7 @@ class Engine(TokenAcceptance, ContextShift):
             pack_linears(self.model)
         adapters = [load_lora(p, self.model_config, config.torch_dtype) for p in config.lora]
         self.lora = install_lora(self.model, adapters) if adapters else None
+        self.lora_labels = [(a.task_name, a.prompt_prefix) for a in adapters]  # GET /lora-adapters shows them
         if config.lora:  # slot files and disk entries record the adapter set they were made with
             self.fingerprint = {**self.fingerprint, "lora": ";".join(str(Path(p).resolve()) for p in config.lora)}
         self.weight_bytes = weight_bytes_by_type(self.model)  # resident, by type (/props, /metrics)

@@ -14,5 +14,7 @@ class LoRAAdapter:
 
     path: str
     scaling: float
+    task_name: str = ""  # what a GGUF adapter says of itself (adapter.lora.task_name, .prompt_prefix)
+    prompt_prefix: str = ""
     # (layer, PEFT module name: q_proj, ..., down_proj) -> (A [r, in], B [out, r])
     pairs: dict[tuple[int, str], tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)

@@ -8,9 +8,12 @@ from __future__ import annotations
 
 import concurrent.futures
 
+import gguf
 import httpx
+import numpy as np
 import pytest
 from checkpoints import greedy_reference, load_reference, make_adapter, make_checkpoint
+from gguf_tools import write_gguf
 from server_proc import InProcessServer
 
 PROMPT = "def add(a, b):\n    return"
@@ -49,7 +52,7 @@ def test_adapters_are_listed_and_applied_as_the_merged_model(srv, models):
     _, adapter, merged, base = models
     assert expected(srv, merged) != expected(srv, base)  # the adapter changes what is generated
     listed = httpx.get(srv.url + "/lora-adapters").json()
-    assert listed == [{"id": 0, "path": str(adapter), "scale": 1.0}]
+    assert listed == [{"id": 0, "path": str(adapter), "scale": 1.0, "task_name": "", "prompt_prefix": ""}]
     assert complete(srv)["tokens"] == expected(srv, merged)  # the server's default: scale 1
     assert complete(srv, lora=[{"id": 0, "scale": 0.0}])["tokens"] == expected(srv, base)
     assert complete(srv, lora=[])["tokens"] == expected(srv, base)  # unlisted adapters: 0
@@ -101,9 +104,15 @@ def test_post_lora_adapters_sets_the_default_and_bad_ids_are_400s(srv, models):
     assert complete(srv)["tokens"] == expected(srv, merged)
 
 
-def test_a_gguf_lora_on_a_gguf_model(gguf_lora):
-    folder, base_gguf, _, lora_gguf, merged = gguf_lora
+def test_a_gguf_lora_on_a_gguf_model(gguf_lora, tmp_path):
+    folder, base_gguf, _, converted, merged = gguf_lora
+    labels = {"adapter.lora.task_name": "summarize", "adapter.lora.prompt_prefix": "Summary: "}
+    tensors = [(t.name, np.asarray(t.data), None) for t in gguf.GGUFReader(str(converted)).tensors]
+    lora_gguf = write_gguf(converted, tmp_path / "labelled.gguf", tensors, labels)  # as llama.cpp's tools label one
     with InProcessServer(model=base_gguf, lora_scaled=f"{lora_gguf}:0.0", parallel=2, ctx_size=512) as s:
-        assert httpx.get(s.url + "/lora-adapters").json() == [{"id": 0, "path": str(lora_gguf), "scale": 0.0}]
+        listed = httpx.get(s.url + "/lora-adapters").json()
+        assert listed == [
+            {"id": 0, "path": str(lora_gguf), "scale": 0.0, "task_name": "summarize", "prompt_prefix": "Summary: "}
+        ]
         assert complete(s)["tokens"] == expected(s, load_reference(folder))
         assert complete(s, lora=[{"id": 0, "scale": 1.0}])["tokens"] == expected(s, merged)

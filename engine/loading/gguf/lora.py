@@ -82,7 +82,9 @@ def load_gguf_lora(path: Path, base: ModelConfig, dtype: torch.dtype = torch.flo
         os.close(fd)
     heads = _BaseHeads(ck.arch, base, ck.tensors)
     hook = ARCHITECTURES[ck.arch].tensor
-    adapter = LoRAAdapter(str(path), 1.0)
+    adapter = LoRAAdapter(
+        str(path), 1.0, ck.get("adapter.lora.task_name") or "", ck.get("adapter.lora.prompt_prefix") or ""
+    )
     for (layer, weight), pair in halves.items():
         if set(pair) != {"a", "b"}:
             raise CheckpointError(f"{path}: blk.{layer}.{weight} has lora_{''.join(pair)} alone")
