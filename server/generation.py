@@ -102,6 +102,8 @@ def sampling_params(
             logprobs=logprobs,
             stop=tuple([body.stop] if isinstance(body.stop, str) else body.stop or defaults.get("stop", ())),
             ignore_eos=body.ignore_eos,
+            n_indent=body.n_indent,
+            t_max_predict_ms=body.t_max_predict_ms,
             spec_n_max=body.spec_n_max,
             spec_n_min=body.spec_n_min,
             spec_p_min=body.spec_p_min,

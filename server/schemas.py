@@ -76,6 +76,8 @@ class SamplingFields(SamplerFields):
     )
     stop: NonEmpty | Annotated[list[NonEmpty], Field(max_length=16)] | None = None
     ignore_eos: bool = False
+    n_indent: Int(ge=0, le=2**31 - 1, description="lines after the first open with this many spaces/tabs") = 0
+    t_max_predict_ms: Int(ge=-1, description="once this long after the first token, stop at a newline") = -1
     id_slot: SlotId | None = None
     cache_prompt: bool | None = None  # None: the server's (--cache-prompt, on)
     n_keep: Int(ge=-1) | None = None  # None: the server's (--keep, 0)

@@ -6,12 +6,15 @@ A mixin of ``Engine``, which owns the state it reads (memory, tokenizer, running
 from __future__ import annotations
 
 import itertools
+import time
 
 import torch
 
 from engine.core.sequence import FinishReason, Sequence, StepEvent, TokenLogprob
 from engine.sampling.grammar import BatchMasker
 from engine.sampling.sampler import SampleOutput, SampleRow, sample
+
+clock = time.monotonic  # what t_max_predict_ms is measured with (a test may stand in its own)
 
 
 class TokenAcceptance:
@@ -139,14 +142,28 @@ class TokenAcceptance:
         if result.stop is not None:
             seq.stop_string = result.stop
             return self._finish(seq, tok, result.text, FinishReason.STOP, flush=False)
+        cut = seq.indent.push(result.text) if seq.indent is not None else None
+        if cut is not None:  # a line indented less than n_indent: cut at its first other character
+            return self._finish(seq, tok, result.text[:cut], FinishReason.LENGTH, flush=False)
         if grammar_done:  # the grammar admits nothing more
             return self._finish(seq, tok, result.text, FinishReason.STOP)
         if len(seq.tokens) >= self.n_ctx_seq and self._n_discard(seq) <= 0:
             return self._finish(seq, tok, result.text, FinishReason.LENGTH)
         if len(seq.output_ids) >= seq.params.max_tokens:
             return self._finish(seq, tok, result.text, FinishReason.LENGTH)
+        if seq.params.t_max_predict_ms > 0 and self._out_of_time(seq, "\n" in result.text):
+            return self._finish(seq, tok, result.text, FinishReason.LENGTH)
         seq.text += result.text
         return StepEvent(seq, tok, result.text, False)
+
+    @staticmethod
+    def _out_of_time(seq: Sequence, newline: bool) -> bool:
+        """llama-server's ``t_max_predict_ms``: a newline written once that long has passed
+        since the first token."""
+        now = clock()
+        if seq.first_token_at is None:
+            seq.first_token_at = now
+        return newline and (now - seq.first_token_at) * 1000 > seq.params.t_max_predict_ms
 
     def _finish(self, seq: Sequence, tok: int | None, text: str, reason: FinishReason, flush: bool = True) -> StepEvent:
         if flush:

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from engine.core.pooling import Pooler
 from engine.sampling.params import SamplingParams
 from engine.text.detokenizer import IncrementalDetokenizer, StopMatcher
+from engine.text.indent_limit import IndentLimit
 
 
 class FinishReason(enum.StrEnum):
@@ -52,10 +53,14 @@ class Sequence:
     mirostat_mu: float | None = None  # mirostat's state (None: not started)
     lora: tuple[float, ...] = ()  # each loaded LoRA adapter's scale for this sequence (missing: 0)
     pooler: Pooler | None = None  # an embedding: the prompt's hidden states are pooled, nothing is sampled
+    indent: IndentLimit | None = None  # the request's n_indent (None: none)
+    first_token_at: float | None = None  # when the first token was accepted (acceptance.clock)
 
     def __post_init__(self) -> None:
         if not self.tokens:
             self.tokens = list(self.prompt_ids)
+        if self.params.n_indent > 0 and self.indent is None:
+            self.indent = IndentLimit(self.params.n_indent)
 
     @property
     def n_pending(self) -> int:

@@ -78,6 +78,8 @@ class SamplingParams:
     dry_penalty_last_n: int = -1  # tokens scanned for repeats (-1: all, 0: off)
     dry_breakers: DryBreakers | tuple[tuple[int, ...], ...] = ()  # sequence breakers (token sequences)
     min_keep: int = 0  # truncating samplers keep at least this many tokens
+    n_indent: int = 0  # lines after the first open with at least this many spaces/tabs (0: any)
+    t_max_predict_ms: int = -1  # once this long after the first token, stop at a newline (<= 0: never)
     post_sampling_probs: bool = False
 
     def __post_init__(self) -> None:

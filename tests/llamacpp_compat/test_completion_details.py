@@ -97,3 +97,19 @@ def test_truncated_after_a_context_shift(shifting, demo_server):
     out = post(shifting, prompt="def f():", n_predict=200, ignore_eos=True).json()
     assert out["tokens_predicted"] == 200 and out["truncated"] is True
     assert post(demo_server, prompt="def f():", n_predict=20, ignore_eos=True).json()["truncated"] is False
+
+
+def test_n_indent_and_t_max_predict_ms_are_taken(demo_server):
+    """A line indented less than ``n_indent`` ends the answer (tests/test_output_limits.py
+    checks where); the fields are validated as llama-server bounds them."""
+    body = {"prompt": "def fibonacci(n):", "n_predict": 40, "ignore_eos": True}
+    plain = post(demo_server, **body).json()
+    first, _, rest = plain["content"].partition("\n")
+    pad = len(rest) - len(rest.lstrip(" "))
+    assert pad > 0
+    cut = post(demo_server, **body, n_indent=pad + 1).json()
+    assert cut["content"] == first + "\n" + " " * pad and cut["stop_type"] == "limit"
+    assert post(demo_server, **body, t_max_predict_ms=60_000).json()["content"] == plain["content"]
+    for field, value in (("n_indent", -1), ("t_max_predict_ms", -2)):
+        bad = post(demo_server, **body, **{field: value})
+        assert bad.status_code == 400 and field in bad.json()["error"]["message"]
