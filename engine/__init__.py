@@ -29,6 +29,7 @@ from engine.errors import (
 )
 from engine.sampling.grammar import ANY_JSON_OBJECT, JSON_OPTIONS, Constraint
 from engine.sampling.params import GREEDY, LLAMA_ORDER, OPENAI_ORDER, SAMPLERS, SamplingParams
+from engine.sampling.reasoning_budget import BudgetSpec
 from engine.scheduling.request import Admitted, Delta, Failed, Progress, Request, RequestEnd, RequestEvent
 from engine.service import EngineService, SlotInfo
 from engine.slot_files import MAX_NAME_CHARS, NAME_PATTERN, SlotFiles
@@ -48,6 +49,7 @@ __all__ = [
     "NAME_PATTERN",
     "Admitted",
     "BadSlotFile",
+    "BudgetSpec",
     "ChatTemplate",
     "ChatTemplateError",
     "CheckpointError",

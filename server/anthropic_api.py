@@ -150,6 +150,10 @@ def to_chat(body: MessagesFields, extra: dict | None = None) -> ChatCompletionRe
             chat["tool_choice"] = {"auto": "auto", "any": "required", "none": "none"}[choice.type]
     if body.thinking is not None:
         chat["chat_template_kwargs"] = {"enable_thinking": body.thinking.type != "disabled"}
+        if body.thinking.type == "enabled":  # llama-server's reading: a budget, 10000 when not given
+            chat["thinking_budget_tokens"] = (
+                10000 if body.thinking.budget_tokens is None else body.thinking.budget_tokens
+            )
     empty = not messages
     if empty:
         chat["messages"] = [{"role": "user", "content": ""}]  # validated with one, rendered with none

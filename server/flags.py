@@ -64,6 +64,7 @@ FLAGS: dict[str, tuple[str, ...]] = {
     "chat_template_kwargs": ("--chat-template-kwargs",),
     "reasoning_format": ("--reasoning-format",),
     "reasoning_budget": ("--reasoning-budget",),
+    "reasoning_budget_message": ("--reasoning-budget-message",),
     "pooling": ("--pooling",),
     "lora": ("--lora",),
     "lora_scaled": ("--lora-scaled",),

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 
-from engine import Constraint, EngineService, Request, SamplingParams, check_token_ids
+from engine import BudgetSpec, Constraint, EngineService, Request, SamplingParams, check_token_ids
 from server.errors import APIError
 from server.sampler_fields import LLAMA_SAMPLING, OPENAI_SAMPLING, dry_breaker_texts, sampler_params
 from server.schemas import SamplingFields
@@ -24,6 +24,7 @@ async def build_request(
     logprobs: int | None,
     defaults: dict,
     forced: tuple[str, str] | None = None,
+    budget: BudgetSpec | None = None,
 ) -> Request:
     """The engine request of a validated body (every generating route builds it here):
     the token limit resolved, the structured-output constraint compiled (``forced``:
@@ -38,7 +39,7 @@ async def build_request(
         all_defaults["stop"] = (state.settings.reverse_prompt,)
     texts = dry_breaker_texts(body, all_defaults)  # found in the vocabulary once per set, off the event loop
     breakers = await asyncio.to_thread(engine.dry_breakers, texts) if texts else None
-    params = sampling_params(body, n_tokens, logprobs, all_defaults, constraint, bias, breakers)
+    params = sampling_params(body, n_tokens, logprobs, all_defaults, constraint, bias, breakers, budget)
     n = getattr(body, "n", 1)
     s = state.settings
     cache_prompt = s.cache_prompt if body.cache_prompt is None else body.cache_prompt
@@ -84,6 +85,7 @@ def sampling_params(
     constraint: Constraint | None = None,
     bias: dict[int, float] | None = None,
     breakers=None,
+    budget: BudgetSpec | None = None,
 ) -> SamplingParams:
     pick = lambda name: defaults[name] if getattr(body, name) is None else getattr(body, name)  # noqa: E731
     given = lambda *names: next((v for v in (getattr(body, n, None) for n in names) if v is not None), None)  # noqa: E731
@@ -104,6 +106,7 @@ def sampling_params(
             ignore_eos=body.ignore_eos,
             n_indent=body.n_indent,
             t_max_predict_ms=body.t_max_predict_ms,
+            reasoning_budget=budget,
             spec_n_max=body.spec_n_max,
             spec_n_min=body.spec_n_min,
             spec_p_min=body.spec_p_min,

@@ -26,6 +26,7 @@ from server.generation import (
 )
 from server.native_answer import verbose_answer
 from server.reasoning import opens_thinking
+from server.reasoning_budget import budget_spec
 from server.responses import ChatCompletion, Completion, ModelList, documented
 from server.run import Choice, Run
 from server.schemas import ChatCompletionRequest, CompletionRequest, NamedToolChoice, OpenAIFields
@@ -61,10 +62,13 @@ def _completion_logprobs(engine: Engine, lps: list[TokenLogprob], offset: int) -
     }
 
 
-async def _start(http: HTTPRequest, body: OpenAIFields, ids: list[int], max_tokens, logprobs, forced=None) -> Run:
+async def _start(
+    http: HTTPRequest, body: OpenAIFields, ids: list[int], max_tokens, logprobs, forced=None, budget=None
+) -> Run:
     state = http.app.state.slotserve
     engine = state.require_ready()
-    run = Run(state, http, await build_request(state, body, ids, max_tokens, logprobs, OPENAI_DEFAULTS, forced))
+    req = await build_request(state, body, ids, max_tokens, logprobs, OPENAI_DEFAULTS, forced, budget)
+    run = Run(state, http, req)
     run.req_timings = body.timings_per_token
     if body.sse_ping_interval is not None:
         run.ping_interval = body.sse_ping_interval
@@ -166,7 +170,8 @@ async def chat_completions(body: ChatCompletionRequest, http: HTTPRequest) -> Re
     state = http.app.state.slotserve
     engine = state.require_ready()
     prompt, ids = await chat_prompt(state, engine, body)
-    run = await _start(http, body, ids, _chat_max_tokens(body), _chat_top(body), _forced_call(engine, body))
+    budget = budget_spec(state, engine, body, prompt)
+    run = await _start(http, body, ids, _chat_max_tokens(body), _chat_top(body), _forced_call(engine, body), budget)
     if run is None:
         return Response(status_code=499)
     head = _header("chat.completion", state.settings.model_name, engine)

@@ -263,6 +263,9 @@ class ChatCompletionRequest(OpenAIFields, ChatFields):
     logprobs: bool = False
     top_logprobs: Int(ge=0, le=20) | None = None
     reasoning_format: ReasoningFormat | None = None
+    reasoning_budget_tokens: Int(ge=-1, le=2**31 - 1) | None = None  # tokens in a <think> block (-1: the server's)
+    thinking_budget_tokens: Int(ge=-1, le=2**31 - 1) | None = None  # the same (llama-server's other name)
+    reasoning_budget_message: str | None = None  # forced before </think> when the budget is spent
 
 
 class PromptObject(_Body):

@@ -172,7 +172,8 @@ class ServerSettings(SamplerSettings, LoraSettings):
     prefill_assistant: bool = Field(
         True, description="a final assistant message is continued (off: rendered as a finished turn)"
     )
-    reasoning_budget: int = Field(-1, ge=-1, description="-1: think freely; 0: ask the template not to think")
+    reasoning_budget: int = Field(-1, ge=-1, description="tokens in a <think> block (-1: free; 0: none)")
+    reasoning_budget_message: str | None = Field(None, description="forced before </think> when the budget is spent")
     cors_origins: str = Field(
         "*", description="origins browsers may call from: *, localhost, or a comma-separated / JSON list"
     )
@@ -285,6 +286,7 @@ LLAMA_ENV = {  # setting -> the variable llama-server reads for the same flag (l
     "jinja": "LLAMA_ARG_JINJA",
     "reasoning_format": "LLAMA_ARG_THINK",
     "reasoning_budget": "LLAMA_ARG_THINK_BUDGET",
+    "reasoning_budget_message": "LLAMA_ARG_THINK_BUDGET_MESSAGE",
     "tags": "LLAMA_ARG_TAGS",
     "api_prefix": "LLAMA_ARG_API_PREFIX",
     "sse_ping_interval": "LLAMA_ARG_SSE_PING_INTERVAL",

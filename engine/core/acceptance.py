@@ -12,6 +12,7 @@ import torch
 
 from engine.core.sequence import FinishReason, Sequence, StepEvent, TokenLogprob
 from engine.sampling.grammar import BatchMasker
+from engine.sampling.reasoning_budget import utf8_complete
 from engine.sampling.sampler import SampleOutput, SampleRow, sample
 
 clock = time.monotonic  # what t_max_predict_ms is measured with (a test may stand in its own)
@@ -35,6 +36,11 @@ class TokenAcceptance:
         first = list(itertools.accumulate((1 + len(s.draft) for s in samplers), initial=0))  # each one's first row
         kept = logits.clone() if keep_logits else None
         broken = self._apply_masks(samplers, first, logits, masks)
+        for i, seq in enumerate(samplers):  # a spent reasoning budget forces the block's end, token by token
+            forced = seq.budget.forced() if seq.budget is not None else None
+            if forced is not None:
+                logits[first[i], :forced] = float("-inf")  # (budget sequences are not speculated: one row)
+                logits[first[i], forced + 1 :] = float("-inf")
         rows = [  # row j of a proposal: sampled as if its first j tokens were already output
             SampleRow(s.params, s.seed, s.prompt_ids, s.output_ids + s.draft[:j], s.mirostat_mu)
             for s in samplers
@@ -129,6 +135,8 @@ class TokenAcceptance:
         tok = out.tokens[row]
         seq.tokens.append(tok)
         seq.output_ids.append(tok)
+        if seq.budget is not None:
+            seq.budget.accept(tok, utf8_complete(self.tokenizer.token_bytes(tok)))
         if out.mu is not None and out.mu[row] is not None:
             seq.mirostat_mu = out.mu[row]
         if out.logprobs is not None and seq.params.logprobs is not None:

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 from engine.core.pooling import Pooler
 from engine.sampling.params import SamplingParams
+from engine.sampling.reasoning_budget import ReasoningBudget
 from engine.text.detokenizer import IncrementalDetokenizer, StopMatcher
 from engine.text.indent_limit import IndentLimit
 
@@ -54,6 +55,7 @@ class Sequence:
     lora: tuple[float, ...] = ()  # each loaded LoRA adapter's scale for this sequence (missing: 0)
     pooler: Pooler | None = None  # an embedding: the prompt's hidden states are pooled, nothing is sampled
     indent: IndentLimit | None = None  # the request's n_indent (None: none)
+    budget: ReasoningBudget | None = None  # the request's reasoning budget (None: none)
     first_token_at: float | None = None  # when the first token was accepted (acceptance.clock)
 
     def __post_init__(self) -> None:
@@ -61,6 +63,8 @@ class Sequence:
             self.tokens = list(self.prompt_ids)
         if self.params.n_indent > 0 and self.indent is None:
             self.indent = IndentLimit(self.params.n_indent)
+        if self.params.reasoning_budget is not None and self.params.constraint is None and self.budget is None:
+            self.budget = ReasoningBudget(self.params.reasoning_budget)  # (a grammar decides thinking itself)
 
     @property
     def n_pending(self) -> int:

@@ -73,8 +73,10 @@ class Speculation:
         """Set ``draft`` for each decoding sequence that may speculate (others: [])."""
         if not self.n_max:  # off: no sequence ever holds a proposal
             return
-        decoding = [  # mirostat's state moves token by token: its rows cannot be verified together
-            seq for seq in running if seq.n_pending == 1 and seq.pooler is None and not seq.params.mirostat
+        decoding = [  # mirostat's and a reasoning budget's states move token by token: not verified together
+            seq
+            for seq in running
+            if seq.n_pending == 1 and seq.pooler is None and not seq.params.mirostat and seq.budget is None
         ]
         spare = self.step_tokens - len(decoding)
         for seq in running:

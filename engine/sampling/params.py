@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from engine.sampling.grammar import Constraint
+    from engine.sampling.reasoning_budget import BudgetSpec
 
 
 SAMPLERS = ("penalties", "dry", "top_n_sigma", "top_k", "typ_p", "top_p", "min_p", "xtc", "temperature")
@@ -80,6 +81,7 @@ class SamplingParams:
     min_keep: int = 0  # truncating samplers keep at least this many tokens
     n_indent: int = 0  # lines after the first open with at least this many spaces/tabs (0: any)
     t_max_predict_ms: int = -1  # once this long after the first token, stop at a newline (<= 0: never)
+    reasoning_budget: BudgetSpec | None = None  # tokens allowed in a thinking block (None: any)
     post_sampling_probs: bool = False
 
     def __post_init__(self) -> None:
