@@ -38,6 +38,7 @@ class ReasoningBudget:
     def __init__(self, spec: BudgetSpec):
         self.spec = spec
         self.recent: list[int] = []  # the latest tokens, for the tags that span several
+        self.keep = max(len(spec.start), *(len(e) for e in spec.ends), 1)  # ... this many of them
         self.state, self.left, self.at = self.IDLE, spec.tokens, 0
         if spec.opened:
             self._open()
@@ -48,7 +49,7 @@ class ReasoningBudget:
 
     def accept(self, token: int, complete: bool) -> None:
         """``token`` was output; ``complete``: it ends a UTF-8 character."""
-        self.recent = [*self.recent[-16:], token]
+        self.recent = [*self.recent[len(self.recent) + 1 - self.keep :], token]
         if self.state in (self.IDLE, self.DONE):
             if self._ends_with((self.spec.start,)):
                 self._open()
