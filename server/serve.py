@@ -11,11 +11,13 @@ engine thread is still joined. Nothing tensor-related runs while the interpreter
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import resource
 import signal
 import socket
+import stat
 import sys
 import time
 
@@ -80,10 +82,32 @@ def _raise_fd_limit() -> None:
             pass
 
 
+def _unix(path: str) -> socket.socket:
+    """A listening UNIX socket at ``path`` (an address ending in ``.sock``, as llama-server
+    reads one); a socket file left there by an earlier run is replaced, any other file is
+    an error."""
+    if os.path.exists(path):
+        if not stat.S_ISSOCK(os.stat(path).st_mode):
+            raise SystemExit(f"error: --host {path}: a file that is not a socket is in the way")
+        os.unlink(path)
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.bind(path)
+    except OSError as exc:
+        raise SystemExit(f"error: --host {path}: {exc}") from None
+    sock.listen(2048)
+    sock.set_inheritable(True)
+    return sock
+
+
 def _bind(hosts: list[str], port: int) -> list[socket.socket]:
-    """One listening socket per address (llama-server takes several --host)."""
+    """One listening socket per address (llama-server takes several --host, and a path
+    ending in ``.sock`` as a UNIX socket)."""
     socks = []
     for host in hosts:
+        if host.endswith(".sock"):
+            socks.append(_unix(host))
+            continue
         family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
         sock = socket.socket(family, kind, proto)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -118,9 +142,13 @@ def serve(settings: ServerSettings) -> int:
     state: ServerState = app.state.slotserve
     server = DrainingServer(config, state, settings.drain_timeout)
     state.on_failed = lambda: setattr(server, "should_exit", True)  # from the loader thread: a flag only
+    unix = [h for h in hosts if h.endswith(".sock")]
     try:
-        server.run(sockets=_bind(hosts, settings.port) if len(hosts) > 1 else None)
+        server.run(sockets=_bind(hosts, settings.port) if len(hosts) > 1 or unix else None)
     finally:
+        for path in unix:  # the socket files go with the server
+            with contextlib.suppress(OSError):
+                os.unlink(path)
         if not state.close():
             # A load still in progress (or a stuck step): leave without running
             # interpreter teardown under a thread that is inside torch.

@@ -27,7 +27,7 @@ class ServerSettings(SamplerSettings, LoraSettings):
         None, description="model names reported by the API, comma-separated (default: the folder name)"
     )
     tags: str | None = Field(None, description="model tags listed by /v1/models, comma-separated (informational)")
-    host: str = Field("127.0.0.1", description="address(es) to listen on, comma-separated")
+    host: str = Field("127.0.0.1", description="addresses to listen on, comma-separated (a path ending in .sock: UNIX)")
     port: int = Field(8080, ge=0, le=65535, description="port to listen on")
     ctx_size: int = Field(4096, gt=0, description="KV cache cells of all slots together (see --kv-unified)")
     parallel: int = Field(4, gt=0, description="number of slots")

@@ -4,6 +4,7 @@ server as they configure llama-server (SLOTSERVE_* and flags win over them)."""
 
 from __future__ import annotations
 
+import socket
 import time
 
 import httpx
@@ -25,23 +26,33 @@ def test_disabled_endpoints_answer_501_and_metrics_carry_the_start_time():
 
 
 def test_llama_arg_variables_configure_the_server(tmp_path):
+    sock_path = tmp_path / "slotserve.sock"
+    stale = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    stale.bind(str(sock_path))  # a socket file an earlier run left behind
+    stale.close()
     env = {
         "LLAMA_ARG_N_PARALLEL": "3",
         "LLAMA_ARG_CTX_SIZE": "1536",
         "LLAMA_API_KEY": "sk-llama",
         "LLAMA_ARG_ENDPOINT_METRICS": "enabled",  # llama.cpp's spelling of true
         "LLAMA_ARG_ALIAS": "from-llama-env",
-        "LLAMA_ARG_HOST": "127.0.0.1,127.0.0.2",  # several addresses
+        "LLAMA_ARG_HOST": f"127.0.0.1,127.0.0.2,{sock_path}",  # several addresses, one a UNIX socket
     }
     with ServerProcess(env=env, log=tmp_path / "s.log") as srv:
         srv.wait_ready()
         assert httpx.get(srv.url.replace("127.0.0.1", "127.0.0.2") + "/health").status_code == 200
+        with httpx.Client(transport=httpx.HTTPTransport(uds=str(sock_path))) as local:
+            assert local.get("http://localhost/health").json()["status"] == "ok"
         key = {"Authorization": "Bearer sk-llama"}
         assert httpx.get(srv.url + "/v1/models").status_code == 401
         assert httpx.get(srv.url + "/v1/models", headers=key).json()["data"][0]["id"] == "from-llama-env"
         slots = httpx.get(srv.url + "/slots", headers=key).json()
         assert len(slots) == 3 and slots[0]["n_ctx"] == 512  # 1536 / 3 per stream
         assert httpx.get(srv.url + "/metrics", headers=key).status_code == 200
+        srv.signal()  # SIGTERM: a clean stop
+        assert srv.proc.wait(60) == 0
+    assert not sock_path.exists()  # the socket file goes with the server
+    env["LLAMA_ARG_HOST"] = "127.0.0.1"
     with ServerProcess("-np", "2", env={**env, "SLOTSERVE_ALIAS": "ours"}, log=tmp_path / "t.log") as srv:
         srv.wait_ready()  # the flag and SLOTSERVE_* win over LLAMA_ARG_*
         key = {"Authorization": "Bearer sk-llama"}
