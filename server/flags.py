@@ -84,6 +84,7 @@ SWITCHES: dict[str, tuple[str | tuple[str, ...], str | tuple[str, ...]]] = {
     "verbose": (("-v", "--verbose"), "--no-verbose"),
     "cors_credentials": ("--cors-credentials", "--no-cors-credentials"),
     "slots": ("--slots", "--no-slots"),
+    "props": ("--props", "--no-props"),
     "embeddings": (("--embedding", "--embeddings"), "--no-embeddings"),
     "lora_init_without_apply": ("--lora-init-without-apply", "--no-lora-init-without-apply"),
     "slots_debug": ("--slots-debug", "--no-slots-debug"),

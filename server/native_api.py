@@ -27,6 +27,7 @@ from server.responses import (
     NativeCompletion,
     Props,
     SlotState,
+    Success,
     TokenizeResult,
     documented,
 )
@@ -149,11 +150,24 @@ async def props(http: HTTPRequest) -> dict:
         "build_info": "slotserve",
         "is_sleeping": False,
         "cors_proxy_enabled": state.settings.ui_mcp_proxy,
+        "endpoint_slots": state.settings.slots,
+        "endpoint_props": state.settings.props,
+        "endpoint_metrics": state.settings.metrics,
         "memory": memory,
         "weights": {"bytes": sum(engine.weight_bytes.values()), "types": engine.weight_bytes},
         "prompt_cache": engine.prompt_cache() or {"enabled": False},
         "speculative": engine.speculation(),
     }
+
+
+@router.post("/props", response_model=None, responses=documented(Success, 501))
+async def change_props(http: HTTPRequest) -> dict:
+    """llama-server's POST /props: 501 unless started with --props; then a success that
+    changes nothing (llama-server updates no property either)."""
+    if not http.app.state.slotserve.settings.props:
+        raise APIError(501, "This server does not support changing global properties. Start it with `--props`",
+                       "not_supported_error")  # fmt: skip
+    return {"success": True}
 
 
 @router.get("/slots", response_model=None, responses=documented(list[SlotState], 501, 503))

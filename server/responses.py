@@ -220,6 +220,10 @@ class ApplyTemplateResult(_Out):
     prompt: str
 
 
+class Success(_Out):
+    success: bool
+
+
 class Props(_Out):
     default_generation_settings: dict[str, Any]
     total_slots: int
@@ -231,6 +235,9 @@ class Props(_Out):
     build_info: str
     is_sleeping: bool
     cors_proxy_enabled: bool  # whether /cors-proxy is served (--ui-mcp-proxy)
+    endpoint_slots: bool  # --slots
+    endpoint_props: bool  # --props (POST /props)
+    endpoint_metrics: bool  # --metrics
     memory: dict[str, Any]
     weights: dict[str, Any]  # {"bytes": resident weight bytes, "types": bytes by stored type}
     prompt_cache: dict[str, Any]  # the prompt cache: limits, entries, bytes, hits, restores; its disk tier

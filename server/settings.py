@@ -150,6 +150,7 @@ class ServerSettings(SamplerSettings, LoraSettings):
     )
     metrics_public: bool = Field(False, description="/metrics without the API key")
     slots: bool = Field(True, description="serve the slot monitoring endpoint GET /slots (off: 501)")
+    props: bool = Field(False, description="accept POST /props (off: 501; it changes nothing, as llama-server's)")
     embeddings: bool = Field(False, description="serve /v1/embeddings and /embedding(s), beside generation (off: 501)")
     pooling: Literal["none", "mean", "cls", "last"] | None = Field(
         None, description="how embeddings pool the final hidden states (default: the checkpoint's, else last)"
@@ -308,6 +309,7 @@ LLAMA_ENV = {  # setting -> the variable llama-server reads for the same flag (l
     "context_shift": "LLAMA_ARG_CONTEXT_SHIFT",
     "metrics": "LLAMA_ARG_ENDPOINT_METRICS",
     "slots": "LLAMA_ARG_ENDPOINT_SLOTS",
+    "props": "LLAMA_ARG_ENDPOINT_PROPS",
     "embeddings": "LLAMA_ARG_EMBEDDINGS",
     "pooling": "LLAMA_ARG_POOLING",
     "slots_debug": "LLAMA_SERVER_SLOTS_DEBUG",

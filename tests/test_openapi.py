@@ -26,7 +26,7 @@ def test_schemathesis_finds_nothing(tmp_path):
     # once, so no schema-valid load can exhaust the pool (that 503 is real, but a load
     # question, not the schema's); -n 128 bounds requests that set no max_tokens
     args = ("-m", str(model), "-np", "2", "-c", "1024", "-n", "128", "--slot-save-path", str(slots), "--api-key", KEY,
-            "--embeddings")  # fmt: skip
+            "--embeddings", "--props")  # fmt: skip
     with ServerProcess("--metrics", *args, log=tmp_path / "server.log") as srv:
         srv.wait_ready()
         st = Path(sys.executable).with_name("schemathesis")

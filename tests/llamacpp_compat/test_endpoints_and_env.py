@@ -76,3 +76,14 @@ def test_completions_without_v1_is_the_native_completion():
         native = httpx.post(srv.url + "/completions", json=body, timeout=60).json()
         assert native["content"] == httpx.post(srv.url + "/completion", json=body, timeout=60).json()["content"]
         assert "tokens_cached" in native and "choices" not in native
+
+
+def test_post_props_needs_the_flag_and_props_names_the_endpoints(demo_server):
+    off = httpx.post(demo_server.url + "/props", json={})
+    assert off.status_code == 501 and "--props" in off.json()["error"]["message"]
+    props = httpx.get(demo_server.url + "/props").json()
+    assert (props["endpoint_props"], props["endpoint_slots"], props["endpoint_metrics"]) == (False, True, True)
+    with InProcessServer(props=True, slots=False) as srv:
+        assert httpx.post(srv.url + "/props", json={}).json() == {"success": True}
+        props = httpx.get(srv.url + "/props").json()
+        assert (props["endpoint_props"], props["endpoint_slots"], props["endpoint_metrics"]) == (True, False, False)
