@@ -49,14 +49,24 @@ async def completion(body: NativeCompletionRequest, http: HTTPRequest) -> Respon
     state = http.app.state.slotserve
     engine = state.require_ready()
     prompts, batch = body.prompts()
-    return await complete(http, body, [await prompt_ids(engine, p) for p in prompts], batch)
+    ids = [await prompt_ids(engine, p) for p in prompts]
+    n = body.n_cmpl if body.n_cmpl is not None else body.n
+    if n > state.settings.parallel:
+        raise APIError(400, f"n_cmpl: at most the number of slots ({state.settings.parallel})")
+    if n == 1:
+        return await complete(http, body, ids, batch)
+    return await complete(http, body, [p for p in ids for _ in range(n)], True, n)  # each prompt n times in a row
 
 
-async def complete(http: HTTPRequest, body: NativeCompletionRequest, prompts: list[list[int]], batch: bool) -> Response:
-    """llama-server's native answer (a list when ``batch``) for prompts given as ids."""
+async def complete(
+    http: HTTPRequest, body: NativeCompletionRequest, prompts: list[list[int]], batch: bool, n_cmpl: int = 1
+) -> Response:
+    """llama-server's native answer (a list when ``batch``) for prompts given as ids;
+    ``n_cmpl``: each prompt comes that many times in a row, completed as llama-server's
+    child tasks are (a seed given is moved by one per child; no pinned slot)."""
     state = http.app.state.slotserve
     engine = state.require_ready()
-    runs = await _open_runs(state, http, body, prompts)
+    runs = await _open_runs(state, http, body, prompts, n_cmpl)
     if runs is None:
         return Response(status_code=499)
     answer = NativeAnswer(state, body, engine)
@@ -67,14 +77,19 @@ async def complete(http: HTTPRequest, body: NativeCompletionRequest, prompts: li
     return JSONResponse(results if batch else results[0])
 
 
-async def _open_runs(state, http: HTTPRequest, body: NativeCompletionRequest, prompts: list[list[int]]) -> list | None:
+async def _open_runs(
+    state, http: HTTPRequest, body: NativeCompletionRequest, prompts: list[list[int]], n_cmpl: int = 1
+) -> list | None:
     """One admitted run per prompt (a batch is queued prompt by prompt); None when the
     client left. A refusal closes the runs already opened."""
     runs: list[Run] = []
     requested = None if body.n_predict < 0 else body.n_predict
     try:
-        for ids in prompts:
+        for i, ids in enumerate(prompts):
             req = await build_request(state, body, ids, requested, body.n_probs or None, LLAMA_DEFAULTS)
+            if i % n_cmpl:  # a child: its own seed, any slot
+                child_seed = body.seed + i % n_cmpl if body.seed not in (None, -1) else None
+                req.params, req.id_slot = dataclasses.replace(req.params, seed=child_seed), None
             req.progress = body.return_progress and body.stream
             run = Run(state, http, req)
             if body.sse_ping_interval is not None:

@@ -290,6 +290,8 @@ class NativeCompletionRequest(SamplingFields):
     n_predict: Int(ge=-1) = -1
     n_probs: Int(ge=0, le=20) = 0
     response_fields: list[str] | None = None
+    n_cmpl: Int(ge=1, le=2**31 - 1, **_limit("n_slots")) | None = None  # completions of each prompt (<= slots)
+    n: Int(ge=1, **_limit("n_slots")) = 1  # n_cmpl's other name (llama-server's alias)
 
     def prompts(self) -> tuple[list[str | list], bool]:
         """(prompts, batch): each prompt as text or a list of ids and text pieces."""

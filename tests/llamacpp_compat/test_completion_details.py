@@ -113,3 +113,21 @@ def test_n_indent_and_t_max_predict_ms_are_taken(demo_server):
     for field, value in (("n_indent", -1), ("t_max_predict_ms", -2)):
         bad = post(demo_server, **body, **{field: value})
         assert bad.status_code == 400 and field in bad.json()["error"]["message"]
+
+
+def test_n_cmpl_completes_each_prompt_that_many_times(demo_server):
+    """llama-server's child tasks: prompt by prompt, its completions in a row; a child's
+    seed is the request's moved by its number."""
+    sampled = {"prompt": ["def add(a, b):", "import os\n"], "temperature": 1.0, "seed": 40}
+    answers = post(demo_server, **sampled, n_cmpl=2).json()
+    assert [a["index"] for a in answers] == [0, 1, 2, 3]
+    for i, (prompt, child) in enumerate([(0, 0), (0, 1), (1, 0), (1, 1)]):
+        alone = post(demo_server, **{**sampled, "prompt": sampled["prompt"][prompt], "seed": 40 + child}).json()
+        assert answers[i]["content"] == alone["content"], i
+    assert [a["content"] for a in post(demo_server, **sampled, n=2).json()] == [a["content"] for a in answers]
+    streamed = frames(demo_server, **sampled, n_cmpl=2)
+    for i in range(4):
+        mine = [f for f in streamed if f["index"] == i]
+        assert "".join(f["content"] for f in mine) == answers[i]["content"] and mine[-1]["stop"] is True
+    too_many = post(demo_server, prompt="x", n_cmpl=5)
+    assert too_many.status_code == 400 and "n_cmpl" in too_many.json()["error"]["message"]
