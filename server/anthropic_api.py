@@ -21,7 +21,7 @@ from pydantic import Field, ValidationError
 from server.errors import APIError
 from server.openai_api import chat_completions, chat_prompt
 from server.responses import AnthropicError, AnthropicMessageOut, AnthropicTokenCount, documented
-from server.schemas import ChatCompletionRequest, Int, NonEmpty, ToolName, _Body
+from server.schemas import ChatCompletionRequest, Int, NonEmpty, ToolName, _Body, text_only
 from server.sse import SSEResponse, chat_chunks
 
 router = APIRouter()
@@ -119,8 +119,9 @@ def to_chat(body: MessagesFields, extra: dict | None = None) -> ChatCompletionRe
         nested = [
             c for b in blocks if isinstance(b, ToolResultBlock) and isinstance(b.content, list) for c in b.content
         ]
-        if any(isinstance(b, ImageBlock) for b in [*blocks, *nested]):
-            raise APIError(400, "image input is not supported: this server takes text only (no image, no document)")
+        media = next((b for b in [*blocks, *nested] if isinstance(b, ImageBlock)), None)
+        if media is not None:
+            raise APIError(400, text_only(media.type))
         for b in blocks:
             if isinstance(b, ToolResultBlock):
                 messages.append({"role": "tool", "tool_call_id": b.tool_use_id, "content": _text(b.content)})

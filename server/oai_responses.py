@@ -27,7 +27,7 @@ from server.errors import APIError
 from server.oai_response_output import finished, new_id, output_items, response_events
 from server.openai_api import chat_completions, chat_prompt
 from server.responses import ResponseObject, ResponseTokenCount, documented
-from server.schemas import ChatCompletionRequest, Int, ToolName, _Body
+from server.schemas import ChatCompletionRequest, Int, ToolName, _Body, text_only
 from server.sse import SSEResponse
 
 router = APIRouter()
@@ -133,7 +133,7 @@ def _text(content: str | list[Part], where: str) -> str:
         return content
     for p in content:
         if p.type in ("input_image", "input_file"):
-            raise APIError(400, f"{where}: this server takes text only ({p.type} is not supported)")
+            raise APIError(400, f"{where}: {text_only(p.type.removeprefix('input_'))}")
     return "".join(p.text or p.refusal or "" for p in content)
 
 

@@ -20,6 +20,7 @@ from server.schemas_base import (  # noqa: F401 (re-exported: the bodies' buildi
     TokenIds,
     _Body,
     _limit,
+    text_only,
 )
 
 
@@ -197,7 +198,7 @@ class Message(_Body):
             else None
         )
         if kind is not None:
-            raise PydanticCustomError("media", f"{kind} input is not supported: this server takes text only")
+            raise PydanticCustomError("media", text_only(kind))
         return v
 
     def text(self) -> str:

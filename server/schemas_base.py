@@ -49,3 +49,9 @@ NonEmpty = Annotated[str, Field(min_length=1)]
 SlotId = Int(ge=-1, description="a slot (-1: any)", **_limit("slot"))
 Bias = Annotated[float, Field(ge=-100, le=100)] | bool | Literal["-inf"]  # false or "-inf": never this token
 BiasPair = Annotated[tuple[TokenId | str, Bias], Strict(False)]  # a JSON array is a list: let it be the pair
+
+
+def text_only(kind: str) -> str:
+    """How every route refuses a media part (``kind``: image, audio, document, ...), in
+    llama-server's words for a model without a projector."""
+    return f"{kind} input is not supported: this server takes text only"
