@@ -170,20 +170,8 @@ class Tokenizer:
 
     @functools.cached_property
     def vocab_bytes(self) -> list[bytes]:
-        """Every token's bytes (``token_bytes``), by id; byte-level and SentencePiece
-        entries in bulk (a 150k vocabulary in well under a second)."""
-        out = [b""] * self.vocab_size
-        for piece, i in self.hf.get_vocab(with_added_tokens=True).items():
-            if i >= len(out):
-                continue
-            if i in self._added_ids or (len(piece) == 6 and piece.startswith("<0x") and piece.endswith(">")):
-                out[i] = self._piece_bytes(i)
-            elif self._byte_level:
-                ok = _BYTE_PIECE.fullmatch(piece)
-                out[i] = piece.translate(_TO_LATIN1).encode("latin-1") if ok else self._piece_bytes(i)
-            else:
-                out[i] = piece.replace("\u2581", " ").encode("utf-8")
-        return out
+        """Every token's bytes (``token_bytes``), by id."""
+        return [self._piece_bytes(i) for i in range(self.vocab_size)]
 
     @functools.lru_cache(maxsize=64)  # noqa: B019 - one tokenizer per engine
     def breaker_sequences(self, breaker: str) -> tuple[tuple[int, ...], ...]:
@@ -201,8 +189,8 @@ class Tokenizer:
         if len(piece) == 6 and piece.startswith("<0x") and piece.endswith(">"):
             return bytes([int(piece[3:5], 16)])
         added = token_id in self._added_ids
-        if self._byte_level and not added and all(c in _UNICODE_TO_BYTE for c in piece):
-            return bytes(_UNICODE_TO_BYTE[c] for c in piece)
+        if self._byte_level and not added and _BYTE_PIECE.fullmatch(piece):
+            return piece.translate(_TO_LATIN1).encode("latin-1")
         if not self._byte_level and not added:  # SentencePiece: U+2581 is a space (decode would strip a leading one)
             return piece.replace("\u2581", " ").encode("utf-8")
         return self.hf.decode([token_id], skip_special_tokens=False).encode("utf-8")
