@@ -47,7 +47,7 @@ M="$CACHE/$MODEL"  # this model's checkpoint, GGUFs and results
 mkdir -p "$M"
 
 build_llama_server() {
-  [ -x "$CACHE/llama-server" ] && [ -x "$CACHE/llama-quantize" ] && return
+  [ -x "$CACHE/llama-server" ] && [ -x "$CACHE/llama-quantize" ] && [ -x "$CACHE/llama-perplexity" ] && return
   # the llama-cpp-python sdist the tests' converter comes from (tests/gguf_tools.py: pinned, sha256-checked)
   "$PY" -c "import sys; sys.path.insert(0, '$ROOT/tests'); from pathlib import Path; \
 import gguf_tools; gguf_tools.download_sdist(Path('$CACHE/src'))"
@@ -56,8 +56,8 @@ import gguf_tools; gguf_tools.download_sdist(Path('$CACHE/src'))"
   tree=$(ls -d "$CACHE"/llama_cpp_python-*/vendor/llama.cpp | head -1)
   cmake -S "$tree" -B "$CACHE/build" -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON -DLLAMA_CURL=OFF \
     -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=ON
-  cmake --build "$CACHE/build" --target llama-server llama-quantize -j "$(nproc)"
-  cp "$CACHE/build/bin/llama-server" "$CACHE/build/bin/llama-quantize" "$CACHE/"
+  cmake --build "$CACHE/build" --target llama-server llama-quantize llama-perplexity -j "$(nproc)"
+  cp "$CACHE/build/bin/llama-server" "$CACHE/build/bin/llama-quantize" "$CACHE/build/bin/llama-perplexity" "$CACHE/"
   ln -sfn "$tree" "$CACHE/tree"
 }
 

@@ -34,6 +34,7 @@ class EngineConfig:
         None  # q8_0, q4_0, q4_k: linear weights into GGUF blocks at load (engine/kernels/quantize.py)
     )
     mmap: bool = True  # GGUF weights kept in blocks are the file's pages, mapped (llama.cpp's --mmap)
+    repack: bool = True  # weights of PACKED types into 8-row groups at load (llama.cpp's --repack)
     context_shift: bool = False  # a full sequence drops old tokens instead of stopping
     kv_unified: bool = True  # one block pool for all sequences; False: a contiguous stream per sequence
     swa_full: bool = False  # sliding-window layers keep full-size caches (as llama.cpp's --swa-full)

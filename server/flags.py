@@ -72,6 +72,7 @@ FLAGS: dict[str, tuple[str, ...]] = {
 SWITCHES: dict[str, tuple[str | tuple[str, ...], str | tuple[str, ...]]] = {
     "kv_unified": ("--kv-unified", "--no-kv-unified"),
     "mmap": ("--mmap", "--no-mmap"),
+    "repack": ("--repack", ("-nr", "--no-repack")),
     "cache_idle_slots": ("--cache-idle-slots", "--no-cache-idle-slots"),
     "swa_full": ("--swa-full", "--no-swa-full"),
     "kv_cache_demand_paged": ("--kv-cache-demand-paged", "--no-kv-cache-demand-paged"),

@@ -68,6 +68,11 @@ class ServerSettings(SamplerSettings, LoraSettings):
         description="map a GGUF file's quantized weights instead of reading them into memory of their own "
         "(llama.cpp's default; --no-mmap reads them)",
     )
+    repack: bool = Field(
+        True,
+        description="repack Q4_0, Q8_0, Q4_K and Q6_K weights into 8-row groups at load for the integer kernels "
+        "(llama.cpp's --repack; -nr / --no-repack keeps the file's layout)",
+    )
     slot_save_path: Path | None = Field(None, description="folder for slot files (slot save/restore off without it)")
     api_key: str | None = Field(None, description="comma-separated API keys (Bearer or X-Api-Key)")
     api_key_file: Path | None = Field(None, description="file with one API key per line")
@@ -277,6 +282,7 @@ class ServerSettings(SamplerSettings, LoraSettings):
 # flag spellings: llama-server's short and long names for each field
 LLAMA_ENV = {  # setting -> the variable llama-server reads for the same flag (llama.cpp common/arg.cpp)
     "model": "LLAMA_ARG_MODEL",
+    "repack": "LLAMA_ARG_REPACK",
     "alias": "LLAMA_ARG_ALIAS",
     "chat_template": "LLAMA_ARG_CHAT_TEMPLATE",
     "chat_template_file": "LLAMA_ARG_CHAT_TEMPLATE_FILE",

@@ -53,6 +53,7 @@ class ServerState:
                 dtype=s.dtype,
                 quantization=s.quantization,
                 mmap=s.mmap,
+                repack=s.repack,
                 block_size=s.block_size,
                 n_ctx=s.ctx_size,
                 n_seq_max=s.parallel,

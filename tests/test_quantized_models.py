@@ -1,9 +1,10 @@
 """Models whose weights stay in GGUF blocks agree with the float32 model on the same
 values: a GGUF file per kept type (the demo model's weights packed by the test,
 tests/block_packers.py) and a Hugging Face folder quantized at load (``--quantization``).
-Teacher-forced over 512 positions, in chunks of 31 tokens so every matmul takes the
-compiled kernel's path (fewer than 32 rows, activations rounded to 8 bits), the top-1
-token agrees at >= 99% of positions with the float32 model on the decoded weights.
+Teacher-forced over 512 positions, in chunks of 31 tokens, against the float32 model on the
+decoded weights: the mean KL divergence is within 1.1x, and the top-1 agreement within 0.5
+points, of llama.cpp's own arithmetic on the same weights (its activation rounding per
+weight type, emulated here on the float model): the accuracy its users accept.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from unavailable import unavailable
 
 from engine import DEMO_MODEL, Engine
 from engine.kernels import blocks
-from engine.kernels.blocks import KEPT, BlockEmbedding, BlockLinear
+from engine.kernels.blocks import KEPT, PACKED, BlockEmbedding, BlockLinear
 from engine.loading.gguf.checkpoint import GGUFCheckpoint
 from memory import MemoryBatch
 
@@ -50,22 +51,74 @@ def text_ids() -> list[int]:
     return ids
 
 
-def teacher_forced_top1(engine: Engine, ids: list[int]) -> torch.Tensor:
-    """The top token after each prefix of ``ids`` [len - 1], CHUNK tokens per forward."""
-    tops = []
+def teacher_forced(engine: Engine, ids: list[int]) -> torch.Tensor:
+    """The log-probabilities after each prefix of ``ids`` [len - 1, vocab], CHUNK tokens per forward."""
+    out = []
     with torch.inference_mode():
         for start in range(0, len(ids) - 1, CHUNK):
             chunk = ids[start : min(start + CHUNK, len(ids) - 1)]
             pos = torch.arange(start, start + len(chunk))  # [n]
             view = engine.memory.prepare(MemoryBatch([0], [len(chunk)], pos))
             logits = engine.model(torch.tensor(chunk), pos, view, torch.arange(len(chunk)))  # [n, vocab]
-            tops.append(logits.argmax(-1))
+            out.append(torch.log_softmax(logits.double(), -1))
     engine.memory.seq_rm(0, 0)
-    return torch.cat(tops)
+    return torch.cat(out)
+
+
+def teacher_forced_top1(engine: Engine, ids: list[int]) -> torch.Tensor:
+    return teacher_forced(engine, ids).argmax(-1)
 
 
 def _agreement(ours: Engine, reference: Engine, ids: list[int]) -> float:
     return (teacher_forced_top1(ours, ids) == teacher_forced_top1(reference, ids)).double().mean().item()
+
+
+# llama.cpp's activation rounding per weight type (its vec_dot_type): int8 blocks of 32 for
+# the legacy types, of 256 for the K-quants and IQ4_XS, float16 / bfloat16 for those types
+ACT_BLOCK = {T.Q4_0: 32, T.Q4_1: 32, T.Q5_0: 32, T.Q5_1: 32, T.Q8_0: 32, T.IQ4_NL: 32}
+ACT_BLOCK |= {T.Q2_K: 256, T.Q3_K: 256, T.Q4_K: 256, T.Q5_K: 256, T.Q6_K: 256, T.IQ4_XS: 256}
+
+
+def llama_rounded(x: torch.Tensor, qtype: gguf.GGMLQuantizationType) -> torch.Tensor:
+    """``x`` [..., K] as llama.cpp rounds a matmul's activations for weights of ``qtype``."""
+    if qtype in (T.F16, T.BF16):
+        return x.to(torch.float16 if qtype == T.F16 else torch.bfloat16).to(x.dtype)
+    group = ACT_BLOCK[qtype]
+    blocks_ = x.reshape(*x.shape[:-1], -1, group)  # [..., K / group, group]
+    d = blocks_.abs().amax(-1, keepdim=True) / 127
+    q = torch.where(d > 0, torch.round(blocks_ / torch.where(d > 0, d, 1)), 0)
+    return (q * d).reshape(x.shape)
+
+
+def as_llama_cpp_rounds(reference: Engine, ours: Engine) -> Engine:
+    """``reference`` (float weights) with each projection's input rounded as llama.cpp
+    rounds it for the type ``ours`` keeps that weight in: llama.cpp's own arithmetic on
+    these weights, the accuracy its users accept."""
+    for name, module in reference.model.named_modules():
+        kept = ours.model.get_submodule(name) if isinstance(module, torch.nn.Linear) else None
+        if isinstance(kept, BlockLinear):
+            qtype = kept.parts[0].qtype
+            module.register_forward_pre_hook(lambda _, args, qtype=qtype: (llama_rounded(args[0], qtype),))
+    return reference
+
+
+def assert_within_llama_cpp(ours: Engine, reference: Engine, ids: list[int], what: str) -> None:
+    """Against the float32 model: ``ours``' mean KL divergence within 1.1x of llama.cpp's
+    rounding on the same weights, and its top-1 agreement no more than 0.5 points lower."""
+    base = teacher_forced(reference, ids)
+    got = teacher_forced(ours, ids)
+    llama = teacher_forced(as_llama_cpp_rounds(reference, ours), ids)
+
+    def kld(p: torch.Tensor) -> float:
+        return (base.exp() * (base - p)).sum(-1).mean().item()
+
+    def top1(p: torch.Tensor) -> float:
+        return (p.argmax(-1) == base.argmax(-1)).double().mean().item()
+
+    figures = f"{what}: KLD {kld(got):.2e} (llama.cpp's rounding {kld(llama):.2e}), "
+    figures += f"top-1 {top1(got):.1%} ({top1(llama):.1%}) of {len(ids) - 1} positions"
+    assert kld(got) <= 1.1 * kld(llama) + 1e-7, figures
+    assert top1(got) >= top1(llama) - 0.005, figures
 
 
 def dequantized_folder(path: Path, dst: Path) -> Path:
@@ -88,10 +141,13 @@ def test_a_gguf_of_each_type_keeps_its_blocks_and_agrees_with_its_float_model(de
     assert ours.model.lm_head.parts[0] is ours.model.model.embed_tokens.table  # tied: one table
     file_bytes = GGUFCheckpoint(path).n_bytes
     weight_bytes = sum(m.weight_bytes for m in kept if m is not ours.model.lm_head)
-    assert weight_bytes <= file_bytes  # the file's blocks, not a float copy
-    reference = Engine.from_pretrained(str(dequantized_folder(path, tmp_path / "float")), n_ctx=1024, n_seq_max=1)
-    agree = _agreement(ours, reference, text_ids)
-    assert agree >= 0.99, f"{qtype.name}: top-1 agrees at {agree:.1%} of {N_POSITIONS} positions"
+    assert weight_bytes <= 1.1 * file_bytes  # the file's blocks (or the same values repacked), not a float copy
+    linears = [m for m in kept if isinstance(m, BlockLinear) and m is not ours.model.lm_head]
+    if qtype in PACKED and blocks.compiled_isa() is not None:  # repacked at load, every projection
+        assert all(m.packed for m in linears)
+    folder = dequantized_folder(path, tmp_path / "float")
+    reference = Engine.from_pretrained(str(folder), n_ctx=1024, n_seq_max=1, linear="torch")
+    assert_within_llama_cpp(ours, reference, text_ids, qtype.name)
 
 
 @pytest.mark.parametrize("scheme", ["q8_0", "q4_0", "q4_k"])
@@ -107,8 +163,7 @@ def test_a_folder_quantized_at_load_agrees_with_its_float_model(text_ids, scheme
         for name, module in reference.model.named_modules():
             if isinstance(module, torch.nn.Linear) and isinstance(ours.model.get_submodule(name), BlockLinear):
                 module.weight.copy_(quantize(module.weight, SCHEMES[scheme]).dequantize())
-    agree = _agreement(ours, reference, text_ids)
-    assert agree >= 0.99, f"{scheme}: top-1 agrees at {agree:.1%} of {N_POSITIONS} positions"
+    assert_within_llama_cpp(ours, reference, text_ids, scheme)
 
 
 def test_the_torch_only_path_agrees_everywhere(monkeypatch, text_ids):
@@ -209,7 +264,8 @@ gc.collect()
 with open("/proc/self/clear_refs", "w") as f:
     f.write("5")  # the peak (VmHWM) starts again from here
 before = [status(k) for k in ("VmRSS", "RssAnon", "RssFile")]
-engine = Engine.from_pretrained(sys.argv[1], n_ctx=64, n_seq_max=1, mmap=sys.argv[2] == "mmap")
+engine = Engine.from_pretrained(sys.argv[1], n_ctx=64, n_seq_max=1, mmap=sys.argv[2] == "mmap",
+                                repack=sys.argv[3] == "repack")
 gc.collect()
 peak, after = status("VmHWM"), status("VmRSS")
 engine.generate([[1, 2, 3]], SamplingParams(max_tokens=2))  # every weight read once
@@ -218,12 +274,13 @@ print(before[0], peak, after, sum(engine.weight_bytes.values()), *(u - b for u, 
 """
 
 
-@pytest.mark.parametrize("mode", ["read", "mmap"])
-def test_a_q4_k_m_file_is_resident_at_its_own_size(demo_gguf, tmp_path, mode):
+@pytest.mark.parametrize("mode, layout", [("read", "repack"), ("mmap", "repack"), ("mmap", "file")])
+def test_a_q4_k_m_file_is_resident_at_its_own_size(demo_gguf, tmp_path, mode, layout):
     """Resident weights <= 1.1x the file's tensor bytes; the load's peak <= 1.2x what
-    stays resident after it (read tensor by tensor, never a float copy). Mapped, the
-    weights are the file's pages: once used, resident as file pages, not as memory of
-    the process's own."""
+    stays resident after it (read tensor by tensor, never a float copy). Mapped and kept
+    in the file's layout (--no-repack), the weights are the file's pages: once used,
+    resident as file pages, not as memory of the process's own. Repacked from a mapping,
+    each tensor's file pages are handed back once its packed copy is made."""
     import subprocess
     import sys
 
@@ -231,7 +288,7 @@ def test_a_q4_k_m_file_is_resident_at_its_own_size(demo_gguf, tmp_path, mode):
     file_bytes = GGUFCheckpoint(path).n_bytes
     assert file_bytes > 50e6  # big enough for the measure to mean something
     root = Path(__file__).resolve().parents[1]
-    probe = [sys.executable, "-c", RSS_PROBE, str(path), mode]
+    probe = [sys.executable, "-c", RSS_PROBE, str(path), mode, layout]
     done = subprocess.run(probe, capture_output=True, text=True, cwd=root)
     assert done.returncode == 0, done.stderr[-2000:]
     before, peak, after, weights, used, used_anon, used_file = map(int, done.stdout.split()[-7:])
@@ -240,7 +297,7 @@ def test_a_q4_k_m_file_is_resident_at_its_own_size(demo_gguf, tmp_path, mode):
     assert weights <= 1.1 * file_bytes, figures
     assert after - before <= 1.1 * file_bytes and used <= 1.1 * file_bytes, figures
     assert peak - before <= 1.2 * (after - before), figures  # (the engine's warm-up step ran)
-    if mode == "read":
+    if mode == "read" or (layout == "repack" and blocks.compiled_isa() is not None):
         assert used_file < 0.1 * file_bytes, figures
     else:
         assert used_file >= 0.8 * file_bytes, figures  # the weights are the file's pages
@@ -260,7 +317,8 @@ def test_a_server_reports_its_weights_by_type(demo_gguf, tmp_path):
         for qtype, _, _, n in GGUFCheckpoint(path).tensors.values():
             in_file[qtype.name] = in_file.get(qtype.name, 0) + n
         assert set(weights["types"]) == set(in_file) == {"Q4_K", "Q8_0", "F32"}
-        assert weights["types"]["Q4_K"] == in_file["Q4_K"] and weights["types"]["Q8_0"] == in_file["Q8_0"]
+        for name in ("Q4_K", "Q8_0"):  # the file's bytes, or the same values repacked (Q4_K: scales in bytes)
+            assert in_file[name] <= weights["types"][name] <= 1.1 * in_file[name]
         assert weights["bytes"] == sum(weights["types"].values()) <= 1.1 * sum(in_file.values())
         for kind, n in weights["types"].items():
             assert metric(srv.url, "slotserve_model_weight_bytes", type=kind) == n

@@ -28,7 +28,7 @@ from engine.core.sequence import FinishReason, Sequence, StepEvent, TokenLogprob
 from engine.core.speculation import Speculation
 from engine.errors import StepFailed, check_token_ids
 from engine.kernels.attention import install_decode_attention
-from engine.kernels.blocks import block_modules, log_kernel_choice, weight_bytes_by_type
+from engine.kernels.blocks import block_modules, log_kernel_choice, pack_block_linears, weight_bytes_by_type
 from engine.kernels.lora_linear import install_lora
 from engine.kernels.packed_linear import onednn_available, pack_linears
 from engine.kernels.quantize import quantize_linears
@@ -73,7 +73,8 @@ class Engine(TokenAcceptance, ContextShift):
             quantize_linears(self.model, config.quantization)
             self.fingerprint = {**self.fingerprint, "quantization": config.quantization}
         if block_modules(self.model):
-            log_kernel_choice()
+            packed = pack_block_linears(self.model) if config.repack else (0, 0)
+            log_kernel_choice(packed)
         install_decode_attention()  # memory's decode rows attend in one compiled call, where built
         if self._use_onednn():
             pack_linears(self.model)

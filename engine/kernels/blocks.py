@@ -28,7 +28,10 @@ copy of the whole weight.
 
 from __future__ import annotations
 
+import ctypes
+import functools
 import logging
+import mmap
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -51,6 +54,10 @@ TILE = 256  # weight rows decoded at a time off the compiled path
 # 128 (Q4_K, Q8_0, Q6_K, 2048x8192 and 8192x2048), the tiles 1.2-1.5x faster at 512: 96.
 COMPILED_MAX_ROWS = 48
 COMPILED_MAX_ROWS_VNNI = 96
+# Packed weights (PACKED): the integer kernel at every row count with VNNI's dpbusd; on
+# AVX2 alone (maddubs + madd) the tiles win for long prefill chunks.
+PACKED_MAX_ROWS_VNNI = 1 << 62
+PACKED_MAX_ROWS = 128
 # F16/BF16 weights are converted row by row and dotted in float32 with each activation
 # row: 2x faster than the tiles at 1 row, even at 2, slower from 8 (at 32: 3-4x slower).
 FLOAT_MAX_ROWS = 8
@@ -58,10 +65,16 @@ FLOAT_MAX_ROWS = 8
 
 def compiled_rows(parts: list[BlockWeight]) -> int:
     """Activation rows from which the tiles beat the compiled kernel for these parts."""
+    if parts and all(p.packed for p in parts):
+        return PACKED_MAX_ROWS_VNNI if compiled_isa() == "avx512" else PACKED_MAX_ROWS
     if any(p.qtype in (T.F16, T.BF16) for p in parts):
         return FLOAT_MAX_ROWS
     return COMPILED_MAX_ROWS_VNNI if compiled_isa() == "avx512" else COMPILED_MAX_ROWS
 
+
+# Types whose rows are repacked at load into 8-row groups (csrc/packed_impl.inc): their
+# matmuls take 8-bit activations and run one integer kernel for every row count.
+PACKED = frozenset({T.Q4_0, T.Q8_0, T.Q4_K, T.Q6_K})
 
 ACT_MODES = {"float": 0, "int8": 1, "int16": 2}  # how the compiled kernels round activations
 ACTIVATIONS = "int16"  # the default (see above)
@@ -81,57 +94,124 @@ def compiled_isa() -> str | None:
     return _blocks.isa() if _blocks is not None else None
 
 
-def log_kernel_choice() -> None:
-    """One log line: which block matmuls this process runs."""
+def log_kernel_choice(packed: tuple[int, int] = (0, 0)) -> None:
+    """One log line: which block matmuls this process runs (``packed``: the layers and
+    bytes ``pack_block_linears`` repacked)."""
     isa = compiled_isa()
     if isa is None:
         log.warning("quantized matmuls: compiled kernels not built (no C++ compiler at install?); torch-only path")
     else:
-        log.info("quantized matmuls: compiled kernels, %s", isa)
+        layers, size = packed
+        log.info("quantized matmuls: compiled kernels, %s; %d layers repacked (%.1f MB)", isa, layers, size / 1e6)
 
 
 @dataclass(frozen=True)
 class BlockWeight:
-    """A 2-D weight [rows, cols] in a GGUF block type, as the file's bytes."""
+    """A 2-D weight [rows, cols] in a GGUF block type: the file's bytes, or (``packed``)
+    the same values repacked into 8-row groups for the integer kernel (``pack``).
+    ``mapped``: ``data`` is a view of a private mapping of the model file."""
 
     qtype: gguf.GGMLQuantizationType
-    data: torch.Tensor  # [rows, row_bytes] uint8
+    data: torch.Tensor  # [rows, row_bytes] uint8; packed: [rows / 8, group_bytes]
     cols: int
+    packed: bool = False
+    mapped: bool = False
 
     def __post_init__(self):
         values, size = gguf.GGML_QUANT_SIZES[self.qtype]
         if self.qtype not in KEPT:
             raise ValueError(f"type {self.qtype.name} is not kept in blocks")
-        if self.cols % values or self.data.dim() != 2 or self.data.shape[1] != self.cols // values * size:
+        width = _blocks.packed_bytes(int(self.qtype), self.cols) if self.packed else self.cols // values * size
+        if self.cols % values or self.data.dim() != 2 or self.data.shape[1] != width:
             raise ValueError(f"{tuple(self.data.shape)} bytes do not hold rows of {self.cols} {self.qtype.name} values")
 
     @classmethod
-    def from_bytes(cls, qtype: gguf.GGMLQuantizationType, raw, rows: int, cols: int) -> BlockWeight:
+    def from_bytes(
+        cls, qtype: gguf.GGMLQuantizationType, raw, rows: int, cols: int, mapped: bool = False
+    ) -> BlockWeight:
         """``raw`` (bytes, bytearray, a uint8 array) of a [rows, cols] tensor, shared, not copied."""
         data = torch.frombuffer(raw, dtype=torch.uint8) if not isinstance(raw, torch.Tensor) else raw
-        return cls(qtype, data.reshape(rows, -1), cols)
+        return cls(qtype, data.reshape(rows, -1), cols, mapped=mapped)
 
     @property
     def shape(self) -> tuple[int, int]:
-        return (self.data.shape[0], self.cols)
+        return (self.data.shape[0] * (8 if self.packed else 1), self.cols)
 
     @property
     def nbytes(self) -> int:
         return self.data.numel()
 
+    @property
+    def packable(self) -> bool:
+        """Whether ``pack`` has a layout for this weight here (the compiled kernels built,
+        a type of ``PACKED``, rows a multiple of 8)."""
+        return (
+            _blocks is not None
+            and not self.packed
+            and self.qtype in PACKED
+            and self.shape[0] % 8 == 0
+            and _blocks.packed_bytes(int(self.qtype), self.cols) > 0
+        )
+
+    def pack(self) -> BlockWeight:
+        """The same values in 8-row groups (``packable`` must hold). A mapped source's
+        pages are handed back to the page cache: the packed copy is what stays resident."""
+        packed = _blocks.block_pack(self.data.contiguous(), int(self.qtype), self.cols)  # [rows / 8, group_bytes]
+        if self.mapped:
+            release_pages(self.data)
+        return BlockWeight(self.qtype, packed, self.cols, packed=True)
+
     def __getitem__(self, rows: torch.Tensor | slice) -> BlockWeight:
-        """Some rows (an index tensor or a slice), still in blocks."""
-        return BlockWeight(self.qtype, self.data[rows].contiguous(), self.cols)
+        """Some rows (an index tensor or a slice), still in blocks (not of a packed weight):
+        a copy, so a mapped source's pages are handed back (``release_pages``; read again
+        from the file if ever needed)."""
+        if self.packed:
+            raise ValueError("rows of a packed weight are not taken one by one")
+        taken = BlockWeight(self.qtype, self.data[rows].contiguous(), self.cols)
+        if self.mapped:
+            release_pages(self.data)
+        return taken
 
     def dequantize(self, rows: torch.Tensor | slice | None = None, into: torch.Tensor | None = None) -> torch.Tensor:
         """The float32 values of all rows, or of ``rows`` -> [n, cols] (written into
         ``into``, a contiguous [n, cols] float32 tensor, when given)."""
+        if self.packed:
+            return self._dequantize_packed(rows, into)
         data = self.data if rows is None else self.data[rows]  # [n, row_bytes]
         if _blocks is not None:
             return _blocks.block_dequant(data.contiguous(), int(self.qtype), self.cols, into)
         values = gguf.quants.dequantize(data.numpy(), self.qtype)  # [n, cols]
         out = torch.from_numpy(np.ascontiguousarray(values, dtype=np.float32)).reshape(-1, self.cols)
         return out if into is None else into.copy_(out)
+
+
+    def _dequantize_packed(self, rows: torch.Tensor | slice | None, into: torch.Tensor | None) -> torch.Tensor:
+        """A packed weight's rows: whole groups decoded (a slice from a multiple of 8, as
+        the tiles take them), then the rows asked for."""
+        n = self.shape[0]
+        if isinstance(rows, slice) and rows.step in (None, 1) and (rows.start or 0) % 8 == 0:
+            start, stop, _ = rows.indices(n)
+            groups = self.data[start // 8 : (stop + 7) // 8]  # [g, group_bytes]
+            out = _blocks.packed_dequant(groups, int(self.qtype), self.cols)[: stop - start]  # [n, cols]
+        else:
+            out = _blocks.packed_dequant(self.data, int(self.qtype), self.cols)  # [rows, cols]
+            out = out if rows is None else out[rows]
+        return out if into is None else into.copy_(out)
+
+
+def release_pages(view: torch.Tensor) -> None:
+    """Drop the whole pages under ``view`` from the process (madvise MADV_DONTNEED): for a
+    view of a private, never-written file mapping, a later read faults the file's bytes
+    in again, so nothing is lost; only what the process holds resident shrinks."""
+    start = view.data_ptr()
+    first, last = -(-start // mmap.PAGESIZE) * mmap.PAGESIZE, (start + view.numel()) // mmap.PAGESIZE * mmap.PAGESIZE
+    if last > first:
+        _libc().madvise(ctypes.c_void_p(first), ctypes.c_size_t(last - first), 4)  # 4: MADV_DONTNEED
+
+
+@functools.cache
+def _libc() -> ctypes.CDLL:
+    return ctypes.CDLL(None, use_errno=True)
 
 
 def block_linear(
@@ -146,7 +226,12 @@ def block_linear(
     rows = x.reshape(-1, k).float()  # [M, K]
     if compiled is None:
         compiled = _blocks is not None and rows.shape[0] < compiled_rows(parts)
-    if compiled:
+    if compiled and any(p.packed for p in parts):  # the integer kernel, int8 activations whatever ``acts``
+        if all(p.packed for p in parts):
+            y = _blocks.packed_linear(rows, [p.data for p in parts], [int(p.qtype) for p in parts])  # [M, N]
+        else:
+            y = torch.cat([block_linear(rows, [p], True, acts) for p in parts], dim=-1)  # [M, N]
+    elif compiled:
         if _blocks is None:
             raise RuntimeError("the compiled kernels are not built")
         mode = ACT_MODES[acts or ACTIVATIONS]
@@ -199,9 +284,29 @@ class BlockLinear(nn.Module):
     def weight_bytes(self) -> int:
         return sum(p.nbytes for p in self.parts if p is not None)
 
+    @property
+    def packable(self) -> bool:
+        return not self.missing and all(p.packable for p in self.parts)
+
+    def pack(self) -> int:
+        """Repack every part into 8-row groups (``BlockWeight.pack``) when all of them have
+        the layout; returns the bytes packed (0: left as the file's)."""
+        if not self.packable:
+            return 0
+        for i, part in enumerate(self.parts):
+            self.set_part(i, part.pack())
+        return self.weight_bytes
+
+    @property
+    def packed(self) -> bool:
+        return bool(self.parts) and all(p is not None and p.packed for p in self.parts)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if _blocks is not None and x.dim() == 2 and x.dtype == torch.float32 and x.shape[0] < self._max_rows:
-            y = _blocks.block_linear(x, *self._args, ACT_MODES[ACTIVATIONS])  # decode: straight to the kernel
+            if self.packed:
+                y = _blocks.packed_linear(x, *self._args)  # every row count: the integer kernel
+            else:
+                y = _blocks.block_linear(x, *self._args, ACT_MODES[ACTIVATIONS])  # decode: straight to the kernel
         else:
             y = block_linear(x, self.parts)  # [..., out]
         return y if self.bias is None else y + self.bias
@@ -239,6 +344,19 @@ class BlockEmbedding(nn.Module):
     def extra_repr(self) -> str:
         kind = self.table.qtype.name if self.table is not None else "?"
         return f"{self.num_embeddings}, {self.embedding_dim}, {kind}"
+
+
+def pack_block_linears(model: nn.Module) -> tuple[int, int]:
+    """Repack the weights of every ``BlockLinear`` of ``model`` whose parts all have a
+    packed layout, except a head tied to an embedding table (the lookups read the file's
+    rows; packing would hold the table twice). Returns (layers packed, their bytes)."""
+    tables = {id(m.table) for m in model.modules() if isinstance(m, BlockEmbedding) and m.table is not None}
+    layers = total = 0
+    for module in model.modules():
+        if isinstance(module, BlockLinear) and not any(id(p) in tables for p in module.parts):
+            packed = module.pack()
+            layers, total = layers + (packed > 0), total + packed
+    return layers, total
 
 
 def block_modules(model: nn.Module) -> list[BlockLinear | BlockEmbedding]:

@@ -25,6 +25,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "blocks.h"
@@ -241,6 +242,103 @@ torch::Tensor silu_mul(torch::Tensor gu, bool any_cpu) {
   return out;
 }
 
+// ---- rows repacked eight at a time (packed_impl.inc) -----------------------------------
+
+int64_t packed_bytes(int64_t type, int64_t K) { return portable::packed_group_bytes(static_cast<int>(type), K); }
+
+torch::Tensor block_pack(torch::Tensor w, int64_t type, int64_t K) {
+  check_weight(w, type, K);
+  const int64_t group_bytes = packed_bytes(type, K);
+  TORCH_CHECK(group_bytes > 0, "type ", type, " with K = ", K, " has no packed layout");
+  TORCH_CHECK(w.size(0) % 8 == 0, "packed weights have a multiple of 8 rows, not ", w.size(0));
+  auto out = torch::empty({w.size(0) / 8, group_bytes}, torch::kUInt8);
+  const uint8_t* src = w.data_ptr<uint8_t>();
+  uint8_t* dst = out.data_ptr<uint8_t>();
+  at::parallel_for(0, w.size(0) / 8, 8, [&](int64_t g0, int64_t g1) {
+    portable::pack_groups(static_cast<int>(type), src, g0, g1, K, dst);
+  });
+  return out;
+}
+
+void check_packed(const torch::Tensor& p, int64_t type, int64_t K) {
+  const int64_t group_bytes = packed_bytes(type, K);
+  TORCH_CHECK(group_bytes > 0, "type ", type, " with K = ", K, " has no packed layout");
+  TORCH_CHECK(p.dim() == 2 && p.scalar_type() == torch::kUInt8 && p.device().is_cpu() && p.is_contiguous() &&
+                  p.size(1) == group_bytes,
+              "packed weights: contiguous [N / 8, ", group_bytes, "] uint8");
+}
+
+torch::Tensor packed_dequant(torch::Tensor p, int64_t type, int64_t K) {
+  check_packed(p, type, K);
+  auto out = torch::empty({p.size(0) * 8, K}, torch::kFloat32);
+  const uint8_t* src = p.data_ptr<uint8_t>();
+  float* dst = out.data_ptr<float>();
+  at::parallel_for(0, p.size(0), 8, [&](int64_t g0, int64_t g1) {
+    portable::packed_dequant_groups(static_cast<int>(type), src, g0, g1, K, dst);
+  });
+  return out;
+}
+
+bool k_quant(int64_t type) { return type == Q4_K || type == Q6_K; }
+
+// x @ W_i.T side by side for packed weights, on the kernels of ``isa``
+torch::Tensor packed_linear_isa(torch::Tensor x, const std::vector<torch::Tensor>& packs,
+                                const std::vector<int64_t>& types, Isa isa) {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat32 && x.device().is_cpu(), "x: [M, K] float32");
+  TORCH_CHECK(packs.size() == types.size() && !packs.empty(), "one type per weight");
+  x = x.contiguous();
+  const int64_t M = x.size(0), K = x.size(1);
+  TORCH_CHECK(K % 32 == 0, "K must be a multiple of 32");
+  std::vector<int64_t> first{0};  // each part's first group
+  bool want32 = false, want256 = false;
+  for (size_t i = 0; i < packs.size(); ++i) {
+    check_packed(packs[i], types[i], K);
+    first.push_back(first.back() + packs[i].size(0));
+    (k_quant(types[i]) ? want256 : want32) = true;
+  }
+  const int64_t N = first.back() * 8;
+  const float* xp = x.data_ptr<float>();
+  // the activations rounded once per block size the parts ask for (256: K-quants, 32: the others)
+  struct Rounded {
+    std::vector<int8_t> qx;
+    std::vector<float> dx32, isum16, isum32;
+  } r32, r256;
+  for (auto [want, group, r] : {std::tuple{want32, 32, &r32}, std::tuple{want256, 256, &r256}}) {
+    if (!want) continue;
+    r->qx.resize(M * K);
+    r->dx32.resize(M * K / 32);
+    r->isum16.resize(M * K / 16);
+    r->isum32.resize(M * K / 32);
+    at::parallel_for(0, M, 16, [&](int64_t m0, int64_t m1) {
+      ON(isa, quantize_q8)(xp, m0, m1, K, group, r->qx.data(), r->dx32.data(), r->isum16.data(), r->isum32.data());
+    });
+  }
+  const PackedActs a32{r32.qx.data(), r32.dx32.data(), r32.isum16.data(), r32.isum32.data(), M, K};
+  const PackedActs a256{r256.qx.data(), r256.dx32.data(), r256.isum16.data(), r256.isum32.data(), M, K};
+  auto y = torch::empty({M, N}, x.options());
+  float* yp = y.data_ptr<float>();
+  at::parallel_for(0, first.back(), 1, [&](int64_t g0, int64_t g1) {
+    for (size_t i = 0; i < packs.size(); ++i) {  // the parts this range of groups crosses
+      const int64_t lo = std::max(g0, first[i]), hi = std::min(g1, first[i + 1]);
+      if (lo >= hi) continue;
+      ON(isa, packed_rows)(static_cast<int>(types[i]), packs[i].data_ptr<uint8_t>(), lo - first[i], hi - first[i],
+                           k_quant(types[i]) ? a256 : a32, yp + 8 * first[i], N);
+    }
+  });
+  return y;
+}
+
+torch::Tensor packed_linear(torch::Tensor x, std::vector<torch::Tensor> packs, std::vector<int64_t> types) {
+  return packed_linear_isa(x, packs, types, kIsa);
+}
+
+torch::Tensor packed_linear_on(torch::Tensor x, std::vector<torch::Tensor> packs, std::vector<int64_t> types,
+                               const std::string& name) {
+  const Isa isa = isa_named(name);
+  TORCH_CHECK(cpu_runs(isa), "this CPU does not run the ", name, " kernels");
+  return packed_linear_isa(x, packs, types, isa);
+}
+
 std::string isa() { return kIsaNames[static_cast<int>(kIsa)]; }
 
 std::vector<std::string> isas() {
@@ -269,6 +367,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("sin"), py::arg("portable") = false);
   m.def("silu_mul", &slotserve::silu_mul, "silu(first half) * second half of each row, float32", py::arg("gu"),
         py::arg("portable") = false);
+  m.def("packed_bytes", &slotserve::packed_bytes, "bytes of 8 packed rows of K values (0: no packed layout)");
+  m.def("block_pack", &slotserve::block_pack, "weights in GGUF blocks [N, row_bytes] -> 8-row groups", free_gil);
+  m.def("packed_dequant", &slotserve::packed_dequant, "the float32 values [N, K] of packed weights", free_gil);
+  m.def("packed_linear", &slotserve::packed_linear, "x @ W.T for packed weights, side by side (int8 activations)",
+        free_gil);
+  m.def("packed_linear_on", &slotserve::packed_linear_on, "packed_linear on the named kernel unit", free_gil);
   m.def("isa", &slotserve::isa, "the instruction set the kernels run on this CPU");
   m.def("isas", &slotserve::isas, "every kernel unit this CPU runs, least demanding first");
 }

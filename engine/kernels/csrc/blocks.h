@@ -74,6 +74,17 @@ struct Acts {
   const float* d16 = nullptr;    // [M, ceil(K/256)]
 };
 
+// Activations of a packed matmul (packed_impl.inc): int8 values qx [M, K] in blocks of 32
+// or 256 values, the block's scale written per 32 values (dx32 [M, K/32]), and the integer
+// sums of qx per 16 and per 32 values, as floats (isum16 [M, K/16], isum32 [M, K/32]).
+struct PackedActs {
+  const int8_t* qx;
+  const float* dx32;
+  const float* isum16;
+  const float* isum32;
+  int64_t M, K;
+};
+
 // One decode attention call (attention_impl.inc): q [B, H, D]; k, v [B, KVH, L, D] given by
 // strides in floats (D contiguous); kv_pos [B, L] by strides; q_pos [B]; out [B, H, D].
 // Tasks are (sequence, KV head) pairs, t = b * KVH + h.
@@ -104,6 +115,13 @@ struct DecodeAttention {
   void rope_rows(const float* x, int64_t x_st, int64_t N, int64_t D, const float* cos, const float* sin,  \
                  int64_t t0, int64_t t1, float* out);                                                    \
   void silu_mul_rows(const float* gu, int64_t ld, int64_t F, int64_t t0, int64_t t1, float* out);        \
+  int64_t packed_group_bytes(int type, int64_t K);                                                      \
+  void pack_groups(int type, const uint8_t* w, int64_t g0, int64_t g1, int64_t K, uint8_t* out);        \
+  void packed_dequant_groups(int type, const uint8_t* p, int64_t g0, int64_t g1, int64_t K, float* out); \
+  void quantize_q8(const float* x, int64_t m0, int64_t m1, int64_t K, int group, int8_t* qx, float* dx32, \
+                   float* isum16, float* isum32);                                                        \
+  void packed_rows(int type, const uint8_t* w, int64_t g0, int64_t g1, const PackedActs& a, float* y,     \
+                   int64_t ldy);                                                                         \
   }
 
 SLOTSERVE_DECLARE_ISA(portable)

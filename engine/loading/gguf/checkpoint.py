@@ -92,7 +92,7 @@ class GGUFCheckpoint:
             if offset + n_bytes > len(mapped):
                 raise CheckpointError(f"{self.path}: tensor '{name}' is cut short (file truncated?)")
             view = torch.frombuffer(mapped, dtype=torch.uint8, count=n_bytes, offset=offset)
-            return BlockWeight.from_bytes(qtype, view, *shape)
+            return BlockWeight.from_bytes(qtype, view, *shape, mapped=True)
         buf = bytearray(n_bytes)
         if os.preadv(fd, [buf], offset) != n_bytes:
             raise CheckpointError(f"{self.path}: tensor '{name}' is cut short (file truncated?)")
