@@ -54,7 +54,16 @@ import gguf_tools; gguf_tools.download_sdist(Path('$CACHE/src'))"
   tar xzf "$CACHE"/src/llama_cpp_python-*.tar.gz -C "$CACHE"
   local tree
   tree=$(ls -d "$CACHE"/llama_cpp_python-*/vendor/llama.cpp | head -1)
+  # A CPU that lists AMX whose kernel does not enable its tile state (XTILEDATA, bit 18 of
+  # arch_prctl's ARCH_GET_XCOMP_SUPP; seen in VMs): -march=native would compile AMX code
+  # that dies of SIGILL, so it is left out (llama.cpp's best build that runs there).
+  local noamx=""
+  if grep -qw amx_tile /proc/cpuinfo && ! "$PY" -c "import ctypes, sys; m = ctypes.c_uint64(); \
+libc = ctypes.CDLL(None); libc.syscall(158, 0x1022, ctypes.byref(m)); sys.exit(0 if m.value >> 18 & 1 else 1)"; then
+    noamx="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+  fi
   cmake -S "$tree" -B "$CACHE/build" -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON -DLLAMA_CURL=OFF \
+    -DCMAKE_C_FLAGS="$noamx" -DCMAKE_CXX_FLAGS="$noamx" \
     -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=ON
   cmake --build "$CACHE/build" --target llama-server llama-quantize llama-perplexity -j "$(nproc)"
   cp "$CACHE/build/bin/llama-server" "$CACHE/build/bin/llama-quantize" "$CACHE/build/bin/llama-perplexity" "$CACHE/"

@@ -212,8 +212,8 @@ def _tiny(folder: Path, arch: str) -> Path:
     return ckpt
 
 
-def _greedy(path: Path, prompts: list[list[int]]) -> list[list[int]]:
-    engine = Engine.from_pretrained(str(path), n_seq_max=len(prompts))
+def _greedy(path: Path, prompts: list[list[int]], **config) -> list[list[int]]:
+    engine = Engine.from_pretrained(str(path), n_seq_max=len(prompts), **config)
     params = SamplingParams(temperature=0.0, max_tokens=N_NEW, ignore_eos=True)
     return [g.token_ids for g in engine.generate(prompts, params)]
 
@@ -253,7 +253,9 @@ def test_each_architecture_converts_and_matches_transformers(converted, arch):
 def test_architectures_with_rebuilt_tensors_keep_the_rest_in_blocks(converted, folder, monkeypatch, arch):
     """Gemma 3n's stacked AltUp projections, Granite's split gate/up and Jamba's stacked
     experts are rebuilt in float at load; every other matrix of a Q8_0 file stays in its
-    blocks, and greedy tokens equal those of the same file fully dequantized."""
+    blocks, and greedy tokens equal those of the same file fully dequantized (in the
+    file's layout, whose 16-bit activations keep these random models' near-ties; the 8-bit
+    arithmetic of repacked rows is held to llama.cpp's in test_quantized_models)."""
     from engine.kernels.blocks import BlockEmbedding, BlockLinear
     from engine.loading.gguf import archs
 
@@ -263,7 +265,7 @@ def test_architectures_with_rebuilt_tensors_keep_the_rest_in_blocks(converted, f
     kept = Engine.from_pretrained(str(path), n_seq_max=1).model
     n_kept = sum(isinstance(m, BlockLinear | BlockEmbedding) for m in kept.modules())
     assert n_kept >= 20, f"{n_kept} layers in blocks"
-    ours = _greedy(path, ARCH_PROMPTS)
+    ours = _greedy(path, ARCH_PROMPTS, repack=False)
     key = GGUFCheckpoint(path).arch
     monkeypatch.setitem(archs.ARCHITECTURES, key, dataclasses.replace(archs.ARCHITECTURES[key], keeps_blocks=False))
     assert not any(isinstance(m, BlockLinear) for m in Engine.from_pretrained(str(path), n_seq_max=1).model.modules())

@@ -54,10 +54,13 @@ TILE = 256  # weight rows decoded at a time off the compiled path
 # 128 (Q4_K, Q8_0, Q6_K, 2048x8192 and 8192x2048), the tiles 1.2-1.5x faster at 512: 96.
 COMPILED_MAX_ROWS = 48
 COMPILED_MAX_ROWS_VNNI = 96
-# Packed weights (PACKED): the integer kernel at every row count with VNNI's dpbusd; on
-# AVX2 alone (maddubs + madd) the tiles win for long prefill chunks.
+# Packed weights (PACKED): the integer kernel at every row count with VNNI's dpbusd (2-core
+# Sapphire Rapids, 2048x8192 and 8192x2048: 1.4-4.6x the 16-bit kernel or the tiles up to 32
+# rows, 1.0-2.3x at 128, 0.7-1.1x at 512 against oneDNN's float32 GEMM, which runs 512-bit
+# FMAs there); on AVX2 alone (maddubs + madd, measured as the avx2 unit on that machine)
+# 1.0-2.7x up to 32 rows, 0.6-1.0x at 128: the tiles from 64.
 PACKED_MAX_ROWS_VNNI = 1 << 62
-PACKED_MAX_ROWS = 128
+PACKED_MAX_ROWS = 64
 # F16/BF16 weights are converted row by row and dotted in float32 with each activation
 # row: 2x faster than the tiles at 1 row, even at 2, slower from 8 (at 32: 3-4x slower).
 FLOAT_MAX_ROWS = 8
@@ -183,7 +186,6 @@ class BlockWeight:
         values = gguf.quants.dequantize(data.numpy(), self.qtype)  # [n, cols]
         out = torch.from_numpy(np.ascontiguousarray(values, dtype=np.float32)).reshape(-1, self.cols)
         return out if into is None else into.copy_(out)
-
 
     def _dequantize_packed(self, rows: torch.Tensor | slice | None, into: torch.Tensor | None) -> torch.Tensor:
         """A packed weight's rows: whole groups decoded (a slice from a multiple of 8, as

@@ -1,0 +1,157 @@
+"""Rows repacked into 8-row groups at load (engine/kernels/csrc/packed_impl.inc, issue 36):
+the packed layout holds exactly the file's values, and the integer kernel on it, on every
+kernel unit this CPU runs, computes the exact dot product of each weight with the
+activations rounded as llama.cpp rounds them (int8 blocks of 32 for Q4_0 and Q8_0, of
+256 for the K-quants), up to float32 sums.
+"""
+
+from __future__ import annotations
+
+import gguf
+import pytest
+import torch
+from test_blocks import _blocks
+
+from engine.kernels import blocks
+from engine.kernels.blocks import PACKED, BlockEmbedding, BlockLinear, BlockWeight, pack_block_linears
+
+T = gguf.GGMLQuantizationType
+ORDER = sorted(PACKED, key=int)
+
+
+@pytest.fixture(scope="module")
+def ext():
+    if blocks.compiled_isa() is None:
+        pytest.skip("the compiled kernels are not built: nothing is packed (test_blocks covers the torch path)")
+    return blocks._blocks
+
+
+def _k(qtype) -> int:
+    return 512 if qtype in (T.Q4_K, T.Q6_K) else 352  # 2 super-blocks, or 11 blocks of 32
+
+
+def llama_rounded(x: torch.Tensor, group: int) -> torch.Tensor:
+    """[M, K] float64 -> the values llama.cpp's Q8_0 (group 32) / Q8_K (256) blocks stand for."""
+    b = x.float().reshape(x.shape[0], -1, group)
+    d = b.abs().amax(-1, keepdim=True) / 127  # float32, as the kernel: q = round(x * (1 / d))
+    q = torch.where(d > 0, torch.round(b * torch.where(d > 0, 1 / d, 0)), 0)
+    return (q.double() * d.double()).reshape(x.shape)
+
+
+@pytest.mark.parametrize("qtype", ORDER, ids=lambda t: t.name)
+def test_the_packed_layout_holds_exactly_the_files_values(ext, qtype):
+    w, deq = _blocks(qtype, 24, _k(qtype), seed=5)  # an all-zero block, outliers, an all-positive block
+    assert w.packable
+    packed = w.pack()
+    assert packed.packed and packed.shape == w.shape and packed.data.shape[0] == 3
+    assert torch.equal(packed.dequantize(), deq)
+    assert torch.equal(packed.dequantize(slice(8, 20)), deq[8:20])  # the groups the tiles take
+    assert torch.equal(packed.dequantize(torch.tensor([23, 0, 9])), deq[[23, 0, 9]])
+    assert packed.nbytes <= 1.03 * w.nbytes  # Q4_K's 6-bit scales as bytes; the others byte for byte
+    with pytest.raises(ValueError, match="packed"):
+        packed[torch.tensor([0])]
+
+
+@pytest.mark.parametrize("qtype", ORDER, ids=lambda t: t.name)
+def test_the_integer_kernel_is_exact_on_llama_cpps_rounding_on_every_unit(ext, qtype):
+    group = 256 if qtype in (T.Q4_K, T.Q6_K) else 32
+    k = _k(qtype)
+    w, deq = _blocks(qtype, 40, k, seed=6)
+    p = w.pack()
+    for m in (1, 2, 5, 7, 13, 70):  # tiles of 6 (3 on AVX2), then 2, then 1; 70 crosses an L2 block
+        x = torch.randn(m, k, generator=torch.Generator().manual_seed(m)) * 3
+        x[0, :group] = 0  # an all-zero activation block (scale 0)
+        exact = llama_rounded(x, group) @ deq.double().T  # [m, 40]
+        slack = 2e-6 * (llama_rounded(x, group).abs() @ deq.double().abs().T) + 1e-6  # float32 sums
+        plain = x.double() @ deq.double().T
+        for unit in ext.isas():
+            y = ext.packed_linear_on(x, [p.data], [int(qtype)], unit)  # [m, 40]
+            err = (y.double() - exact).abs()
+            assert bool((err <= slack).all()), f"{unit}, {m} rows: worst excess {(err - slack).max().item():.3g}"
+        assert (y.double() - plain).abs().max() > 10 * slack.max()  # the rounding shows: the test can fail
+
+
+def test_parts_of_both_activation_blocks_are_one_call(ext):
+    """Q4_K and Q6_K (blocks of 256) beside Q8_0 and Q4_0 (blocks of 32): the activations
+    rounded once per block size, each part exactly as alone."""
+    parts = [_blocks(t, n, 512, seed=n)[0].pack() for t, n in [(T.Q4_K, 16), (T.Q8_0, 24), (T.Q6_K, 8), (T.Q4_0, 32)]]
+    x = torch.randn(9, 512)
+    fused = ext.packed_linear(x, [p.data for p in parts], [int(p.qtype) for p in parts])  # [9, 80]
+    alone = torch.cat([ext.packed_linear(x, [p.data], [int(p.qtype)]) for p in parts], dim=-1)
+    torch.testing.assert_close(fused, alone, rtol=0, atol=0)
+    with pytest.raises(RuntimeError, match="packed weights"):
+        ext.packed_linear(x, [parts[0].data], [int(T.Q6_K)])  # bytes that are not that type's groups
+
+
+def test_a_layer_packs_only_when_every_part_can(ext):
+    q4k, _ = _blocks(T.Q4_K, 16, 256, seed=1)
+    q5k, _ = _blocks(T.Q5_K, 16, 256, seed=2)  # no packed layout (yet): the file's rows stay
+    odd, _ = _blocks(T.Q8_0, 12, 256, seed=3)  # 12 rows: not whole groups of 8
+    for kinds, packs in [([q4k, q4k], True), ([q4k, q5k], False), ([odd], False)]:
+        layer = BlockLinear(256, [w.shape[0] for w in kinds])
+        for i, w in enumerate(kinds):
+            layer.set_part(i, w)
+        x = torch.randn(3, 256)
+        before = layer(x)
+        assert (layer.pack() > 0) == packs and layer.packed == packs
+        after = layer(x)  # [3, rows]: int8 activations once packed, 16-bit before; both near
+        torch.testing.assert_close(after, before, rtol=0.05, atol=0.05 * before.abs().max().item())
+        if packs:  # the tiles (long prefill chunks on AVX2-only CPUs) read the packed groups
+            tiled = blocks.block_linear(x, layer.parts, compiled=False)
+            torch.testing.assert_close(tiled, x @ torch.cat([w.dequantize() for w in kinds]).T, rtol=1e-5, atol=1e-4)
+
+
+def test_a_head_tied_to_the_embedding_table_is_not_packed(ext):
+    table, _ = _blocks(T.Q8_0, 64, 256, seed=4)
+    model = torch.nn.Module()
+    model.embed = BlockEmbedding(64, 256)
+    model.embed.set_part(0, table)
+    model.head = BlockLinear(256, [64])
+    model.head.set_part(0, table)
+    model.proj = BlockLinear(256, [64])
+    model.proj.set_part(0, BlockWeight(T.Q8_0, table.data.clone(), 256))
+    assert pack_block_linears(model) == (1, model.proj.weight_bytes)
+    assert model.proj.packed and not model.head.packed and model.head.parts[0] is model.embed.table
+
+
+def test_without_the_extension_nothing_is_packable(monkeypatch):
+    w, _ = _blocks(T.Q4_K, 16, 256, seed=1)
+    monkeypatch.setattr(blocks, "_blocks", None)
+    assert not w.packable
+    layer = BlockLinear(256, [16])
+    layer.set_part(0, w)
+    assert layer.pack() == 0 and not layer.packed
+
+
+def test_the_repack_flags_are_llama_servers(monkeypatch):
+    from server.cli import build_parser
+    from server.flags import settings_from_args
+
+    def parsed(*argv: str):
+        return settings_from_args(build_parser().parse_args(["serve", *argv]))
+
+    assert parsed().repack is True
+    assert parsed("--no-repack").repack is False and parsed("-nr").repack is False
+    monkeypatch.setenv("LLAMA_ARG_REPACK", "0")
+    assert parsed().repack is False
+    assert parsed("--repack").repack is True
+
+
+def test_an_engine_repacks_at_load_unless_told_not_to(ext):
+    from engine import DEMO_MODEL, Engine, SamplingParams
+
+    prompt = [[5, 9, 100, 7, 3]]
+    greedy = SamplingParams(max_tokens=6, temperature=0)
+    packed = Engine.from_pretrained(str(DEMO_MODEL), n_ctx=64, n_seq_max=1, quantization="q8_0")
+    plain = Engine.from_pretrained(str(DEMO_MODEL), n_ctx=64, n_seq_max=1, quantization="q8_0", repack=False)
+    layers = [m for m in packed.model.modules() if isinstance(m, BlockLinear)]
+    assert layers and all(m.packed for m in layers)
+    assert not any(m.packed for m in plain.model.modules() if isinstance(m, BlockLinear))
+    assert packed.fingerprint == plain.fingerprint  # slot files move between the two layouts
+    a, b = packed.generate(prompt, greedy)[0], plain.generate(prompt, greedy)[0]
+    assert len(a.token_ids) == len(b.token_ids) == 6
+    assert weight_bytes(packed) == weight_bytes(plain)  # Q8_0 groups: the file's bytes, moved
+
+
+def weight_bytes(engine) -> int:
+    return sum(m.weight_bytes for m in engine.model.modules() if isinstance(m, BlockLinear))
