@@ -70,8 +70,8 @@ class ServerSettings(SamplerSettings, LoraSettings):
     )
     repack: bool = Field(
         True,
-        description="repack Q4_0, Q8_0, Q4_K and Q6_K weights into 8-row groups at load for the integer kernels "
-        "(llama.cpp's --repack; -nr / --no-repack keeps the file's layout)",
+        description="repack Q4_0, Q8_0, Q4_K, Q5_K, Q6_K and IQ4_XS weights into 8-row groups at load for the "
+        "integer kernels (llama.cpp's --repack; -nr / --no-repack keeps the file's layout)",
     )
     slot_save_path: Path | None = Field(None, description="folder for slot files (slot save/restore off without it)")
     api_key: str | None = Field(None, description="comma-separated API keys (Bearer or X-Api-Key)")

@@ -27,7 +27,7 @@ def ext():
 
 
 def _k(qtype) -> int:
-    return 512 if qtype in (T.Q4_K, T.Q6_K) else 352  # 2 super-blocks, or 11 blocks of 32
+    return 512 if gguf.GGML_QUANT_SIZES[qtype][0] == 256 else 352  # 2 super-blocks, or 11 blocks of 32
 
 
 def llama_rounded(x: torch.Tensor, group: int) -> torch.Tensor:
@@ -47,15 +47,15 @@ def test_the_packed_layout_holds_exactly_the_files_values(ext, qtype):
     assert torch.equal(packed.dequantize(), deq)
     assert torch.equal(packed.dequantize(slice(8, 20)), deq[8:20])  # the groups the tiles take
     assert torch.equal(packed.dequantize(torch.tensor([23, 0, 9])), deq[[23, 0, 9]])
-    assert packed.nbytes <= 1.03 * w.nbytes  # Q4_K's 6-bit scales as bytes; the others byte for byte
+    assert packed.nbytes <= 1.03 * w.nbytes  # Q4_K's and Q5_K's 6-bit scales as bytes, IQ4_XS's in bytes
     with pytest.raises(ValueError, match="packed"):
         packed[torch.tensor([0])]
 
 
 @pytest.mark.parametrize("qtype", ORDER, ids=lambda t: t.name)
 def test_the_integer_kernel_is_exact_on_llama_cpps_rounding_on_every_unit(ext, qtype):
-    group = 256 if qtype in (T.Q4_K, T.Q6_K) else 32
     k = _k(qtype)
+    group = 256 if k == 512 else 32
     w, deq = _blocks(qtype, 40, k, seed=6)
     p = w.pack()
     for m in (1, 2, 5, 7, 13, 70):  # tiles of 6 (3 on AVX2), then 2, then 1; 70 crosses an L2 block
@@ -85,7 +85,7 @@ def test_parts_of_both_activation_blocks_are_one_call(ext):
 
 def test_a_layer_packs_only_when_every_part_can(ext):
     q4k, _ = _blocks(T.Q4_K, 16, 256, seed=1)
-    q5k, _ = _blocks(T.Q5_K, 16, 256, seed=2)  # no packed layout (yet): the file's rows stay
+    q5k, _ = _blocks(T.Q3_K, 16, 256, seed=2)  # no packed layout (yet): the file's rows stay
     odd, _ = _blocks(T.Q8_0, 12, 256, seed=3)  # 12 rows: not whole groups of 8
     for kinds, packs in [([q4k, q4k], True), ([q4k, q5k], False), ([odd], False)]:
         layer = BlockLinear(256, [w.shape[0] for w in kinds])
@@ -155,3 +155,38 @@ def test_an_engine_repacks_at_load_unless_told_not_to(ext):
 
 def weight_bytes(engine) -> int:
     return sum(m.weight_bytes for m in engine.model.modules() if isinstance(m, BlockLinear))
+
+
+WIDE_PROBE = """
+import sys, torch
+sys.path.insert(0, "tests")
+from test_packed_blocks import _blocks, T
+from engine.kernels import _blocks as ext
+print(ext.wide())
+for qtype, n in [(T.Q4_K, 40), (T.Q6_K, 24), (T.Q8_0, 16), (T.IQ4_XS, 8)]:
+    k = 512
+    p = _blocks(qtype, n, k, seed=n)[0].pack()
+    x = torch.randn(13, k, generator=torch.Generator().manual_seed(1))
+    a = ext.packed_linear_on(x, [p.data], [int(qtype)], "avx512")
+    b = ext.packed_linear_on(x, [p.data], [int(qtype)], "portable")
+    assert torch.allclose(a, b, rtol=1e-5, atol=1e-4), (qtype, (a - b).abs().max())
+"""
+
+
+@pytest.mark.parametrize("wide", ["0", "1"])
+def test_the_avx512_unit_in_256_and_512_bit_tiles(ext, wide):
+    """The AVX-512 unit takes two groups a 512-bit vector on Intel CPUs, one a 256-bit
+    vector elsewhere (SLOTSERVE_WIDE overrides): both agree with the portable unit, odd
+    group counts included (a pair, then one group)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    if "avx512" not in ext.isas():
+        pytest.skip("this CPU has no AVX-512 VNNI")
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "SLOTSERVE_WIDE": wide}
+    done = subprocess.run([sys.executable, "-c", WIDE_PROBE], env=env, cwd=root, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split()[0] == ("True" if wide == "1" else "False")

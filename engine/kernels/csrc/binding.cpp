@@ -73,6 +73,18 @@ Isa best_isa() {
 
 const Isa kIsa = best_isa();
 
+// Whether 512-bit integer dot products issue whole (Intel) rather than as two 256-bit
+// halves (AMD's Zen 4): the packed kernels then take two 8-row groups a vector.
+// SLOTSERVE_WIDE=0/1 overrides (A/B runs).
+bool wide_vectors() {
+  const char* set = std::getenv("SLOTSERVE_WIDE");
+  if (set != nullptr && *set != '\0') return std::string(set) == "1";
+  __builtin_cpu_init();
+  return __builtin_cpu_is("intel");
+}
+
+const bool kWideVectors = wide_vectors();
+
 // fn of the unit ``isa`` (a function pointer: the three have one signature)
 #define ON(isa, fn) ((isa) == Isa::avx512 ? avx512::fn : (isa) == Isa::avx2 ? avx2::fn : portable::fn)
 
@@ -279,7 +291,7 @@ torch::Tensor packed_dequant(torch::Tensor p, int64_t type, int64_t K) {
   return out;
 }
 
-bool k_quant(int64_t type) { return type == Q4_K || type == Q6_K; }
+bool k_quant(int64_t type) { return type == Q4_K || type == Q5_K || type == Q6_K || type == IQ4_XS; }  // llama.cpp's Q8_K
 
 // x @ W_i.T side by side for packed weights, on the kernels of ``isa``
 torch::Tensor packed_linear_isa(torch::Tensor x, const std::vector<torch::Tensor>& packs,
@@ -313,8 +325,9 @@ torch::Tensor packed_linear_isa(torch::Tensor x, const std::vector<torch::Tensor
       ON(isa, quantize_q8)(xp, m0, m1, K, group, r->qx.data(), r->dx32.data(), r->isum16.data(), r->isum32.data());
     });
   }
-  const PackedActs a32{r32.qx.data(), r32.dx32.data(), r32.isum16.data(), r32.isum32.data(), M, K};
-  const PackedActs a256{r256.qx.data(), r256.dx32.data(), r256.isum16.data(), r256.isum32.data(), M, K};
+  const bool wide = isa == Isa::avx512 && kWideVectors;
+  const PackedActs a32{r32.qx.data(), r32.dx32.data(), r32.isum16.data(), r32.isum32.data(), M, K, wide};
+  const PackedActs a256{r256.qx.data(), r256.dx32.data(), r256.isum16.data(), r256.isum32.data(), M, K, wide};
   auto y = torch::empty({M, N}, x.options());
   float* yp = y.data_ptr<float>();
   at::parallel_for(0, first.back(), 1, [&](int64_t g0, int64_t g1) {
@@ -340,6 +353,8 @@ torch::Tensor packed_linear_on(torch::Tensor x, std::vector<torch::Tensor> packs
 }
 
 std::string isa() { return kIsaNames[static_cast<int>(kIsa)]; }
+
+bool wide() { return kIsa == Isa::avx512 && kWideVectors; }
 
 std::vector<std::string> isas() {
   std::vector<std::string> out;
@@ -373,6 +388,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("packed_linear", &slotserve::packed_linear, "x @ W.T for packed weights, side by side (int8 activations)",
         free_gil);
   m.def("packed_linear_on", &slotserve::packed_linear_on, "packed_linear on the named kernel unit", free_gil);
+  m.def("wide", &slotserve::wide, "whether the packed kernels take 16 rows in 512-bit vectors here");
   m.def("isa", &slotserve::isa, "the instruction set the kernels run on this CPU");
   m.def("isas", &slotserve::isas, "every kernel unit this CPU runs, least demanding first");
 }

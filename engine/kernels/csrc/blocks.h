@@ -83,6 +83,7 @@ struct PackedActs {
   const float* isum16;
   const float* isum32;
   int64_t M, K;
+  bool wide = false;  // 512-bit tiles of two groups (the AVX-512 unit, on CPUs that issue them whole)
 };
 
 // One decode attention call (attention_impl.inc): q [B, H, D]; k, v [B, KVH, L, D] given by
