@@ -19,6 +19,7 @@ import pytest
 import torch
 from gguf_tools import convert, converter_tree, requantize, write_gguf
 from safetensors.torch import save_file
+from test_packed_blocks import llama_rounded as int8_rounded
 from unavailable import unavailable
 
 from engine import DEMO_MODEL, Engine
@@ -83,11 +84,8 @@ def llama_rounded(x: torch.Tensor, qtype: gguf.GGMLQuantizationType) -> torch.Te
     """``x`` [..., K] as llama.cpp rounds a matmul's activations for weights of ``qtype``."""
     if qtype in (T.F16, T.BF16):
         return x.to(torch.float16 if qtype == T.F16 else torch.bfloat16).to(x.dtype)
-    group = ACT_BLOCK[qtype]
-    blocks_ = x.reshape(*x.shape[:-1], -1, group)  # [..., K / group, group]
-    d = blocks_.abs().amax(-1, keepdim=True) / 127
-    q = torch.where(d > 0, torch.round(blocks_ / torch.where(d > 0, d, 1)), 0)
-    return (q * d).reshape(x.shape)
+    rows = x.reshape(-1, x.shape[-1])  # [rows, K]
+    return int8_rounded(rows, ACT_BLOCK[qtype]).reshape(x.shape).to(x.dtype)
 
 
 def as_llama_cpp_rounds(reference: Engine, ours: Engine) -> Engine:
