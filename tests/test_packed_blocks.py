@@ -13,7 +13,8 @@ import torch
 from test_blocks import _blocks
 
 from engine.kernels import blocks
-from engine.kernels.blocks import PACKED, BlockEmbedding, BlockLinear, BlockWeight, pack_block_linears
+from engine.kernels.block_model import pack_block_linears
+from engine.kernels.blocks import PACKED, BlockEmbedding, BlockLinear, BlockWeight
 
 T = gguf.GGMLQuantizationType
 ORDER = sorted(PACKED, key=int)

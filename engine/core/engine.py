@@ -28,7 +28,8 @@ from engine.core.sequence import FinishReason, Sequence, StepEvent, TokenLogprob
 from engine.core.speculation import Speculation
 from engine.errors import StepFailed, check_token_ids
 from engine.kernels.attention import install_decode_attention
-from engine.kernels.blocks import block_modules, log_kernel_choice, pack_block_linears, weight_bytes_by_type
+from engine.kernels.block_model import block_modules, pack_block_linears, weight_bytes_by_type
+from engine.kernels.blocks import log_kernel_choice
 from engine.kernels.lora_linear import install_lora
 from engine.kernels.packed_linear import onednn_available, pack_linears
 from engine.kernels.quantize import quantize_linears

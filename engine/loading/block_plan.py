@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 from torch import nn
 
 from engine.errors import CheckpointError
-from engine.kernels.blocks import KEPT, BlockEmbedding, BlockLinear, block_modules
+from engine.kernels.block_model import block_modules
+from engine.kernels.blocks import KEPT, BlockEmbedding, BlockLinear
 from engine.loading.gguf.archs import ARCHITECTURES
 from engine.loading.gguf.checkpoint import GGUFCheckpoint
 from engine.models.base import DecoderLM, checkpoint_name

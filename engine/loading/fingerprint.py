@@ -8,7 +8,7 @@ import hashlib
 import torch
 from torch import nn
 
-from engine.kernels.blocks import named_block_weights
+from engine.kernels.block_model import named_block_weights
 from engine.models.config import ModelConfig
 
 _SAMPLE = 512  # elements read from the start, middle and end of each parameter
