@@ -29,7 +29,8 @@ from memory.protocol import ForwardView, MemoryBatch
 from memory.spec import LayerSpec
 
 DecodeKernel = Callable[..., torch.Tensor]
-"""(q [B, H, D], k, v [B, KVH, L, D], kv_pos [B, L], q_pos [B], window, scale, softcap)
+"""(q [B, H, D], k, v [B, KVH, L, stored row] as the cache stores them (memory/kv_codec.py:
+float32/float16/bfloat16 rows, or q8_0 as uint8), kv_pos [B, L], q_pos [B], window, scale, softcap)
 -> [B, H, D] float32: one query row per sequence, seeing the keys at positions p with
 p <= q_pos and, with a window W > 0, p > q_pos - W; softcap <= 0: none. The engine
 installs its compiled one (engine/kernels); memory imports no engine code."""
@@ -171,13 +172,14 @@ class GroupedKVView(ForwardView):
             qp[lay.q_rows] = q
             qp = qp.view(n_seqs, n_q, n_heads, head_dim)  # [B, Q, H, D]
         keys, values = self._read(layer, lay.keys, n_seqs, n_kv)  # [B, KVH, L, stored row]
-        k_codec, v_codec = self.codecs[layer]
-        keys, values = k_codec.decode(keys, q.dtype), v_codec.decode(values, q.dtype)  # [B, KVH, L, D]
         kernel = _decode_kernel
         if kernel is not None and n_q == 1 and q.device.type == "cpu" and q.dtype == torch.float32:
             window = self.windows.get(layer) or 0
             scale = head_dim**-0.5 if scale is None else scale
+            # the stored rows as they are: the kernel reads f32/f16/bf16 and q8_0 itself
             return kernel(q, keys, values, lay.kv_pos, lay.q_pos[:, 0], window, scale, softcap or 0.0)  # [B, H, D]
+        k_codec, v_codec = self.codecs[layer]
+        keys, values = k_codec.decode(keys, q.dtype), v_codec.decode(values, q.dtype)  # [B, KVH, L, D]
         q4, k4, v4 = qp.transpose(1, 2), keys, values  # [B, H, Q, D], [B, KVH, L, D]
         mask = lay.mask(self.windows.get(layer), q.dtype)  # [B, 1, Q, L]
         if softcap is None and n_q == 1:  # decode: a KV head's query heads are its G query rows

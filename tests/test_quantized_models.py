@@ -4,11 +4,13 @@ tests/block_packers.py) and a Hugging Face folder quantized at load (``--quantiz
 Teacher-forced over 512 positions, in chunks of 31 tokens, against the float32 model on the
 decoded weights: the mean KL divergence is within 1.1x, and the top-1 agreement within 0.5
 points, of llama.cpp's own arithmetic on the same weights (its activation rounding per
-weight type, emulated here on the float model): the accuracy its users accept.
+weight type and its f16 attention cache, emulated here on the float model): the accuracy
+its users accept.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import shutil
 from pathlib import Path
@@ -29,6 +31,10 @@ from engine.loading.gguf.checkpoint import GGUFCheckpoint
 from memory import MemoryBatch
 
 CHUNK = 31  # rows per forward: below blocks.COMPILED_MAX_ROWS
+# The weights' arithmetic alone: float32 attention caches (weights in blocks default to f16
+# ones, as llama.cpp's; tests/test_kv_types.py bounds what that rounding moves, and
+# bench/kld_llamacpp.py compares both defaults with llama-perplexity's)
+F32_CACHE = {"cache_type_k": "f32", "cache_type_v": "f32"}
 N_POSITIONS = 512
 T = gguf.GGMLQuantizationType
 
@@ -89,9 +95,14 @@ def llama_rounded(x: torch.Tensor, qtype: gguf.GGMLQuantizationType) -> torch.Te
 
 
 def as_llama_cpp_rounds(reference: Engine, ours: Engine) -> Engine:
-    """``reference`` (float weights) with each projection's input rounded as llama.cpp
-    rounds it for the type ``ours`` keeps that weight in: llama.cpp's own arithmetic on
-    these weights, the accuracy its users accept."""
+    """A second engine on ``reference``'s float weights, with each projection's input
+    rounded as llama.cpp rounds it for the type ``ours`` keeps that weight in, and its
+    attention cache storing what ``ours``' stores (llama.cpp's default is f16, as ours
+    for weights in blocks): llama.cpp's own arithmetic on these weights, the accuracy its
+    users accept."""
+    spec = next(s for s in ours.layer_specs if hasattr(s, "cache_k"))
+    config = dataclasses.replace(reference.config, cache_type_k=spec.k_codec.name, cache_type_v=spec.v_codec.name)
+    reference = Engine(config)
     for name, module in reference.model.named_modules():
         kept = ours.model.get_submodule(name) if isinstance(module, torch.nn.Linear) else None
         if isinstance(kept, BlockLinear):
@@ -133,7 +144,7 @@ def dequantized_folder(path: Path, dst: Path) -> Path:
 @pytest.mark.parametrize("qtype", sorted(KEPT, key=int), ids=lambda t: t.name)
 def test_a_gguf_of_each_type_keeps_its_blocks_and_agrees_with_its_float_model(demo_gguf, text_ids, tmp_path, qtype):
     path = requantize(demo_gguf, tmp_path / f"demo-{qtype.name}.gguf", qtype)
-    ours = Engine.from_pretrained(str(path), n_ctx=1024, n_seq_max=1)
+    ours = Engine.from_pretrained(str(path), n_ctx=1024, n_seq_max=1, **F32_CACHE)
     kept = [m for m in ours.model.modules() if isinstance(m, BlockLinear | BlockEmbedding)]
     assert not any(isinstance(m, torch.nn.Linear | torch.nn.Embedding) for m in ours.model.modules())
     assert ours.model.lm_head.parts[0] is ours.model.model.embed_tokens.table  # tied: one table
@@ -152,7 +163,7 @@ def test_a_gguf_of_each_type_keeps_its_blocks_and_agrees_with_its_float_model(de
 def test_a_folder_quantized_at_load_agrees_with_its_float_model(text_ids, scheme):
     from engine.kernels.quantize import SCHEMES, quantize
 
-    ours = Engine.from_pretrained(str(DEMO_MODEL), n_ctx=1024, n_seq_max=1, quantization=scheme)
+    ours = Engine.from_pretrained(str(DEMO_MODEL), n_ctx=1024, n_seq_max=1, quantization=scheme, **F32_CACHE)
     assert ours.fingerprint["quantization"] == scheme
     layers = [m for m in ours.model.modules() if isinstance(m, BlockLinear)]
     assert layers and all(m.parts[0].qtype == SCHEMES[scheme] for m in layers)
@@ -168,7 +179,9 @@ def test_the_torch_only_path_agrees_everywhere(monkeypatch, text_ids):
     """No activation rounding off the compiled path: the same float arithmetic up to order."""
     monkeypatch.setattr(blocks, "_blocks", None)
     ours = Engine.from_pretrained(str(DEMO_MODEL), n_ctx=1024, n_seq_max=1, quantization="q8_0")
-    reference = Engine.from_pretrained(str(DEMO_MODEL), n_ctx=1024, n_seq_max=1, linear="torch")
+    assert {(s.k_codec.name, s.v_codec.name) for s in ours.layer_specs} == {("f16", "f16")}  # weights in blocks
+    f16 = {"cache_type_k": "f16", "cache_type_v": "f16"}
+    reference = Engine.from_pretrained(str(DEMO_MODEL), n_ctx=1024, n_seq_max=1, linear="torch", **f16)
     with torch.no_grad():
         for name, module in reference.model.named_modules():
             if isinstance(module, torch.nn.Linear) and not name.endswith("lm_head"):

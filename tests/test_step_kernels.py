@@ -15,6 +15,7 @@ from engine import Engine, SamplingParams
 from engine.kernels import blocks, rotary
 from engine.models.rope import rotate
 from memory import kv_view
+from memory.kv_codec import CODECS
 
 FAR = 2**62
 
@@ -66,6 +67,47 @@ def test_decode_attention_is_softmax_attention(compiled, case, any_cpu):
     expected = reference_attention(q, k, v, kv_pos, q_pos, window, d**-0.5, softcap)
     torch.testing.assert_close(out.double(), expected, atol=2e-6, rtol=1e-5)
     assert out[-1].abs().max() == 0
+
+
+@pytest.mark.parametrize("any_cpu", [False, True], ids=["isa", "portable"])
+@pytest.mark.parametrize("types", [("f16", "f16"), ("bf16", "q8_0"), ("q8_0", "q8_0"), ("q8_0", "f32")])
+@pytest.mark.parametrize("case", ["gqa", "window", "odd-head-dim"])
+def test_decode_attention_reads_the_stored_rows_as_stored(compiled, case, types, any_cpu):
+    """Keys and values as a smaller cache stores them (kv_codec: f16, bf16, q8_0 rows)
+    attend as the rows those codecs decode to: the kernel converts in registers."""
+    b, h, kvh, n, d, window, softcap = CASES[case]
+    if "q8_0" in types and d % 32:
+        d = 64  # q8_0 rows hold whole blocks of 32
+    gen = torch.Generator().manual_seed(7)
+    k_codec, v_codec = (CODECS[t] for t in types)
+    stored_k = k_codec.encode(torch.randn(b + 1, kvh, n + 5, d, generator=gen))
+    stored_v = v_codec.encode(torch.randn(b + 1, kvh, n + 5, d, generator=gen))
+    k, v = stored_k[1:, :, :n], stored_v[1:, :, :n]  # strided views of a stream cache
+    q = torch.randn(b, h, d, generator=gen) * 3
+    kv_pos = torch.randint(0, n, (b, n), generator=gen)
+    q_pos = torch.randint(n // 2, n, (b,), generator=gen)
+    out = compiled.decode_attention(q, k, v, kv_pos, q_pos, window, d**-0.5, softcap, portable=any_cpu)
+    expected = reference_attention(q, k_codec.decode(k), v_codec.decode(v), kv_pos, q_pos, window, d**-0.5, softcap)
+    torch.testing.assert_close(out.double(), expected, atol=2e-5, rtol=1e-5)
+
+
+def test_decode_attention_refuses_rows_it_cannot_read(compiled):
+    q = torch.randn(1, 2, 40)
+    k = CODECS["f16"].encode(torch.randn(1, 1, 3, 40))
+    pos = torch.zeros(1, 3, dtype=torch.long)
+    with pytest.raises(RuntimeError, match="q8_0"):  # 40 values are not whole q8_0 blocks
+        compiled.decode_attention(
+            q,
+            k.view(torch.uint8)[..., :42],
+            k.view(torch.uint8)[..., :42],
+            pos,
+            torch.zeros(1, dtype=torch.long),
+            0,
+            1.0,
+            0.0,
+        )
+    with pytest.raises(RuntimeError, match="float32, float16, bfloat16 or q8_0"):
+        compiled.decode_attention(q, k.double(), k.double(), pos, torch.zeros(1, dtype=torch.long), 0, 1.0, 0.0)
 
 
 @pytest.mark.parametrize("any_cpu", [False, True], ids=["isa", "portable"])

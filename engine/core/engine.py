@@ -73,7 +73,8 @@ class Engine(TokenAcceptance, ContextShift):
         if config.quantization:  # before packing: the quantized layers are no nn.Linear any more
             quantize_linears(self.model, config.quantization)
             self.fingerprint = {**self.fingerprint, "quantization": config.quantization}
-        if block_modules(self.model):
+        self.in_blocks = bool(block_modules(self.model))  # GGUF blocks, or --quantization
+        if self.in_blocks:
             packed = pack_block_linears(self.model) if config.repack else (0, 0)
             log_kernel_choice(packed)
         install_decode_attention()  # memory's decode rows attend in one compiled call, where built
@@ -132,18 +133,27 @@ class Engine(TokenAcceptance, ContextShift):
     def _specs(self, specs: list[LayerSpec]) -> list[LayerSpec]:
         """A window no smaller than what a sequence can hold never hides a key: such
         layers are stored (and attended) as full attention. Attention caches store the
-        types -ctk/-ctv name."""
+        types -ctk/-ctv name; unnamed, ``default_cache_type``."""
         n_seq, cfg = self.n_ctx_seq, self.config
+        cache_k, cache_v = cfg.cache_type_k or self.default_cache_type, cfg.cache_type_v or self.default_cache_type
         out = []
         for s in specs:
             if getattr(s, "window", 0) >= n_seq:
                 s = FullAttentionSpec(s.n_kv_heads, s.head_dim, s.dtype)
             if isinstance(s, FullAttentionSpec | SlidingWindowSpec):
-                s = dataclasses.replace(s, cache_k=cfg.cache_type_k, cache_v=cfg.cache_type_v)
+                s = dataclasses.replace(s, cache_k=cache_k, cache_v=cache_v)
                 s.k_codec.check(s.head_dim)
                 s.v_codec.check(s.head_dim)
             out.append(s)
         return out
+
+    @property
+    def default_cache_type(self) -> str | None:
+        """What attention caches store when -ctk/-ctv say nothing: float16 for a float32
+        model whose weights are in blocks (llama-server's default, half the bytes, read
+        as stored by the decode kernel); otherwise the model's dtype (None), so a float
+        checkpoint stays exact against transformers."""
+        return "f16" if self.in_blocks and self.config.torch_dtype == torch.float32 else None
 
     def _use_onednn(self) -> bool:
         cfg = self.config

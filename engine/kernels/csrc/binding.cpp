@@ -11,9 +11,11 @@
 // stands for (written into ``into`` when given).
 // rms_norm(x [T, D] float32, w [D] float32, eps) -> [T, D]: one call for what eager torch
 // runs as ~8 ops (F.rms_norm on CPU decomposes: ~70 us per decode-step norm, measured).
-// decode_attention(q [B, H, D], k, v [B, KVH, L, D], kv_pos [B, L] int64, q_pos [B] int64,
-//   window, scale, softcap, portable=False) -> [B, H, D] float32: one query row per sequence
-//   (see attention_impl.inc; window and softcap <= 0: none; portable: the any-CPU kernel).
+// decode_attention(q [B, H, D], k, v [B, KVH, L, stored row], kv_pos [B, L] int64, q_pos [B]
+//   int64, window, scale, softcap, portable=False) -> [B, H, D] float32: one query row per
+//   sequence (see attention_impl.inc; window and softcap <= 0: none; portable: the any-CPU
+//   kernel). k and v are read as stored: float32/float16/bfloat16 rows of D, or uint8 rows
+//   of D + D/16 bytes holding q8_0 (memory/kv_codec.py's layout).
 // rope(x [T, N, D], cos [T, 1, D], sin [T, 1, D], portable=False) -> [T, N, D]: rotate-half rotary embedding
 //   (rope_impl.inc); x's rows may be strided (a view of a fused q/k/v output).
 // silu_mul(gu [T, 2F], portable=False) -> [T, F]: silu(gu[:, :F]) * gu[:, F:] (mlp_impl.inc).
@@ -194,24 +196,45 @@ torch::Tensor rms_norm(torch::Tensor x, torch::Tensor w, double eps) {
   return out;
 }
 
+// The KvRow of a cache tensor whose last dimension is ``width`` for head dim D.
+int kv_row(const torch::Tensor& t, int64_t D) {
+  switch (t.scalar_type()) {
+    case torch::kFloat32: TORCH_CHECK(t.size(-1) == D, "k, v: float32 rows of D"); return KV_F32;
+    case torch::kFloat16: TORCH_CHECK(t.size(-1) == D, "k, v: float16 rows of D"); return KV_F16;
+    case torch::kBFloat16: TORCH_CHECK(t.size(-1) == D, "k, v: bfloat16 rows of D"); return KV_BF16;
+    case torch::kUInt8:
+      TORCH_CHECK(D % 32 == 0 && t.size(-1) == D + D / 16, "k, v: q8_0 rows of D + D / 16 bytes (D % 32 == 0)");
+      return KV_Q8_0;
+    default: TORCH_CHECK(false, "k, v: float32, float16, bfloat16 or q8_0 (uint8) rows");
+  }
+  return KV_F32;
+}
+
 torch::Tensor decode_attention(torch::Tensor q, torch::Tensor k, torch::Tensor v, torch::Tensor kv_pos,
                                torch::Tensor q_pos, int64_t window, double scale, double softcap, bool any_cpu) {
-  TORCH_CHECK(q.dim() == 3 && k.dim() == 4 && v.dim() == 4, "q: [B, H, D]; k, v: [B, KVH, L, D]");
-  for (const auto* t : {&q, &k, &v})
-    TORCH_CHECK(t->scalar_type() == torch::kFloat32 && t->device().is_cpu() && t->stride(-1) == 1,
-                "q, k, v: float32 on the CPU, last dimension contiguous");
+  TORCH_CHECK(q.dim() == 3 && k.dim() == 4 && v.dim() == 4, "q: [B, H, D]; k, v: [B, KVH, L, stored row]");
+  TORCH_CHECK(q.scalar_type() == torch::kFloat32 && q.device().is_cpu(), "q: float32 on the CPU");
+  for (const auto* t : {&k, &v})
+    TORCH_CHECK(t->device().is_cpu() && t->stride(-1) == 1, "k, v: on the CPU, stored rows contiguous");
   q = q.contiguous();
   const int64_t B = q.size(0), H = q.size(1), D = q.size(2), KVH = k.size(1), L = k.size(2);
-  TORCH_CHECK(k.sizes() == v.sizes() && k.size(0) == B && k.size(3) == D && KVH > 0 && H % KVH == 0,
-              "k, v: [B, KVH, L, D] with KVH dividing H");
+  const int k_type = kv_row(k, D), v_type = kv_row(v, D);
+  TORCH_CHECK(k.size(0) == B && v.size(0) == B && v.size(1) == KVH && v.size(2) == L && KVH > 0 && H % KVH == 0,
+              "k, v: [B, KVH, L, stored row] with KVH dividing H");
   TORCH_CHECK(kv_pos.scalar_type() == torch::kInt64 && kv_pos.dim() == 2 && kv_pos.size(0) == B &&
                   kv_pos.size(1) == L,
               "kv_pos: [B, L] int64");
   q_pos = q_pos.contiguous();
   TORCH_CHECK(q_pos.scalar_type() == torch::kInt64 && q_pos.numel() == B, "q_pos: [B] int64");
   auto out = torch::empty({B, H, D}, q.options());
-  DecodeAttention a{q.data_ptr<float>(), k.data_ptr<float>(), v.data_ptr<float>(),
-                    k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1), v.stride(2),
+  const int64_t ke = k.element_size(), ve = v.element_size();
+  DecodeAttention a{q.data_ptr<float>(),
+                    static_cast<const uint8_t*>(k.data_ptr()),
+                    static_cast<const uint8_t*>(v.data_ptr()),
+                    k_type,
+                    v_type,
+                    k.stride(0) * ke, k.stride(1) * ke, k.stride(2) * ke,
+                    v.stride(0) * ve, v.stride(1) * ve, v.stride(2) * ve,
                     kv_pos.data_ptr<int64_t>(), kv_pos.stride(0), kv_pos.stride(1), q_pos.data_ptr<int64_t>(),
                     B, H, KVH, L, D, window, static_cast<float>(scale), static_cast<float>(softcap),
                     out.data_ptr<float>()};

@@ -86,14 +86,20 @@ struct PackedActs {
   bool wide = false;  // 512-bit tiles of two groups (the AVX-512 unit, on CPUs that issue them whole)
 };
 
-// One decode attention call (attention_impl.inc): q [B, H, D]; k, v [B, KVH, L, D] given by
-// strides in floats (D contiguous); kv_pos [B, L] by strides; q_pos [B]; out [B, H, D].
+// How an attention cache stores a row of D values (memory/kv_codec.py, llama-server's
+// -ctk/-ctv): float32, float16, bfloat16, or q8_0 (D int8 values, then D/32 float16 scales).
+enum KvRow : int { KV_F32 = 0, KV_F16 = 1, KV_BF16 = 2, KV_Q8_0 = 3 };
+
+// One decode attention call (attention_impl.inc): q [B, H, D] float32; k, v [B, KVH, L,
+// stored row] given by byte strides (the stored row contiguous) and their row types;
+// kv_pos [B, L] by strides; q_pos [B]; out [B, H, D] float32.
 // Tasks are (sequence, KV head) pairs, t = b * KVH + h.
 struct DecodeAttention {
   const float* q;
-  const float* k;
-  const float* v;
-  int64_t k_sb, k_sh, k_sl, v_sb, v_sh, v_sl;
+  const uint8_t* k;
+  const uint8_t* v;
+  int k_type, v_type;  // KvRow
+  int64_t k_sb, k_sh, k_sl, v_sb, v_sh, v_sl;  // bytes
   const int64_t* kv_pos;
   int64_t pos_sb, pos_sl;
   const int64_t* q_pos;
