@@ -24,8 +24,8 @@
 #   slotserve          slotserve's default (per-stream KV, float32)
 #   slotserve-unified  slotserve --kv-unified (the row closest to llama-f32-unified)
 # and the same-file rows, both servers given one GGUF (F16 from gguf_export.py; Q8_0,
-# Q4_K_M, Q5_K_M written by that tree's llama-quantize from the F32 GGUF):
-#   llama-f16 llama-q8_0 llama-q4_k_m llama-q5_k_m   ours-f16 ours-q8_0 ours-q4_k_m ours-q5_k_m
+# Q4_K_M, Q5_K_M, Q6_K, Q4_0, IQ4_XS written by that tree's llama-quantize from the F32 GGUF):
+#   llama-<type> ours-<type>, <type> one of f16 q8_0 q4_k_m q5_k_m q6_k q4_0 iq4_xs
 # Every row also records the server's resident memory (VmRSS) after its run and its peak (VmHWM).
 # MODEL=88m (default: bench/engine_bench.py's SHAPE) or MODEL=1b (hidden 2048, 16 layers,
 # 32/8 heads, FFN 8192: where reading the weights dominates); each has its own folder.
@@ -84,8 +84,8 @@ from pathlib import Path; p = Path('$M/ckpt'); p.mkdir(); b.build_checkpoint(p, 
   [ -f "$M/bench-f16.gguf" ] ||
     "$CACHE/venv/bin/python" "$ROOT/bench/gguf_export.py" "$M/ckpt" "$M/bench-f16.gguf" f16
   local q
-  for q in q8_0 q4_k_m q5_k_m; do
-    [ -f "$M/bench-$q.gguf" ] || "$CACHE/llama-quantize" "$M/bench.gguf" "$M/bench-$q.gguf" "${q^^}" "$THREADS" > /dev/null
+  for q in q8_0 q4_k_m q5_k_m q6_k q4_0 iq4_xs; do
+    [ -f "$M/bench-$q.gguf" ] || "$CACHE/llama-quantize" "$M/bench.gguf" "$M/bench-$q.gguf" "${q^^}" "$THREADS" > "$M/quantize-$q.log" 2>&1
   done
 }
 
@@ -126,7 +126,7 @@ want llama-f32-unified && bench_one llama-f32-unified http://127.0.0.1:8191 "$M/
 want slotserve && bench_one slotserve http://127.0.0.1:8192 "$M/slotserve$TAG.json" -- "${OURS[@]}" -m "$M/ckpt"
 want slotserve-unified && bench_one slotserve-unified http://127.0.0.1:8192 "$M/slotserve-unified$TAG.json" -- \
   "${OURS[@]}" -m "$M/ckpt" --kv-unified
-for q in f16 q8_0 q4_k_m q5_k_m; do  # the same file for both servers
+for q in f16 q8_0 q4_k_m q5_k_m q6_k q4_0 iq4_xs; do  # the same file for both servers
   want "llama-$q" && bench_one "llama-$q" http://127.0.0.1:8191 "$M/llama-$q$TAG.json" -- \
     "${LLAMA[@]}" -m "$M/bench-$q.gguf"
   want "ours-$q" && bench_one "ours-$q" http://127.0.0.1:8192 "$M/ours-$q$TAG.json" -- \

@@ -23,6 +23,7 @@ from functools import cached_property
 import torch
 import torch.nn.functional as F
 
+from memory.kv_codec import KVCodec
 from memory.kv_state import FAR
 from memory.paged_store import PagedStore
 from memory.protocol import ForwardView, MemoryBatch
@@ -37,6 +38,12 @@ installs its compiled one (engine/kernels); memory imports no engine code."""
 
 _decode_kernel: DecodeKernel | None = None
 
+StoreKernel = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], None]
+"""(cache [R, stored row], rows [n], x [n, D] float32): x encoded as the cache stores rows
+(kv_codec's encode, bit for bit) written at ``rows``, in one call. Installed by the engine."""
+
+_store_kernel: StoreKernel | None = None
+
 
 def set_decode_kernel(kernel: DecodeKernel | None) -> DecodeKernel | None:
     """Decode rows (one query per sequence, float32 on the CPU) attend through
@@ -44,6 +51,23 @@ def set_decode_kernel(kernel: DecodeKernel | None) -> DecodeKernel | None:
     global _decode_kernel
     previous, _decode_kernel = _decode_kernel, kernel
     return previous
+
+
+def set_store_kernel(kernel: StoreKernel | None) -> StoreKernel | None:
+    """Keys and values (float32, on the CPU) are stored through ``kernel`` instead of
+    encode + ``index_copy_``; None: torch's. Returns the one it replaces."""
+    global _store_kernel
+    previous, _store_kernel = _store_kernel, kernel
+    return previous
+
+
+def store(cache: torch.Tensor, rows: torch.Tensor, x: torch.Tensor, codec: KVCodec) -> None:
+    """x [T, N, D] encoded by ``codec`` into the rows ``rows`` [T * N] of the flat
+    ``cache`` [R, stored row]."""
+    if _store_kernel is not None and x.dtype == torch.float32 and cache.device.type == "cpu":
+        _store_kernel(cache, rows, x)
+    else:
+        cache.index_copy_(0, rows, codec.encode(x).reshape(-1, cache.shape[1]))
 
 
 @dataclass
@@ -213,6 +237,7 @@ class PagedKVView(GroupedKVView):
     def __init__(self, cache: PagedStore, batch: MemoryBatch, slot_mapping: torch.Tensor):
         super().__init__(batch, slot_mapping, cache.device, cache.specs, cache.windows)
         self.cache = cache
+        self._flat: dict[int, torch.Tensor] = {}  # KV heads -> [T * KVH] flat rows
 
     def _keys(self, seqs: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
         cache, bs = self.cache, self.cache.block_size
@@ -229,8 +254,16 @@ class PagedKVView(GroupedKVView):
     def _write(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
         k_cache, v_cache = self.cache.k[layer], self.cache.v[layer]  # [cells, KVH, stored row]
         k_codec, v_codec = self.codecs[layer]
-        k_cache.index_copy_(0, self.write_rows, k_codec.encode(k))  # k: [T, KVH, D]
-        v_cache.index_copy_(0, self.write_rows, v_codec.encode(v))
+        rows = self._flat_rows(k_cache.shape[1])  # [T * KVH] rows of the flat [cells * KVH, stored row] cache
+        store(k_cache.view(-1, k_cache.shape[2]), rows, k, k_codec)  # k, v: [T, KVH, D]
+        store(v_cache.view(-1, v_cache.shape[2]), rows, v, v_codec)
+
+    def _flat_rows(self, n_kv_heads: int) -> torch.Tensor:
+        rows = self._flat.get(n_kv_heads)
+        if rows is None:
+            heads = torch.arange(n_kv_heads, device=self.device)
+            rows = self._flat[n_kv_heads] = (self.write_rows[:, None] * n_kv_heads + heads).reshape(-1)
+        return rows
 
     def _read(self, layer: int, keys: torch.Tensor, n_seqs: int, n_kv: int) -> tuple[torch.Tensor, torch.Tensor]:
         bs = self.cache.block_size

@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 
 from memory.kv_state import FAR, NO_POS, KVRopeShift, kv_state, shift_stored, type_meta, validate_kv_state
-from memory.kv_view import GroupedKVView
+from memory.kv_view import GroupedKVView, store
 from memory.lazy_zeros import lazy_zeros
 from memory.protocol import (
     CacheFull,
@@ -250,9 +250,8 @@ class StreamKVView(GroupedKVView):
         k_cache, v_cache = self.cache.k[layer], self.cache.v[layer]  # [S, KVH, C, stored row]
         k_codec, v_codec = self.codecs[layer]
         rows = self._flat_rows(k_cache.shape[1])  # [T * KVH]
-        k_rows, v_rows = k_codec.encode(k), v_codec.encode(v)  # k, v: [T, KVH, D] -> [T, KVH, stored row]
-        k_cache.view(-1, k_cache.shape[3]).index_copy_(0, rows, k_rows.reshape(-1, k_cache.shape[3]))
-        v_cache.view(-1, v_cache.shape[3]).index_copy_(0, rows, v_rows.reshape(-1, v_cache.shape[3]))
+        store(k_cache.view(-1, k_cache.shape[3]), rows, k, k_codec)  # k, v: [T, KVH, D]
+        store(v_cache.view(-1, v_cache.shape[3]), rows, v, v_codec)
 
     def _read(
         self, layer: int, keys: torch.Tensor | slice, n_seqs: int, n_kv: int

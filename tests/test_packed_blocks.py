@@ -191,3 +191,43 @@ def test_the_avx512_unit_in_256_and_512_bit_tiles(ext, wide):
     done = subprocess.run([sys.executable, "-c", WIDE_PROBE], env=env, cwd=root, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.split()[0] == ("True" if wide == "1" else "False")
+
+
+@pytest.mark.parametrize("layout", ["stream", "unified"])
+@pytest.mark.parametrize("cache", ["f16", "q8_0"])
+def test_a_packed_layer_is_two_compiled_calls_and_the_eager_layer_bit_for_bit(ext, monkeypatch, layout, cache):
+    """Layers whose projections are all packed run as layer_qkv + attention + layer_out:
+    the same kernels in the same order as the eager layer, so the logits of a mixed batch
+    (prefill chunks and decode rows, two sequences) are equal exactly."""
+    from engine import DEMO_MODEL, Engine, SamplingParams
+    from engine.kernels import packed_layer
+
+    calls = []
+    qkv = ext.layer_qkv
+    monkeypatch.setattr(ext, "layer_qkv", lambda *a: calls.append(a[0].shape[0]) or qkv(*a))
+
+    def run() -> list[list[torch.Tensor]]:
+        engine = Engine.from_pretrained(
+            str(DEMO_MODEL), n_ctx=256, n_seq_max=2, quantization="q8_0", kv_unified=layout == "unified",
+            cache_type_k=cache, cache_type_v=cache, max_batch_tokens=16,
+        )  # fmt: skip
+        params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
+        prompts = [[5, 9, 100, 7, 3], list(range(40, 70))]
+        seqs = [engine.add_sequence(p, params, seq_id=i) for i, p in enumerate(prompts)]
+        logits: list[list[torch.Tensor]] = [[], []]
+        while engine.has_work:
+            for ev in engine.step(keep_logits=True):
+                if ev.logits is not None:
+                    logits[seqs.index(ev.seq)].append(ev.logits)
+        return logits
+
+    fused = run()
+    n_layers = Engine.from_pretrained(str(DEMO_MODEL), n_ctx=16, n_seq_max=1).model_config.n_layers
+    assert len(calls) >= 8 * n_layers and 1 in calls and max(calls) > 1  # decode rows and prefill chunks
+    calls.clear()
+    monkeypatch.setattr(packed_layer, "enabled", False)
+    eager = run()
+    assert not calls
+    for a, b in zip(fused, eager):
+        assert len(a) == len(b) == 8
+        assert torch.equal(torch.stack(a), torch.stack(b))

@@ -111,6 +111,27 @@ def test_decode_attention_refuses_rows_it_cannot_read(compiled):
 
 
 @pytest.mark.parametrize("any_cpu", [False, True], ids=["isa", "portable"])
+@pytest.mark.parametrize("kind", ["f32", "f16", "bf16", "q8_0"])
+def test_kv_store_writes_what_the_codec_encodes_bit_for_bit(compiled, kind, any_cpu):
+    codec = CODECS[kind]
+    gen = torch.Generator().manual_seed(5)
+    x = torch.randn(6, 3, 64, generator=gen) * torch.tensor([1e-6, 1.0, 300.0, 7e4, 0.0, 1e-30])[:, None, None]
+    x[5, 1, :7] = torch.tensor([0.5, 1.5, 2.5, -2.5, 65519.0, 65520.0, 6e-8])  # ties, the edge of float16
+    cache = torch.zeros(40, codec.width(64), dtype=codec.storage)
+    rows = torch.randperm(40, generator=gen)[:18]
+    compiled.kv_store(cache, rows, x, portable=any_cpu)
+    expected = torch.zeros_like(cache).index_copy_(0, rows, codec.encode(x).reshape(18, -1))
+    assert torch.equal(cache.view(torch.uint8), expected.view(torch.uint8))
+
+
+def test_kv_store_refuses_rows_outside_the_cache(compiled):
+    cache = torch.zeros(4, 8)
+    with pytest.raises(RuntimeError, match="outside"):
+        compiled.kv_store(cache, torch.tensor([1, 4]), torch.ones(2, 8))
+    assert cache.abs().sum() == 0  # checked before anything is written
+
+
+@pytest.mark.parametrize("any_cpu", [False, True], ids=["isa", "portable"])
 def test_rope_is_rotate_half(compiled, any_cpu):
     gen = torch.Generator().manual_seed(0)
     qkv = torch.randn(5, 20, 64, generator=gen)

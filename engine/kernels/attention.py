@@ -18,9 +18,11 @@ except ImportError:  # built by `pip install -e .` where a compiler exists
 
 
 def install_decode_attention() -> bool:
-    """Route memory's decode attention through the compiled kernel, where built.
-    Returns whether it is in use."""
+    """Route memory's decode attention, and its storing of keys and values (encode and
+    write in one call), through the compiled kernels, where built. Returns whether they
+    are in use."""
     if _blocks is None:
         return False
     memory.set_decode_kernel(_blocks.decode_attention)
+    memory.set_store_kernel(_blocks.kv_store)
     return True

@@ -11,6 +11,7 @@ from torch import nn
 
 from engine.kernels.activation import fused_silu_mul
 from engine.kernels.norm import fused_rms_norm
+from engine.kernels.packed_layer import run_packed_layer
 from engine.models.rope import rotate
 from memory import ForwardView
 
@@ -100,5 +101,8 @@ class DecoderLayer(nn.Module):
         self.mlp = GatedMLP(shape.hidden, ffn, mlp_bias)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, view: ForwardView) -> torch.Tensor:
+        fused = run_packed_layer(self, x, cos, sin, view)  # packed projections: two compiled calls
+        if fused is not None:
+            return fused
         x = x + self.self_attn(self.input_layernorm(x), cos, sin, view)
         return x + self.mlp(self.post_attention_layernorm(x))  # [T, hidden]

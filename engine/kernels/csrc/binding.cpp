@@ -375,6 +375,52 @@ torch::Tensor packed_linear_on(torch::Tensor x, std::vector<torch::Tensor> packs
   return packed_linear_isa(x, packs, types, isa);
 }
 
+// ---- the decode step's pieces, stored and chained in C++ -------------------------------
+
+// x [n, D] (or [..., D]) float32 encoded as ``cache`` stores rows (kv_row) into rows
+// ``rows`` [n] of cache [R, stored row]: memory/kv_codec.py's encode and one index_copy_.
+void kv_store(torch::Tensor cache, torch::Tensor rows, torch::Tensor x, bool any_cpu) {
+  TORCH_CHECK(cache.dim() == 2 && cache.device().is_cpu() && cache.stride(1) == 1, "cache: [R, stored row], rows contiguous");
+  TORCH_CHECK(x.scalar_type() == torch::kFloat32 && x.device().is_cpu(), "x: float32 on the CPU");
+  const int64_t D = x.size(-1);
+  x = x.reshape({-1, D});
+  if (x.stride(1) != 1) x = x.contiguous();
+  rows = rows.contiguous();
+  TORCH_CHECK(rows.scalar_type() == torch::kInt64 && rows.numel() == x.size(0), "rows: [n] int64, one per row of x");
+  const int type = kv_row(cache, D);
+  const int64_t* rp = rows.data_ptr<int64_t>();
+  for (int64_t i = 0; i < rows.numel(); ++i)
+    TORCH_CHECK(rp[i] >= 0 && rp[i] < cache.size(0), "row ", rp[i], " is outside the cache's ", cache.size(0));
+  uint8_t* cp = static_cast<uint8_t*>(cache.data_ptr());
+  const int64_t ldc = cache.stride(0) * cache.element_size();
+  ON(any_cpu ? Isa::portable : kIsa, store_rows)(type, x.data_ptr<float>(), x.stride(0), D, rp, 0, x.size(0), cp, ldc);
+}
+
+// The attention half's way in, for rows x [T, hidden] of a Llama-family layer whose
+// projections are packed: RMSNorm, the fused q/k/v projection, rotary on q and k.
+// -> q [T, H, D], k [T, KVH, D] (rotated), v [T, KVH, D].
+std::vector<torch::Tensor> layer_qkv(torch::Tensor x, torch::Tensor norm, double eps, std::vector<torch::Tensor> packs,
+                                     std::vector<int64_t> types, int64_t H, int64_t KVH, torch::Tensor cos,
+                                     torch::Tensor sin) {
+  auto qkv = packed_linear(rms_norm(x, norm, eps), std::move(packs), std::move(types));  // [T, (H + 2 KVH) D]
+  const int64_t T = x.size(0), D = qkv.size(1) / (H + 2 * KVH);
+  TORCH_CHECK(D * (H + 2 * KVH) == qkv.size(1), "the q/k/v projection's rows are not (H + 2 KVH) heads");
+  auto qk = rope(qkv.narrow(1, 0, (H + KVH) * D).view({T, H + KVH, D}), cos, sin, false);  // [T, H + KVH, D]
+  return {qk.narrow(1, 0, H), qk.narrow(1, H, KVH), qkv.narrow(1, (H + KVH) * D, KVH * D).view({T, KVH, D})};
+}
+
+// The rest of the layer after attention: x + o(att), then + down(silu(gate) * up) of its
+// RMSNorm. x [T, hidden], att [T, H * D] -> [T, hidden].
+torch::Tensor layer_out(torch::Tensor x, torch::Tensor att, std::vector<torch::Tensor> o, std::vector<int64_t> o_types,
+                        torch::Tensor norm, double eps, std::vector<torch::Tensor> gate_up,
+                        std::vector<int64_t> gate_up_types, std::vector<torch::Tensor> down,
+                        std::vector<int64_t> down_types) {
+  auto h = packed_linear(att.reshape({att.size(0), -1}), std::move(o), std::move(o_types));  // [T, hidden]
+  h.add_(x);
+  auto gu = packed_linear(rms_norm(h, norm, eps), std::move(gate_up), std::move(gate_up_types));  // [T, 2F]
+  return packed_linear(silu_mul(gu, false), std::move(down), std::move(down_types)).add_(h);
+}
+
 std::string isa() { return kIsaNames[static_cast<int>(kIsa)]; }
 
 bool wide() { return kIsa == Isa::avx512 && kWideVectors; }
@@ -405,6 +451,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("sin"), py::arg("portable") = false);
   m.def("silu_mul", &slotserve::silu_mul, "silu(first half) * second half of each row, float32", py::arg("gu"),
         py::arg("portable") = false);
+  m.def("kv_store", &slotserve::kv_store, "rows of x encoded as the cache stores them, written at rows",
+        py::arg("cache"), py::arg("rows"), py::arg("x"), py::arg("portable") = false);
+  m.def("layer_qkv", &slotserve::layer_qkv, "RMSNorm, packed q/k/v projection, rotary: q, k, v", free_gil);
+  m.def("layer_out", &slotserve::layer_out, "o projection + residual, RMSNorm, packed gated MLP + residual", free_gil);
   m.def("packed_bytes", &slotserve::packed_bytes, "bytes of 8 packed rows of K values (0: no packed layout)");
   m.def("block_pack", &slotserve::block_pack, "weights in GGUF blocks [N, row_bytes] -> 8-row groups", free_gil);
   m.def("packed_dequant", &slotserve::packed_dequant, "the float32 values [N, K] of packed weights", free_gil);

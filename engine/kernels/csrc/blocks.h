@@ -119,6 +119,8 @@ struct DecodeAttention {
   void linear_rows(int type, const uint8_t* w, int64_t n0, int64_t n1, const Acts& a, float* y, int64_t ldy); \
   void dequant_rows(int type, const uint8_t* w, int64_t n0, int64_t n1, int64_t K, float* out);         \
   void decode_attention(const DecodeAttention& a, int64_t t0, int64_t t1);                              \
+  void store_rows(int type, const float* x, int64_t ldx, int64_t D, const int64_t* rows, int64_t i0, int64_t i1, \
+                  uint8_t* cache, int64_t ldc);                                                          \
   void rope_rows(const float* x, int64_t x_st, int64_t N, int64_t D, const float* cos, const float* sin,  \
                  int64_t t0, int64_t t1, float* out);                                                    \
   void silu_mul_rows(const float* gu, int64_t ld, int64_t F, int64_t t0, int64_t t1, float* out);        \
