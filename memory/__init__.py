@@ -1,7 +1,7 @@
 """Caches and sequence bookkeeping. Imports no model code and no HTTP code."""
 
 from memory.block_pool import BlockPool
-from memory.kv_view import set_decode_kernel, set_store_kernel
+from memory.kv_view import set_decode_kernel, set_store_kernel, set_stream_decode_kernel
 from memory.paged_kv import PagedKVCache
 from memory.protocol import (
     CacheFull,
@@ -42,6 +42,7 @@ __all__ = [
     "StateMismatch",
     "set_decode_kernel",
     "set_store_kernel",
+    "set_stream_decode_kernel",
     "build_memory",
     "cache_bytes",
 ]

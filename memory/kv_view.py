@@ -53,6 +53,27 @@ def set_decode_kernel(kernel: DecodeKernel | None) -> DecodeKernel | None:
     return previous
 
 
+StreamDecodeKernel = Callable[..., torch.Tensor]
+"""(q [B, H, D], k, v [B, KVH, D], k_cache, v_cache [S, KVH, C, stored row], flat rows [B * KVH],
+first stream, n_kv cells, kv_pos [B, n_kv], q_pos [B], window, scale, softcap) -> [B, H, D]:
+the store kernel and the decode kernel in one call, over streams first .. first + B - 1 of
+per-stream caches (memory/stream_kv.py's decode steps). Installed by the engine."""
+
+_stream_decode_kernel: StreamDecodeKernel | None = None
+
+
+def set_stream_decode_kernel(kernel: StreamDecodeKernel | None) -> StreamDecodeKernel | None:
+    """Decode steps over a run of streams store and attend through ``kernel``; None: the
+    store and decode kernels (or torch) one by one. Returns the one it replaces."""
+    global _stream_decode_kernel
+    previous, _stream_decode_kernel = _stream_decode_kernel, kernel
+    return previous
+
+
+def stream_decode_kernel() -> StreamDecodeKernel | None:
+    return _stream_decode_kernel
+
+
 def set_store_kernel(kernel: StoreKernel | None) -> StoreKernel | None:
     """Keys and values (float32, on the CPU) are stored through ``kernel`` instead of
     encode + ``index_copy_``; None: torch's. Returns the one it replaces."""
@@ -81,6 +102,11 @@ class AttentionLayout:
     q_rows: torch.Tensor | None  # [T_g] row of each token in the flattened [B_g * Q]; None when Q == 1
     device: torch.device
     masks: dict = field(default_factory=dict)  # (window, dtype) -> [B_g, 1, Q, L] additive mask on the device
+
+    @cached_property
+    def decode_pos(self) -> torch.Tensor:
+        """[B_g] the position of each sequence's one query (decode groups)."""
+        return self.q_pos[:, 0]
 
     @property
     def shape(self) -> tuple[int, int, int]:
@@ -201,7 +227,7 @@ class GroupedKVView(ForwardView):
             window = self.windows.get(layer) or 0
             scale = head_dim**-0.5 if scale is None else scale
             # the stored rows as they are: the kernel reads f32/f16/bf16 and q8_0 itself
-            return kernel(q, keys, values, lay.kv_pos, lay.q_pos[:, 0], window, scale, softcap or 0.0)  # [B, H, D]
+            return kernel(q, keys, values, lay.kv_pos, lay.decode_pos, window, scale, softcap or 0.0)  # [B, H, D]
         k_codec, v_codec = self.codecs[layer]
         keys, values = k_codec.decode(keys, q.dtype), v_codec.decode(values, q.dtype)  # [B, KVH, L, D]
         q4, k4, v4 = qp.transpose(1, 2), keys, values  # [B, H, Q, D], [B, KVH, L, D]

@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 
 from memory.kv_state import FAR, NO_POS, KVRopeShift, kv_state, shift_stored, type_meta, validate_kv_state
-from memory.kv_view import GroupedKVView, store
+from memory.kv_view import GroupedKVView, store, stream_decode_kernel
 from memory.lazy_zeros import lazy_zeros
 from memory.protocol import (
     CacheFull,
@@ -224,6 +224,38 @@ class StreamKVView(GroupedKVView):
         self.n_cells = next(iter(cache.k.values())).shape[2] if cache.k else 1
         self.write_seq, self.write_cell = self.write_rows // self.n_cells, self.write_rows % self.n_cells  # [T] each
         self._flat: dict[int, torch.Tensor] = {}  # KV heads -> [T * KVH] rows of the flat [S * KVH * C, D] cache
+
+    def attend(
+        self,
+        layer: int,
+        q: torch.Tensor,
+        k: torch.Tensor | None,
+        v: torch.Tensor | None,
+        scale: float | None = None,
+        softcap: float | None = None,
+    ) -> torch.Tensor:
+        """A decode step over a run of streams stores and attends in one compiled call
+        (``set_stream_decode_kernel``), where installed; anything else as the base does."""
+        kernel, lays = stream_decode_kernel(), self.layouts
+        lay = lays[0]
+        if (
+            kernel is None
+            or k is None
+            or len(lays) != 1
+            or lay.tokens is not None
+            or lay.q_rows is not None  # a prefill chunk
+            or not isinstance(lay.keys, slice)
+            or q.dtype != torch.float32
+            or q.device.type != "cpu"
+        ):
+            return super().attend(layer, q, k, v, scale, softcap)
+        k_cache, v_cache = self.cache.k[layer], self.cache.v[layer]  # [S, KVH, C, stored row]
+        scale = q.shape[-1] ** -0.5 if scale is None else scale
+        window = self.windows.get(layer) or 0
+        rows = self._flat_rows(k_cache.shape[1])
+        first, n_kv = lay.keys.start, lay.kv_pos.shape[1]
+        pos = (lay.kv_pos, lay.decode_pos)
+        return kernel(q, k, v, k_cache, v_cache, rows, first, n_kv, *pos, window, scale, softcap or 0.0)  # [B, H, D]
 
     def _flat_rows(self, n_kv_heads: int) -> torch.Tensor:
         """Row of each (token, KV head) in a layer's cache seen as [S * KVH * C, D]: one

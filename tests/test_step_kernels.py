@@ -203,14 +203,15 @@ def test_decode_rows_attend_through_the_kernel_and_sdpa_alike(compiled, tmp_path
     prompts = [torch.randint(0, 300, (n,), generator=gen).tolist() for n in (5, 23)]
     ref_model = load_reference(folder)
     expected = [greedy_reference(ref_model, p, 12) for p in prompts]
-    calls, kernel = [], compiled.decode_attention
+    calls = []
 
-    def counting(*args):
-        calls.append(args[0].shape[0])
-        return kernel(*args)
+    def counting(kernel):
+        return lambda *args: calls.append(args[0].shape[0]) or kernel(*args)
 
-    monkeypatch.setattr(compiled, "decode_attention", counting)
-    previous = memory.set_decode_kernel(None)
+    monkeypatch.setattr(compiled, "decode_attention", counting(compiled.decode_attention))
+    monkeypatch.setattr(compiled, "stream_decode", counting(compiled.stream_decode))  # store + attend, streams
+    hooks = (memory.set_decode_kernel, memory.set_store_kernel, memory.set_stream_decode_kernel)
+    previous = [hook(None) for hook in hooks]
     try:
         for path in ("kernel", "sdpa"):
             calls.clear()
@@ -221,13 +222,16 @@ def test_decode_rows_attend_through_the_kernel_and_sdpa_alike(compiled, tmp_path
             if path == "kernel":
                 assert len(calls) >= 11 * n_layers, "decode steps did not take the kernel"
             else:
-                assert not calls and kv_view._decode_kernel is None
+                assert not calls and kv_view._decode_kernel is None and kv_view._stream_decode_kernel is None
+                assert kv_view._store_kernel is None
             for i, (ref_tokens, ref_logits) in enumerate(expected):
                 assert tokens[i] == ref_tokens, f"{path}: prompt {i}"
                 torch.testing.assert_close(torch.stack(logits[i]), ref_logits.float(), atol=1e-4, rtol=0)
-            memory.set_decode_kernel(None)
+            for hook in hooks:
+                hook(None)
     finally:
-        memory.set_decode_kernel(previous)
+        for hook, kernel in zip(hooks, previous):
+            hook(kernel)
 
 
 def test_a_long_kernel_call_lets_other_python_threads_run(compiled):

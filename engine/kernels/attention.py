@@ -25,4 +25,5 @@ def install_decode_attention() -> bool:
         return False
     memory.set_decode_kernel(_blocks.decode_attention)
     memory.set_store_kernel(_blocks.kv_store)
+    memory.set_stream_decode_kernel(_blocks.stream_decode)  # both in one call, per-stream caches
     return True

@@ -396,6 +396,23 @@ void kv_store(torch::Tensor cache, torch::Tensor rows, torch::Tensor x, bool any
   ON(any_cpu ? Isa::portable : kIsa, store_rows)(type, x.data_ptr<float>(), x.stride(0), D, rp, 0, x.size(0), cp, ldc);
 }
 
+// Decode rows of per-stream caches k_cache, v_cache [S, KVH, C, stored row] in one call:
+// k, v [B, KVH, D] stored at ``rows`` of the caches seen flat (kv_store), then q [B, H, D]
+// attends over streams first .. first + B - 1, their first n_kv cells (decode_attention).
+torch::Tensor stream_decode(torch::Tensor q, torch::Tensor k, torch::Tensor v, torch::Tensor k_cache,
+                            torch::Tensor v_cache, torch::Tensor rows, int64_t first, int64_t n_kv,
+                            torch::Tensor kv_pos, torch::Tensor q_pos, int64_t window, double scale, double softcap) {
+  TORCH_CHECK(k_cache.dim() == 4 && v_cache.dim() == 4 && k_cache.is_contiguous() && v_cache.is_contiguous(),
+              "caches: contiguous [S, KVH, C, stored row]");
+  const int64_t B = q.size(0);
+  TORCH_CHECK(first >= 0 && first + B <= k_cache.size(0) && n_kv >= 0 && n_kv <= k_cache.size(2),
+              "streams ", first, "..", first + B, " and ", n_kv, " cells are outside the cache");
+  kv_store(k_cache.view({-1, k_cache.size(3)}), rows, k, false);
+  kv_store(v_cache.view({-1, v_cache.size(3)}), rows, v, false);
+  return decode_attention(q, k_cache.narrow(0, first, B).narrow(2, 0, n_kv), v_cache.narrow(0, first, B).narrow(2, 0, n_kv),
+                          kv_pos, q_pos, window, scale, softcap, false);
+}
+
 // The attention half's way in, for rows x [T, hidden] of a Llama-family layer whose
 // projections are packed: RMSNorm, the fused q/k/v projection, rotary on q and k.
 // -> q [T, H, D], k [T, KVH, D] (rotated), v [T, KVH, D].
@@ -453,6 +470,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("portable") = false);
   m.def("kv_store", &slotserve::kv_store, "rows of x encoded as the cache stores them, written at rows",
         py::arg("cache"), py::arg("rows"), py::arg("x"), py::arg("portable") = false);
+  m.def("stream_decode", &slotserve::stream_decode, "store decode rows' keys and values, then attend, per stream",
+        free_gil);
   m.def("layer_qkv", &slotserve::layer_qkv, "RMSNorm, packed q/k/v projection, rotary: q, k, v", free_gil);
   m.def("layer_out", &slotserve::layer_out, "o projection + residual, RMSNorm, packed gated MLP + residual", free_gil);
   m.def("packed_bytes", &slotserve::packed_bytes, "bytes of 8 packed rows of K values (0: no packed layout)");
