@@ -12,7 +12,8 @@ import json
 import sys
 from pathlib import Path
 
-FILES = ["f16", "q8_0", "q4_k_m", "q5_k_m"]  # the same-file rows: llama-<file> and ours-<file>
+# the same-file rows: llama-<file> and ours-<file>
+FILES = ["f16", "q8_0", "q4_k_m", "q5_k_m", "q6_k", "q4_0", "iq4_xs"]
 ROWS = ["llama-f32", "llama-f32-unified", "slotserve", "slotserve-unified"]
 ROWS += [f"{who}-{f}" for f in FILES for who in ("llama", "ours")]
 PEERS_F32 = ["llama-f32", "llama-f32-unified"]

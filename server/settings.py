@@ -89,8 +89,8 @@ class ServerSettings(SamplerSettings, LoraSettings):
     cache_type_k: str | None = Field(
         None,
         pattern="^(f32|f16|bf16|q8_0)$",
-        description="type attention caches store keys in: f32, f16, bf16 or q8_0 (llama-server's; default: the "
-        "model's dtype)",
+        description="type attention caches store keys in: f32, f16, bf16 or q8_0 (llama-server's; default: f16 "
+        "for weights in GGUF blocks, the model's dtype for a float checkpoint)",
     )
     cache_type_v: str | None = Field(
         None, pattern="^(f32|f16|bf16|q8_0)$", description="type attention caches store values in (as --cache-type-k)"

@@ -254,8 +254,10 @@ def test_architectures_with_rebuilt_tensors_keep_the_rest_in_blocks(converted, f
     """Gemma 3n's stacked AltUp projections, Granite's split gate/up and Jamba's stacked
     experts are rebuilt in float at load; every other matrix of a Q8_0 file stays in its
     blocks, and greedy tokens equal those of the same file fully dequantized (in the
-    file's layout, whose 16-bit activations keep these random models' near-ties; the 8-bit
-    arithmetic of repacked rows is held to llama.cpp's in test_quantized_models)."""
+    file's layout with 16-bit activations and a float32 cache, which keep these random
+    models' near-ties; the defaults' 8-bit arithmetic and f16 cache are held to llama.cpp's
+    in test_quantized_models and bench/kld_llamacpp.py)."""
+    from engine.kernels import blocks
     from engine.kernels.blocks import BlockEmbedding, BlockLinear
     from engine.loading.gguf import archs
 
@@ -265,7 +267,8 @@ def test_architectures_with_rebuilt_tensors_keep_the_rest_in_blocks(converted, f
     kept = Engine.from_pretrained(str(path), n_seq_max=1).model
     n_kept = sum(isinstance(m, BlockLinear | BlockEmbedding) for m in kept.modules())
     assert n_kept >= 20, f"{n_kept} layers in blocks"
-    ours = _greedy(path, ARCH_PROMPTS, repack=False)
+    monkeypatch.setattr(blocks, "ACTIVATIONS", "int16")
+    ours = _greedy(path, ARCH_PROMPTS, repack=False, cache_type_k="f32", cache_type_v="f32")
     key = GGUFCheckpoint(path).arch
     monkeypatch.setitem(archs.ARCHITECTURES, key, dataclasses.replace(archs.ARCHITECTURES[key], keeps_blocks=False))
     assert not any(isinstance(m, BlockLinear) for m in Engine.from_pretrained(str(path), n_seq_max=1).model.modules())
