@@ -5,6 +5,7 @@ the directory. A write goes to a hidden temporary file in the same directory
 (``.slotserve-<random>.tmp``), is fsynced, renamed over the target and the directory is
 fsynced, so a crash at any moment leaves the old file or the new one. Temporary files
 start with a dot, which no slot file name may, so they are never listed or restored.
+Files are the owner's alone (``FILE_MODE``, 0600): they hold a conversation's token ids.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from safetensors import safe_open
 from memory.slot_file import SlotFileError, check_header
 
 TMP_PREFIX = ".slotserve-"
+FILE_MODE = 0o600  # slot files and prompt-cache entries hold prompts' token ids: owner only
 _CHUNK = 16 << 20  # bytes per write call
 
 
@@ -86,7 +88,7 @@ class SlotDirectory:
         ``progress(bytes done, of total)`` hears of each chunk."""
         target = self.path(filename)
         tmp = self.root / f"{TMP_PREFIX}{secrets.token_hex(8)}.tmp"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, FILE_MODE)
         try:
             try:
                 view, done = memoryview(data), 0

@@ -112,6 +112,7 @@ def test_what_ram_evicts_goes_to_disk_and_comes_back_from_either_tier(tmp_path):
     entry, n = cache.best([1] * 10 + [5])
     assert entry.pending is None and torch.equal(tier.load(entry).positions, torch.arange(10))
     assert tier.counters.hits == 1 and tier.counters.writes == 1
+    assert all(f.stat().st_mode & 0o777 == 0o600 for f in tmp_path.glob("pc-*.slot"))  # prompts' ids: owner only
 
 
 def test_the_disk_cap_holds_and_the_least_recently_used_file_goes(tmp_path):

@@ -115,6 +115,16 @@ def test_atomic_write_replaces_and_leaves_no_temporary(tmp_path):
     assert os.listdir(tmp_path) == ["s"]
 
 
+def test_files_are_the_owners_alone_even_over_an_open_file(tmp_path):
+    """A slot file holds the prompt's token ids: 0600, also where it replaces a file
+    that others could read."""
+    directory = SlotDirectory(tmp_path)
+    (tmp_path / "s").write_bytes(b"old")
+    (tmp_path / "s").chmod(0o644)
+    directory.write("s", encode([1, 2], make_state(2), FP))
+    assert (tmp_path / "s").stat().st_mode & 0o777 == 0o600
+
+
 def test_failed_write_keeps_the_old_file(tmp_path, monkeypatch):
     directory = SlotDirectory(tmp_path)
     old = encode([1, 2], make_state(2), FP)
