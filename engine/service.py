@@ -28,7 +28,7 @@ from engine.scheduling.prompt_disk import DiskTier
 from engine.scheduling.request import Request, RequestEnd
 from engine.scheduling.scheduler import Scheduler, SlotInfo
 from engine.scheduling.task_board import Sink
-from engine.slot_files import SlotFiles
+from engine.slot_files import SlotFiles, lora_scales
 from engine.text.tokenizer import Tokenizer
 from memory import CacheFull, MemoryUsage, StateMismatch
 
@@ -270,7 +270,7 @@ class EngineService:
         files, slot = self.files(), self.check_slot(id_slot)
         args = (filename, self.fingerprint, self.vocab_size, self.n_ctx, progress)
         file, n_read = await asyncio.to_thread(files.read, *args)
-        lora = tuple(float(s) for s in file.fingerprint.get("lora_scales", "").split(",") if s)
+        lora = lora_scales(file, self.fingerprint)  # checked by files.read
         sched = self._sched
         try:
             restore = lambda: slot_io.restore(sched.board, slot, file.tokens, file.state, lora)  # noqa: E731

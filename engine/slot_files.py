@@ -5,6 +5,7 @@ vocabulary and context before anything touches a slot."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -13,10 +14,24 @@ from memory import SeqState
 from memory.slot_dir import MAX_NAME_CHARS, NAME_PATTERN, BadFileName, FileMissing, SlotDirectory, check_name
 from memory.slot_file import SlotFile, SlotFileError, decode, encode, fingerprint_mismatch, fingerprint_of
 
-__all__ = ["MAX_NAME_CHARS", "NAME_PATTERN", "SlotFileInfo", "SlotFiles"]
+__all__ = ["MAX_NAME_CHARS", "NAME_PATTERN", "SlotFileInfo", "SlotFiles", "lora_scales"]
 
 
 FILE_KEYS = ("lora_scales",)  # what a file says of its own cache (not of the model): taken as given
+
+
+def lora_scales(file: SlotFile, fingerprint: dict[str, str]) -> tuple[float, ...]:
+    """The adapter scales the file's cache was computed with: one finite number per
+    adapter of ``fingerprint``'s set; BadSlotFile otherwise (a 400, nothing touched)."""
+    text = file.fingerprint.get("lora_scales", "")
+    n_adapters = len(fingerprint["lora"].split(";")) if fingerprint.get("lora") else 0
+    try:
+        scales = tuple(float(s) for s in text.split(",") if s)
+    except ValueError:
+        raise BadSlotFile(f"the file's lora_scales {text[:64]!r} are not numbers") from None
+    if text and (len(scales) != n_adapters or not all(math.isfinite(s) for s in scales)):
+        raise BadSlotFile(f"the file's lora_scales {text[:64]!r} are not {n_adapters} finite numbers")
+    return scales
 
 
 @dataclass(frozen=True)
@@ -79,6 +94,7 @@ class SlotFiles:
             raise BadSlotFile(reason, code="model_mismatch")
         if file.tokens and (min(file.tokens) < 0 or max(file.tokens) >= vocab_size):
             raise BadSlotFile(f"the file holds token ids outside the vocabulary [0, {vocab_size})")
+        lora_scales(file, fingerprint)
         if len(file.tokens) > n_ctx:
             raise BadSlotFile(
                 f"the file holds {len(file.tokens)} tokens but the slot's context is {n_ctx}",

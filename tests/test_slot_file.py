@@ -154,3 +154,24 @@ def test_listing_skips_temporaries_and_foreign_files(tmp_path):
         directory.delete("absent")
     directory.delete("good")
     assert sorted(os.listdir(tmp_path)) == [f"{TMP_PREFIX}deadbeef.tmp", "notes.txt"]
+
+
+@pytest.mark.parametrize(
+    "scales, error",
+    [("0.5,1.0", None), ("abc", "not numbers"), ("0.5", "not 2 finite"), ("0.5,nan", "not 2 finite"), ("", None)],
+)
+def test_a_files_lora_scales_must_be_one_number_per_adapter(tmp_path, scales, error):
+    """A file whose lora_scales are not a number per adapter of the server's set is a
+    bad file (400), found while reading, before any slot is touched."""
+    from engine.errors import BadSlotFile
+    from engine.slot_files import SlotFiles, lora_scales
+
+    files = SlotFiles(tmp_path)
+    model = {**FP, "lora": "/a.gguf;/b.gguf"}
+    files.write("s", [1, 2], make_state(2), {**model, "lora_scales": scales} if scales else model)
+    if error is None:
+        file, _ = files.read("s", model, vocab_size=100, n_ctx=64)
+        assert lora_scales(file, model) == ((0.5, 1.0) if scales else ())
+    else:
+        with pytest.raises(BadSlotFile, match=error):
+            files.read("s", model, vocab_size=100, n_ctx=64)
