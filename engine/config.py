@@ -43,7 +43,7 @@ class EngineConfig:
     ssm_checkpoints: int = 4  # recurrent-state snapshots kept per slot (prefix reuse and rollback)
     ssm_checkpoint_every: int | None = 512  # ... taken every this many tokens, besides each prompt's end
     chat_template: str | None = None  # a built-in template's name or jinja text; None: the model's own
-    cache_type_k: str | None = None  # f32 | f16 | bf16 | q8_0 (llama-server's -ctk); None: Engine.default_cache_type
+    cache_type_k: str | None = None  # f32 | f16 | bf16 | q8_0 (llama-server's -ctk); None: default_cache_type
     cache_type_v: str | None = None  # the same for values (-ctv)
     spec_type: str | None = None  # ngram-simple | draft-simple: speculative decoding (engine/core/speculation.py)
     spec_draft_max: int = 48  # most tokens proposed a step (--spec-ngram-simple-size-m; --spec-draft-n-max)

@@ -150,6 +150,11 @@ class GroupedKVView(ForwardView):
     def _keys(self, seqs: list[int]) -> tuple[torch.Tensor | slice, torch.Tensor]:
         """(keys index, kv positions [B, L] on the CPU: FAR + 1 where no key is)."""
 
+    def _store_and_attend(self, layer, q, k, v, scale, softcap) -> torch.Tensor | None:
+        """Store and attend in one call where a kind can (q [T, H, D], k, v [T, KVH, D]);
+        None: the general path (``_write``, then the groups)."""
+        return None
+
     @abstractmethod
     def _write(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
         """Store this step's keys and values (each [T, KVH, D]) where ``write_rows`` says."""
@@ -199,6 +204,9 @@ class GroupedKVView(ForwardView):
         softcap: float | None = None,
     ) -> torch.Tensor:
         if k is not None:  # None: a layer reading this layer's cache (stored earlier in the step)
+            fused = self._store_and_attend(layer, q, k, v, scale, softcap)
+            if fused is not None:
+                return fused
             self._write(layer, k, v)
         layouts = self.layouts
         if len(layouts) == 1 and layouts[0].tokens is None:

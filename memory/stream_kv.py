@@ -225,22 +225,13 @@ class StreamKVView(GroupedKVView):
         self.write_seq, self.write_cell = self.write_rows // self.n_cells, self.write_rows % self.n_cells  # [T] each
         self._flat: dict[int, torch.Tensor] = {}  # KV heads -> [T * KVH] rows of the flat [S * KVH * C, D] cache
 
-    def attend(
-        self,
-        layer: int,
-        q: torch.Tensor,
-        k: torch.Tensor | None,
-        v: torch.Tensor | None,
-        scale: float | None = None,
-        softcap: float | None = None,
-    ) -> torch.Tensor:
+    def _store_and_attend(self, layer, q, k, v, scale, softcap) -> torch.Tensor | None:
         """A decode step over a run of streams stores and attends in one compiled call
-        (``set_stream_decode_kernel``), where installed; anything else as the base does."""
+        (``set_stream_decode_kernel``), where installed."""
         kernel, lays = stream_decode_kernel(), self.layouts
         lay = lays[0]
         if (
             kernel is None
-            or k is None
             or len(lays) != 1
             or lay.tokens is not None
             or lay.q_rows is not None  # a prefill chunk
@@ -248,7 +239,7 @@ class StreamKVView(GroupedKVView):
             or q.dtype != torch.float32
             or q.device.type != "cpu"
         ):
-            return super().attend(layer, q, k, v, scale, softcap)
+            return None
         k_cache, v_cache = self.cache.k[layer], self.cache.v[layer]  # [S, KVH, C, stored row]
         scale = q.shape[-1] ** -0.5 if scale is None else scale
         window = self.windows.get(layer) or 0

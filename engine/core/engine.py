@@ -9,7 +9,6 @@ it (``memory.seq_rm``). ``generate`` is the offline convenience built on the sam
 from __future__ import annotations
 
 import concurrent.futures
-import dataclasses
 import logging
 import random
 from dataclasses import dataclass
@@ -19,6 +18,7 @@ import torch
 
 from engine.config import EngineConfig
 from engine.core.acceptance import TokenAcceptance
+from engine.core.cache_specs import cache_specs, default_cache_type
 from engine.core.context_shift import ContextShift
 from engine.core.draft_model import DraftModel
 from engine.core.planner import Chunk, plan_step
@@ -39,7 +39,7 @@ from engine.loading.lora import load_lora
 from engine.sampling.grammar import BatchMasker, GrammarCompiler
 from engine.sampling.params import SamplingParams
 from engine.text.detokenizer import IncrementalDetokenizer, StopMatcher
-from memory import CacheFull, FullAttentionSpec, LayerSpec, MemoryConfig, MemoryError_, SlidingWindowSpec, build_memory
+from memory import CacheFull, MemoryConfig, MemoryError_, build_memory
 
 log = logging.getLogger("slotserve.engine")
 
@@ -99,7 +99,9 @@ class Engine(TokenAcceptance, ContextShift):
             ssm_checkpoints=config.ssm_checkpoints,
             ssm_checkpoint_every=config.ssm_checkpoint_every,
         )
-        self.layer_specs = self._specs(self.model.layer_specs(config.torch_dtype))
+        default = default_cache_type(self.in_blocks, config.torch_dtype)
+        types = (config.cache_type_k or default, config.cache_type_v or default)
+        self.layer_specs = cache_specs(self.model.layer_specs(config.torch_dtype), self.n_ctx_seq, *types)
         self.memory = build_memory(self.layer_specs, self.memory_config, rope_shift=self.model.rope_shift)
         if config.context_shift and not self.memory.can_shift:
             raise ValueError(
@@ -129,31 +131,6 @@ class Engine(TokenAcceptance, ContextShift):
             return Speculation()
         draft = DraftModel(cfg, loaded, self.memory_config) if cfg.model_draft is not None else None
         return Speculation(cfg.spec_draft_max, cfg.spec_ngram_size, draft, cfg.spec_p_min, cfg.spec_draft_min)
-
-    def _specs(self, specs: list[LayerSpec]) -> list[LayerSpec]:
-        """A window no smaller than what a sequence can hold never hides a key: such
-        layers are stored (and attended) as full attention. Attention caches store the
-        types -ctk/-ctv name; unnamed, ``default_cache_type``."""
-        n_seq, cfg = self.n_ctx_seq, self.config
-        cache_k, cache_v = cfg.cache_type_k or self.default_cache_type, cfg.cache_type_v or self.default_cache_type
-        out = []
-        for s in specs:
-            if getattr(s, "window", 0) >= n_seq:
-                s = FullAttentionSpec(s.n_kv_heads, s.head_dim, s.dtype)
-            if isinstance(s, FullAttentionSpec | SlidingWindowSpec):
-                s = dataclasses.replace(s, cache_k=cache_k, cache_v=cache_v)
-                s.k_codec.check(s.head_dim)
-                s.v_codec.check(s.head_dim)
-            out.append(s)
-        return out
-
-    @property
-    def default_cache_type(self) -> str | None:
-        """What attention caches store when -ctk/-ctv say nothing: float16 for a float32
-        model whose weights are in blocks (llama-server's default, half the bytes, read
-        as stored by the decode kernel); otherwise the model's dtype (None), so a float
-        checkpoint stays exact against transformers."""
-        return "f16" if self.in_blocks and self.config.torch_dtype == torch.float32 else None
 
     def _use_onednn(self) -> bool:
         cfg = self.config
