@@ -19,12 +19,12 @@ from pathlib import Path
 from engine.config import EngineConfig
 from engine.core.engine import Engine
 from engine.errors import BadSlotFile, NoRoom, SlotError, SlotFilesOff
+from engine.prompt_cache.disk_tier import DiskTier
+from engine.prompt_cache.ram_tier import MIB, PromptCache
 from engine.sampling.grammar import Constraint
 from engine.sampling.params import DryBreakers, SamplingParams
 from engine.scheduling import slot_io
 from engine.scheduling.health import Health
-from engine.scheduling.prompt_cache import MIB, PromptCache
-from engine.scheduling.prompt_disk import DiskTier
 from engine.scheduling.request import Request, RequestEnd
 from engine.scheduling.scheduler import Scheduler, SlotInfo
 from engine.scheduling.task_board import Sink

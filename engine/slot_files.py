@@ -11,8 +11,8 @@ from pathlib import Path
 
 from engine.errors import BadSlotFile, SlotFileMissing, SlotWriteFailed
 from memory import SeqState
-from memory.slot_dir import MAX_NAME_CHARS, NAME_PATTERN, BadFileName, FileMissing, SlotDirectory, check_name
-from memory.slot_file import SlotFile, SlotFileError, decode, encode, fingerprint_mismatch, fingerprint_of
+from memory.files.slot_dir import MAX_NAME_CHARS, NAME_PATTERN, BadFileName, FileMissing, SlotDirectory, check_name
+from memory.files.slot_file import SlotFile, SlotFileError, decode, encode, fingerprint_mismatch, fingerprint_of
 
 __all__ = ["MAX_NAME_CHARS", "NAME_PATTERN", "SlotFileInfo", "SlotFiles", "lora_scales"]
 

@@ -1,8 +1,8 @@
 """Caches and sequence bookkeeping. Imports no model code and no HTTP code."""
 
-from memory.block_pool import BlockPool
-from memory.kv_view import set_decode_kernel, set_store_kernel, set_stream_decode_kernel
-from memory.paged_kv import PagedKVCache
+from memory.attention.block_pool import BlockPool
+from memory.attention.kv_view import set_decode_kernel, set_store_kernel, set_stream_decode_kernel
+from memory.attention.paged_kv import PagedKVCache
 from memory.protocol import (
     CacheFull,
     ForwardView,
@@ -15,7 +15,7 @@ from memory.protocol import (
     SeqState,
     StateMismatch,
 )
-from memory.recurrent import RecurrentMemory
+from memory.recurrent.recurrent_memory import RecurrentMemory
 from memory.registry import MemoryConfig, build_memory, cache_bytes
 from memory.spec import FullAttentionSpec, LayerSpec, NoCacheSpec, RecurrentSpec, ReuseSpec, SlidingWindowSpec
 

@@ -13,15 +13,15 @@ from dataclasses import dataclass
 
 import torch
 
-from memory.hybrid import HybridMemory
-from memory.iswa import ISWAMemory
-from memory.layer_reuse import LayerReuse
-from memory.paged_kv import PagedKVCache, RopeShift
+from memory.attention.paged_kv import PagedKVCache, RopeShift
+from memory.attention.sliding_kv import SlidingKVCache
+from memory.attention.stream_kv import StreamKVCache
+from memory.composite.hybrid import HybridMemory
+from memory.composite.iswa import ISWAMemory
+from memory.composite.layer_reuse import LayerReuse
 from memory.protocol import Memory
-from memory.recurrent import RecurrentMemory
-from memory.sliding_kv import SlidingKVCache
+from memory.recurrent.recurrent_memory import RecurrentMemory
 from memory.spec import NO_STORAGE, LayerSpec, ReuseSpec
-from memory.stream_kv import StreamKVCache
 
 LAYOUTS = ("unified", "stream")
 

@@ -104,7 +104,7 @@ class RecurrentSpec:
     """A layer whose memory is a fixed-size state per sequence, whatever its length
     (Mamba: the last ``kernel - 1`` inputs of its causal convolution, and the SSM state).
     Nothing is stored per token: a recurrent state cannot forget a suffix, only be put
-    back to a snapshot (see memory/recurrent.py)."""
+    back to a snapshot (see memory/recurrent/recurrent_memory.py)."""
 
     conv_shape: tuple[int, ...]  # e.g. (conv_channels, kernel - 1)
     ssm_shape: tuple[int, ...]  # e.g. (n_heads, head_dim, state_size)

@@ -10,30 +10,30 @@ from fastapi import FastAPI
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from server import (
+from server import errors
+from server.config.settings import ServerSettings
+from server.errors import APIError
+from server.middleware.auth import PUBLIC, APIKeyMiddleware, JSONBodyMiddleware
+from server.middleware.body_limit import BodyLimitMiddleware
+from server.middleware.cors import CORSMiddleware, CORSPolicy, parse_origins
+from server.middleware.header_case import HeaderCase
+from server.middleware.path_prefix import PathPrefix
+from server.routes import (
     anthropic_api,
     cors_proxy,
     embeddings_api,
-    errors,
     infill_api,
     lora_api,
     native_api,
-    oai_responses,
     openai_api,
+    responses_api,
     slot_api,
     webui,
 )
-from server.auth import PUBLIC, APIKeyMiddleware, JSONBodyMiddleware
-from server.body_limit import BodyLimitMiddleware
-from server.cors import CORSMiddleware, CORSPolicy, parse_origins
-from server.errors import APIError
-from server.header_case import HeaderCase
-from server.metrics import StatusCounter
-from server.openapi import build_openapi
-from server.path_prefix import PathPrefix
-from server.responses import ErrorBody, Status, documented
-from server.settings import ServerSettings
+from server.schemas.answers import ErrorBody, Status, documented
+from server.schemas.openapi import build_openapi
 from server.state import ServerState
+from server.telemetry.metrics import StatusCounter
 
 
 def create_app(settings: ServerSettings) -> FastAPI:
@@ -54,7 +54,7 @@ def create_app(settings: ServerSettings) -> FastAPI:
     app.include_router(native_api.router)
     app.include_router(infill_api.router)
     app.include_router(anthropic_api.router)
-    app.include_router(oai_responses.router)
+    app.include_router(responses_api.router)
     app.include_router(embeddings_api.router)
     app.include_router(lora_api.router)
     app.include_router(slot_api.router)

@@ -28,7 +28,7 @@ def _generate(args: argparse.Namespace) -> int:
 def _serve(args: argparse.Namespace) -> int:
     from pydantic import ValidationError
 
-    from server.flags import settings_from_args
+    from server.config.flags import settings_from_args
     from server.serve import serve
 
     try:
@@ -42,7 +42,7 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from server.flags import add_flags
+    from server.config.flags import add_flags
 
     ap = argparse.ArgumentParser(prog="slotserve", description="OpenAI-compatible LLM server built around slots")
     sub = ap.add_subparsers(dest="command", required=True)

@@ -24,7 +24,7 @@ import time
 import uvicorn
 
 from server.app import create_app
-from server.settings import ServerSettings
+from server.config.settings import ServerSettings
 from server.state import ServerState
 
 log = logging.getLogger("slotserve")

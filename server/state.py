@@ -9,10 +9,10 @@ import time
 from collections.abc import Callable
 
 from engine import CheckpointError, EngineConfig, EngineService, SlotFiles
+from server.config.settings import ServerSettings
 from server.errors import APIError
-from server.metrics import Metrics
-from server.progress import ProgressLine
-from server.settings import ServerSettings
+from server.telemetry.metrics import Metrics
+from server.telemetry.progress import ProgressLine
 
 log = logging.getLogger("slotserve")
 MAX_FAULTS_IN_ROW = 5  # engine steps that fail one after another before /health and /ready turn 503

@@ -32,7 +32,7 @@ def _hook_loading(control: Path) -> None:
 
 
 def _hook_disk(control: Path) -> None:
-    from memory.slot_dir import TMP_PREFIX
+    from memory.files.slot_dir import TMP_PREFIX
 
     real_write = os.write
 

@@ -96,7 +96,7 @@ class InProcessServer:
         import uvicorn
 
         from server.app import create_app
-        from server.settings import ServerSettings
+        from server.config.settings import ServerSettings
 
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"

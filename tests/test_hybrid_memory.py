@@ -1,4 +1,4 @@
-"""Hybrid memory (memory/hybrid.py): attention and recurrent halves stay coherent; every
+"""Hybrid memory (memory/composite/hybrid.py): attention and recurrent halves stay coherent; every
 operation the recurrent half refuses leaves the attention half untouched too."""
 
 from __future__ import annotations

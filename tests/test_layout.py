@@ -14,7 +14,46 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("server", "engine", "memory")
-ROOMS = ("core", "scheduling", "sampling", "text", "loading", "models", "kernels")
+ROOMS = {
+    "engine": ("core", "scheduling", "prompt_cache", "sampling", "text", "loading", "models", "kernels"),
+    "server": ("config", "middleware", "schemas", "pipeline", "routes", "telemetry"),
+    "memory": ("attention", "recurrent", "composite", "files"),
+}
+# Inside server/ and memory/: each room or top module, lowest first. A module imports only
+# what stands before its own place (or in its own room): imports point one way.
+ORDER = {
+    "server": (
+        "__init__",  # the version only
+        "errors",
+        "middleware",
+        "config",
+        "telemetry",
+        "state",
+        "schemas",
+        "pipeline",
+        "routes",
+        "app",
+        "serve",
+        "cli",
+    ),
+    "memory": (
+        "kv_codec",
+        "spec",
+        "protocol",
+        "snapshot_shelf",
+        "attention",
+        "recurrent",
+        "composite",
+        "files",
+        "registry",
+        "__init__",
+    ),
+}
+TOP = {  # the modules a package may hold outside its rooms
+    "engine": 8,
+    "server": len(ORDER["server"]) - len(ROOMS["server"]),
+    "memory": len(ORDER["memory"]) - len(ROOMS["memory"]),
+}
 
 
 def _module_name(path: Path) -> str:
@@ -115,10 +154,47 @@ def test_nothing_inside_engine_goes_through_its_door(graph):
     assert not inside, inside
 
 
-def test_engine_rooms_are_packages_that_say_what_they_own():
-    for room in ROOMS:
-        init = ROOT / "engine" / room / "__init__.py"
-        assert init.is_file(), f"engine/{room}/ is not a package"
-        assert ast.get_docstring(ast.parse(init.read_text())), f"engine/{room}/__init__.py has no docstring"
-    flat = sorted(p.name for p in (ROOT / "engine").glob("*.py"))
-    assert len(flat) <= 8, f"engine/ holds {len(flat)} modules at its top: {flat}"
+@pytest.mark.parametrize("package", sorted(ROOMS))
+def test_rooms_are_packages_that_say_what_they_own(package):
+    for room in ROOMS[package]:
+        init = ROOT / package / room / "__init__.py"
+        assert init.is_file(), f"{package}/{room}/ is not a package"
+        assert ast.get_docstring(ast.parse(init.read_text())), f"{package}/{room}/__init__.py has no docstring"
+    rooms = sorted(p.name for p in (ROOT / package).iterdir() if (p / "__init__.py").is_file())
+    assert rooms == sorted(ROOMS[package]), f"{package}/ has rooms {rooms}, the layout names {ROOMS[package]}"
+    flat = sorted(p.name for p in (ROOT / package).glob("*.py"))
+    assert len(flat) <= TOP[package], f"{package}/ holds {len(flat)} modules at its top: {flat}"
+
+
+def _place(module: str) -> str:
+    """``server.routes.slot_api`` -> ``routes``; ``server.app`` -> ``app``; ``server`` -> ``__init__``."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "__init__"
+
+
+def _wrong_way(graph: dict[str, set[str]], package: str) -> list[str]:
+    order = ORDER[package]
+    wrong = []
+    for module, imported in graph.items():
+        if module.split(".")[0] != package:
+            continue
+        here = order.index(_place(module))
+        for target in imported:
+            if target.split(".")[0] == package and _place(target) != _place(module):
+                if order.index(_place(target)) > here:
+                    wrong.append(f"{module} -> {target}")
+    return wrong
+
+
+def test_the_order_check_finds_an_import_that_points_up():
+    fake = {"server.errors": {"server.routes.slot_api"}, "server.routes.slot_api": {"server.errors"}}
+    assert _wrong_way(fake, "server") == ["server.errors -> server.routes.slot_api"]
+
+
+@pytest.mark.parametrize("package", sorted(ORDER))
+def test_rooms_import_one_way(graph, package):
+    modules = [m for m in graph if m.split(".")[0] == package]
+    unplaced = sorted({_place(m) for m in modules} - set(ORDER[package]))
+    assert not unplaced, f"{package}/: {unplaced} stand in no place of ORDER (name them there)"
+    wrong = _wrong_way(graph, package)
+    assert not wrong, "imports that point up: " + "; ".join(sorted(wrong))

@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from memory import CacheFull, FullAttentionSpec, Memory, MemoryBatch, PagedKVCache
-from memory.stream_kv import StreamKVCache
+from memory.attention.stream_kv import StreamKVCache
 
 N_SEQ = 3
 

@@ -126,7 +126,7 @@ def test_without_the_extension_nothing_is_packable(monkeypatch):
 
 def test_the_repack_flags_are_llama_servers(monkeypatch):
     from server.cli import build_parser
-    from server.flags import settings_from_args
+    from server.config.flags import settings_from_args
 
     def parsed(*argv: str):
         return settings_from_args(build_parser().parse_args(["serve", *argv]))

@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from memory import FullAttentionSpec, MemoryBatch
-from memory.block_pool import BlockPool
-from memory.paged_kv import PagedKVCache
-from memory.prefix_hash import block_hashes
+from memory.attention.block_pool import BlockPool
+from memory.attention.paged_kv import PagedKVCache
+from memory.attention.prefix_hash import block_hashes
 from memory.protocol import IntegrityError
 
 BS = 4

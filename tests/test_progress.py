@@ -8,7 +8,7 @@ import logging
 import httpx
 from server_proc import InProcessServer
 
-from server import progress
+from server.telemetry import progress
 
 
 def test_big_slot_saves_and_restores_report_progress(tmp_path, caplog, monkeypatch):

@@ -7,8 +7,8 @@ import logging
 import pytest
 import torch
 
-from engine.scheduling.prompt_cache import MIB, PromptCache, shared_prefix, state_bytes
-from engine.scheduling.prompt_disk import DiskTier
+from engine.prompt_cache.disk_tier import DiskTier
+from engine.prompt_cache.ram_tier import MIB, PromptCache, shared_prefix, state_bytes
 from memory import SeqState
 
 

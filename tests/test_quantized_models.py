@@ -213,7 +213,7 @@ def test_a_server_started_with_quantization_serves(caplog):
 def test_the_quantization_flag_is_checked():
     from pydantic import ValidationError
 
-    from server.settings import ServerSettings
+    from server.config.settings import ServerSettings
 
     with pytest.raises(ValidationError, match="quantization"):
         ServerSettings(quantization="q4_x")
@@ -222,7 +222,7 @@ def test_the_quantization_flag_is_checked():
 
 def test_the_mmap_flags_are_llama_cpps():
     from server.cli import build_parser
-    from server.flags import settings_from_args
+    from server.config.flags import settings_from_args
 
     def parsed(*argv: str):
         return settings_from_args(build_parser().parse_args(["serve", *argv]))

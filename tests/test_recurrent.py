@@ -1,4 +1,4 @@
-"""Recurrent memory (memory/recurrent.py), and Mamba2 and the Granite 4 hybrid (Mamba2 +
+"""Recurrent memory (memory/recurrent/recurrent_memory.py), and Mamba2 and the Granite 4 hybrid (Mamba2 +
 attention + MoE, hybrid memory) against transformers: greedy tokens and logits, chunked
 prefill mixed with decode, prefixes reused through checkpoints, seq_cp and save ->
 restore."""

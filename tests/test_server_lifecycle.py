@@ -242,7 +242,7 @@ def test_a_model_that_cannot_load_is_one_line_and_a_non_zero_exit(tmp_path):
 def test_model_load_progress_is_logged_and_drawn_on_a_terminal(tmp_path):
     import io
 
-    from server.progress import ProgressLine
+    from server.telemetry.progress import ProgressLine
 
     with ServerProcess("--metrics", "-np", "1", log=tmp_path / "log") as srv:
         srv.wait_ready()

@@ -147,7 +147,7 @@ def test_the_disk_tier_keeps_entries_across_a_restart_and_skips_bad_ones(tmp_pat
     skipped with a log line (the prompt is computed instead) and never served."""
     import signal
 
-    from memory.slot_file import decode, encode
+    from memory.files.slot_file import decode, encode
 
     cache = tmp_path / "cache"
     args = ("-np", "1", "-c", "2048", "--cache-ram", "0", "--cache-disk", str(cache))

@@ -134,7 +134,7 @@ def test_slots_debug_shows_the_params_as_json(debug_srv, form):
 
 
 def test_slots_debug_is_read_from_the_environment(monkeypatch):
-    from server.settings import ServerSettings
+    from server.config.settings import ServerSettings
 
     monkeypatch.setenv("LLAMA_SERVER_SLOTS_DEBUG", "1")
     assert ServerSettings().slots_debug is True

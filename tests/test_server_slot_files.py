@@ -17,7 +17,7 @@ from waiting import wait_for
 
 from engine import Engine
 from memory import SeqState
-from memory.slot_file import decode, encode
+from memory.files.slot_file import decode, encode
 
 N_SLOTS = 4
 

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from memory import PagedKVCache, SeqState
-from memory.slot_dir import TMP_PREFIX, BadFileName, FileMissing, SlotDirectory, check_name
-from memory.slot_file import SlotFileError, decode, encode, fingerprint_mismatch
+from memory.files.slot_dir import TMP_PREFIX, BadFileName, FileMissing, SlotDirectory, check_name
+from memory.files.slot_file import SlotFileError, decode, encode, fingerprint_mismatch
 from memory.spec import FullAttentionSpec
 
 FP = {"architecture": "LlamaForCausalLM", "config_sha256": "c" * 64, "weights_sha256": "w" * 64, "dtype": "float32"}

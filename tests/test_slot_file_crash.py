@@ -13,8 +13,8 @@ import httpx
 from server_proc import ServerProcess
 from waiting import wait_for
 
-from memory.slot_dir import TMP_PREFIX
-from memory.slot_file import decode
+from memory.files.slot_dir import TMP_PREFIX
+from memory.files.slot_file import decode
 
 
 def post(srv, slot: int, action: str, filename: str) -> httpx.Response:

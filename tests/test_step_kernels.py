@@ -14,7 +14,7 @@ import memory
 from engine import Engine, SamplingParams
 from engine.kernels import blocks, rotary
 from engine.models.rope import rotate
-from memory import kv_view
+from memory.attention import kv_view
 from memory.kv_codec import CODECS
 
 FAR = 2**62

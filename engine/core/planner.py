@@ -22,7 +22,7 @@ def plan_step(running: list[Sequence], budget: int, align: int | None = None) ->
     """Every decoding sequence gets its token first (in order, up to ``budget``), then
     prefilling sequences get chunks first-come first-served until the budget is spent.
     ``align``: a prefill chunk never runs past a multiple of it (memories that snapshot
-    their state there, see memory/recurrent.py)."""
+    their state there, see memory/recurrent/recurrent_memory.py)."""
     plan: list[Chunk] = []
     for seq in running:
         if seq.n_pending == 1 and budget > 0:

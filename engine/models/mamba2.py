@@ -4,7 +4,7 @@ Per layer: RMSNorm, then the mixer: one input projection into (gate, conv input,
 dt); a causal depthwise convolution (its last ``conv_kernel - 1`` inputs carried per
 sequence) and SiLU; the SSD scan over heads (chunked for prefill, one update per token
 for decode; the state carried per sequence); a gated group RMSNorm; the output
-projection. Memory is a ``RecurrentSpec`` per layer (memory/recurrent.py). Weight
+projection. Memory is a ``RecurrentSpec`` per layer (memory/recurrent/recurrent_memory.py). Weight
 names follow the checkpoint (``backbone.*``).
 """
 

@@ -24,9 +24,9 @@ from dataclasses import dataclass
 
 from engine.core.engine import Engine
 from engine.errors import EngineStopped, QueueFull, RequestError, SlotBusy, StepFailed, check_token_ids
+from engine.prompt_cache.ram_tier import PromptCache
 from engine.sampling.params import SamplingParams
 from engine.scheduling.health import Health, StepClock
-from engine.scheduling.prompt_cache import PromptCache
 from engine.scheduling.request import Failed, Request, RequestEnd, RequestEvent
 from engine.scheduling.slots import SlotTable
 from engine.scheduling.task_board import STEP_FAULT, Sink, Task, TaskBoard

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 
 from engine.core.engine import Engine
 from engine.core.sequence import Sequence, StepEvent
+from engine.prompt_cache.ram_tier import PromptCache, shared_prefix
 from engine.scheduling.prefix_reuse import PrefixReuse
-from engine.scheduling.prompt_cache import PromptCache, shared_prefix
 from engine.scheduling.request import Admitted, Delta, Failed, Progress, Request, RequestEnd, RequestEvent
 from engine.scheduling.slots import Slot, SlotTable, common_prefix, lora_key
 

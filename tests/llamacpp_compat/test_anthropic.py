@@ -1,4 +1,4 @@
-"""Anthropic's Messages API (server/anthropic_api.py) through the ``anthropic`` SDK
+"""Anthropic's Messages API (server/routes/anthropic_api.py) through the ``anthropic`` SDK
 against a real server: the same tokens as the chat completion it becomes, stop
 sequences, streaming with Anthropic's event sequence, a forced tool call and its
 result, token counting, x-api-key, and errors in Anthropic's shape."""

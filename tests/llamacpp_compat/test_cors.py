@@ -75,7 +75,7 @@ def test_localhost_reflects_only_local_origins_and_the_flags_apply():
 def test_a_malformed_origin_list_is_a_start_up_error():
     from pydantic import ValidationError
 
-    from server.settings import ServerSettings
+    from server.config.settings import ServerSettings
 
     with pytest.raises(ValidationError, match="cors-origins"):
         ServerSettings(cors_origins='["http://a.example", 3]')

@@ -1,4 +1,4 @@
-"""The MCP CORS proxy (``--ui-mcp-proxy``, server/cors_proxy.py) against a real upstream
+"""The MCP CORS proxy (``--ui-mcp-proxy``, server/routes/cors_proxy.py) against a real upstream
 HTTP server: only the headers named ``x-llama-server-proxy-header-*`` leave, GET and
 POST bodies and statuses pass through, the upstream's CORS and hop-by-hop headers do
 not, an answer streams as the upstream writes it, and a server without the flag, a

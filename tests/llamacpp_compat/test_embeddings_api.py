@@ -1,4 +1,4 @@
-"""Embeddings over HTTP (server/embeddings_api.py) with ``--embeddings``: OpenAI's
+"""Embeddings over HTTP (server/routes/embeddings_api.py) with ``--embeddings``: OpenAI's
 /v1/embeddings through the ``openai`` SDK and llama-server's /embedding(s), against
 transformers' hidden states pooled and normalized the same way (fp32, 1e-5); every
 input shape llama-server takes; base64; usage; pooling ``none``; the 4xx/501s; and

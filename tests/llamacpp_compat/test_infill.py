@@ -1,4 +1,4 @@
-"""llama-server's ``/infill`` (server/infill_api.py, engine/text/fim.py): the FIM
+"""llama-server's ``/infill`` (server/routes/infill_api.py, engine/text/fim.py): the FIM
 tokens found by name or in GGUF metadata, the prompt laid out as llama-server lays
 it out, the answer equal to ``/completion`` on that prompt, the validation of
 ``input_extra``, and a clear 501 for a model without FIM tokens (llama-server's)."""

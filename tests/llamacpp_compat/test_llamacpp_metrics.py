@@ -1,4 +1,4 @@
-"""llama-server's ``/metrics`` families (``llamacpp:*``, server/llamacpp_metrics.py)
+"""llama-server's ``/metrics`` families (``llamacpp:*``, server/telemetry/llamacpp_metrics.py)
 beside slotserve's own: every name with its help and type as llama-server writes
 them, read by the Prometheus parser, and the counters agreeing with the requests'
 ``timings``."""
@@ -9,7 +9,7 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 from waiting import wait_for
 
-from server.llamacpp_metrics import COUNTERS, GAUGES
+from server.telemetry.llamacpp_metrics import COUNTERS, GAUGES
 
 
 def llamacpp(url: str) -> dict[str, tuple[str, float]]:

@@ -1,4 +1,4 @@
-"""OpenAI's Responses API (server/oai_responses.py) through the ``openai`` SDK's
+"""OpenAI's Responses API (server/routes/responses_api.py) through the ``openai`` SDK's
 ``responses.create`` against a real server: the same tokens as the chat completion the
 request becomes (string and item inputs, instructions, tool calls and their outputs),
 the event sequence of a stream, function tools, ``text.format`` json_schema, reasoning

@@ -61,7 +61,7 @@ def test_request_defaults_stop_constraint_and_prompt_cache(tmp_path):
 
 def test_a_server_wide_grammar_that_does_not_compile_stops_the_start():
     from server.app import create_app
-    from server.settings import ServerSettings
+    from server.config.settings import ServerSettings
 
     app = create_app(ServerSettings(grammar="root ::= (", port=0))
     state = app.state.slotserve

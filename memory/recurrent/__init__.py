@@ -1,0 +1,1 @@
+"""Recurrent state (Mamba2's conv and SSM state), per sequence, with snapshots."""

@@ -1,0 +1,2 @@
+"""Plain ASGI middleware around every route: path prefix, CORS, API key, body limit,
+header case."""

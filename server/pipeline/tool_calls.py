@@ -1,0 +1,190 @@
+"""Tool calls in chat completions: how the template family writes a call, how calls are
+found in the model's text (whole or streamed), and the grammar that forces a call when
+``tool_choice`` requires one.
+
+Families (chosen from the chat template in use):
+- ``hermes`` (ChatML, Qwen, Hermes; also for templates that render no tools, which get
+  the Hermes instructions as a system message): ``<tool_call>{"name", "arguments"}</tool_call>``
+- ``llama3``: the answer is one JSON object ``{"name", "parameters"}``
+- ``mistral``: ``[TOOL_CALLS]`` then a JSON list of ``{"name", "arguments"}``
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from dataclasses import dataclass
+
+from engine import JSON_OPTIONS
+from server.pipeline.reasoning import held
+
+HERMES_OPEN, HERMES_CLOSE = "<tool_call>", "</tool_call>"
+MISTRAL_OPEN = "[TOOL_CALLS]"
+PYTHON_TAG = "<|python_tag|>"
+
+
+@dataclass
+class ToolCall:
+    name: str
+    arguments: str  # a JSON object as text, as OpenAI sends it
+    id: str = ""
+
+    def __post_init__(self) -> None:
+        self.id = self.id or f"call_{uuid.uuid4().hex[:24]}"
+
+    def openai(self, index: int | None = None) -> dict:
+        call = {"id": self.id, "type": "function", "function": {"name": self.name, "arguments": self.arguments}}
+        return call if index is None else {"index": index, **call}
+
+
+def family(template_source: str) -> str:
+    if MISTRAL_OPEN in template_source:
+        return "mistral"
+    if "<|start_header_id|>" in template_source:
+        return "llama3"
+    return "hermes"
+
+
+def tools_system_prompt(tools: list[dict]) -> str:
+    """The Hermes tool instructions, for a template that does not render tools itself."""
+    listed = "\n".join(json.dumps(t, ensure_ascii=False) for t in tools)
+    return (
+        "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+        f"You are provided with function signatures within <tools></tools> XML tags:\n<tools>\n{listed}\n</tools>\n\n"
+        "For each function call, return a json object with function name and arguments within "
+        '<tool_call></tool_call> XML tags:\n<tool_call>\n{"name": <function-name>, "arguments": <args-json-object>}\n'
+        "</tool_call>"
+    )
+
+
+def _call(obj: object, args_key: str = "arguments") -> ToolCall | None:
+    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
+        return None
+    args = obj.get(args_key, obj.get("arguments", obj.get("parameters", {})))
+    if isinstance(args, str):
+        try:
+            args = json.loads(args)
+        except json.JSONDecodeError:
+            return None
+    if not isinstance(args, dict):
+        return None
+    return ToolCall(obj["name"], json.dumps(args, ensure_ascii=False), str(obj.get("id") or ""))
+
+
+def _json(text: str) -> object:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return None
+
+
+def parse(fmt: str, text: str) -> tuple[str, list[ToolCall]]:
+    """(content, calls) of a whole answer; text that is not a well-formed call stays content."""
+    stream = ToolCallStream(fmt)
+    parts = stream.push(text) + stream.flush()
+    content = "".join(p for p in parts if isinstance(p, str))
+    return content, [p for p in parts if isinstance(p, ToolCall)]
+
+
+class ToolCallStream:
+    """``push(text)`` -> content strings and ToolCalls, in order, as soon as each is
+    complete; ``flush()`` at the end. Content that may begin a call is held back."""
+
+    def __init__(self, fmt: str):
+        self.fmt = fmt
+        self._buf = ""
+        self._in_call = False
+        self._started = False  # llama3: whether the answer's first characters were seen
+
+    def push(self, text: str) -> list[str | ToolCall]:
+        self._buf += text
+        return self._hermes() if self.fmt == "hermes" else self._whole_answer()
+
+    def _hermes(self) -> list[str | ToolCall]:
+        out: list[str | ToolCall] = []
+        while self._buf:
+            if not self._in_call:
+                at = self._buf.find(HERMES_OPEN)
+                if at < 0:
+                    keep = held(self._buf, HERMES_OPEN)
+                    out.append(self._buf[: len(self._buf) - keep])
+                    self._buf = self._buf[len(self._buf) - keep :]
+                    break
+                out.append(self._buf[:at].rstrip("\n"))
+                self._buf, self._in_call = self._buf[at + len(HERMES_OPEN) :], True
+            else:
+                end = self._buf.find(HERMES_CLOSE)
+                if end < 0:
+                    break
+                body, self._buf = self._buf[:end], self._buf[end + len(HERMES_CLOSE) :].lstrip("\n")
+                self._in_call = False
+                call = _call(_json(body.strip()))
+                out.append(call if call else HERMES_OPEN + body + HERMES_CLOSE)
+        return [p for p in out if p != ""]
+
+    def _whole_answer(self) -> list[str | ToolCall]:
+        """llama3 and mistral: a call takes the whole answer; decided by its beginning."""
+        if self._in_call:
+            return []
+        head = self._buf.lstrip()
+        opener = MISTRAL_OPEN if self.fmt == "mistral" else None
+        if self.fmt == "llama3" and (head.startswith("{") or head.startswith(PYTHON_TAG)):
+            self._in_call = True
+            return []
+        if opener and opener in self._buf:
+            at = self._buf.find(opener)
+            content, self._buf, self._in_call = self._buf[:at], self._buf[at:], True
+            return [content] if content else []
+        if opener:
+            keep = held(self._buf, opener)
+        else:
+            keep = len(self._buf) if not head or PYTHON_TAG.startswith(head) else 0
+        out, self._buf = self._buf[: len(self._buf) - keep], self._buf[len(self._buf) - keep :]
+        return [out] if out else []
+
+    def flush(self) -> list[str | ToolCall]:
+        rest, self._buf = self._buf, ""
+        if self.fmt == "hermes":
+            return [HERMES_OPEN + rest] if self._in_call and rest else ([rest] if rest else [])
+        if not self._in_call:
+            return [rest] if rest else []
+        if self.fmt == "llama3":
+            body = rest.strip().removeprefix(PYTHON_TAG).strip()
+            calls = [_call(x, "parameters") for x in ([_json(body)] if body.startswith("{") else [])]
+        else:
+            listed = _json(rest.strip().removeprefix(MISTRAL_OPEN).strip())
+            calls = [_call(x) for x in listed] if isinstance(listed, list) else [None]
+        return calls if calls and all(calls) else [rest]
+
+
+def _schema(tools: list[dict], args_key: str) -> dict:
+    options = []
+    for tool in tools:
+        fn = tool["function"]
+        params = fn.get("parameters") or {"type": "object"}
+        options.append(
+            {
+                "type": "object",
+                "properties": {"name": {"const": fn["name"]}, args_key: params},
+                "required": ["name", args_key],
+                "additionalProperties": False,
+            }
+        )
+    schema = options[0] if len(options) == 1 else {"anyOf": options}
+    return {**schema, "x-guidance": {**JSON_OPTIONS, "lenient": True}}
+
+
+def forced_grammar(fmt: str, tools: list[dict], parallel: bool) -> str:
+    """A Lark grammar (llguidance) whose every sentence is a well-formed call of one of
+    ``tools`` in the family's format: what ``tool_choice`` "required" or a named
+    function samples under."""
+    if fmt == "llama3":
+        return f"start: %json {json.dumps(_schema(tools, 'parameters'))}"
+    schema = _schema(tools, "arguments")
+    if fmt == "mistral":
+        one = {k: v for k, v in schema.items() if k != "x-guidance"}
+        listed = {"type": "array", "items": one, "minItems": 1, **({} if parallel else {"maxItems": 1})}
+        listed["x-guidance"] = schema["x-guidance"]
+        return f'start: "{MISTRAL_OPEN}" %json {json.dumps(listed)}'
+    repeat = ' ("\\n" call)*' if parallel else ""
+    return f'start: call{repeat}\ncall: "{HERMES_OPEN}\\n" %json {json.dumps(schema)} "\\n{HERMES_CLOSE}"'

@@ -1,0 +1,167 @@
+"""Embeddings (``--embeddings``): OpenAI's ``POST /v1/embeddings`` and llama-server's
+``/embedding`` and ``/embeddings``. Each input is one engine request that computes its
+prompt like any prefill (in chunks, beside decoding sequences: generation is not held
+up) and ends with the prompt's final hidden states pooled (engine/core/pooling.py).
+
+Pooling: ``--pooling``, else what the checkpoint names, else ``last`` (decoder models).
+OpenAI's route normalizes (``embd_normalize``, llama-server's: 2 Euclidean by default,
+-1 none, 0 max-abs to int16 range, 1 taxicab, p > 2 p-norm) and refuses pooling
+``none``; the native routes answer every token's vector for ``none``, unnormalized."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import math
+import struct
+from typing import Annotated, Literal
+
+from fastapi import APIRouter
+from fastapi import Request as HTTPRequest
+from fastapi.responses import JSONResponse, Response
+from pydantic import ConfigDict, Field
+
+from engine import Request, SamplingParams
+from server.errors import APIError
+from server.pipeline.generation import prompt_ids
+from server.pipeline.run import Run
+from server.schemas.answers import EmbeddingList, NativeEmbedding, documented
+from server.schemas.requests import EmbedSize, Int, PromptObject, TokenId, _Body
+
+router = APIRouter()
+
+
+class TextPart(_Body):
+    type: Literal["text"]
+    text: str
+
+
+class ContentObject(_Body):
+    """llama-server's OpenAI-style content entry (text parts only: no media here)."""
+
+    content: Annotated[list[TextPart], Field(min_length=1)]
+
+
+Mixed = Annotated[list[TokenId | str], Field(min_length=1)]
+Entry = str | Mixed | PromptObject | ContentObject
+Inputs = str | PromptObject | ContentObject | Annotated[list[TokenId | str | Mixed | PromptObject | ContentObject], Field(min_length=1)]  # fmt: skip  # noqa: E501
+
+
+class EmbeddingRequest(_Body):
+    """``input`` (or llama-server's ``content``): text, token ids (text pieces may be
+    mixed in), a prompt object, or a list of them (each one input; a bare id in such a
+    list is a one-token input)."""
+
+    model_config = ConfigDict(json_schema_extra={"anyOf": [{"required": ["input"]}, {"required": ["content"]}]})
+    input: Inputs = None  # one of the two is required (not null)
+    content: Inputs = None
+    model: str | None = None
+    encoding_format: Literal["float", "base64"] = "float"
+    embd_normalize: Int(ge=-1, le=64) = 2
+    dimensions: EmbedSize | None = None  # OpenAI's: only the model's own size
+    user: str | None = None
+
+    def entries(self) -> list[Entry]:
+        given = self.input if self.input is not None else self.content
+        if given is None:
+            raise APIError(400, '"input" or "content" must be provided')
+        if not isinstance(given, list):
+            return [given]
+        if all(isinstance(x, int | str) for x in given) and any(isinstance(x, int) for x in given):
+            return [given]  # ids, perhaps with text pieces: one input
+        return [[x] if isinstance(x, int) else x for x in given]
+
+
+def normalize(vec: list[float], norm: int) -> list[float]:
+    """llama.cpp's ``common_embd_normalize``."""
+    if norm == -1:
+        total = 1.0
+    elif norm == 0:
+        total = max((abs(x) for x in vec), default=0.0) / 32760.0
+    elif norm == 2:
+        total = math.sqrt(sum(x * x for x in vec))
+    else:
+        total = sum(abs(x) ** norm for x in vec) ** (1.0 / norm)
+    scale = 1.0 / total if total > 0 else 0.0
+    return [x * scale for x in vec]
+
+
+async def _ids(engine, entry: Entry) -> list[int]:
+    if isinstance(entry, PromptObject):
+        entry = entry.prompt_string
+    elif isinstance(entry, ContentObject):
+        entry = "".join(p.text for p in entry.content)
+    ids = await prompt_ids(engine, entry)
+    if not ids:
+        raise APIError(400, "Input content cannot be empty")
+    return ids
+
+
+async def _embed(http: HTTPRequest, body: EmbeddingRequest, oai: bool) -> tuple[list[list[list[float]]], int]:
+    """Each input's vectors (pooled: one), and how many tokens were read. Every input
+    is checked before any runs: a bad one refuses the whole request."""
+    state = http.app.state.slotserve
+    if not state.settings.embeddings:
+        why = "This server does not support embeddings. Start it with `--embeddings`"
+        raise APIError(501, why, "not_supported_error")
+    engine = state.require_ready()
+    pooling = state.embedding_pooling
+    if oai and pooling == "none":
+        raise APIError(400, "Pooling type 'none' is not OAI compatible. Please use a different pooling type")
+    if body.dimensions is not None and body.dimensions != engine.hidden_size:
+        raise APIError(400, f"dimensions: this model's embeddings have {engine.hidden_size}, not {body.dimensions}")
+    prompts = [await _ids(engine, e) for e in body.entries()]
+    reqs = [Request(ids, SamplingParams(max_tokens=1), pooling=pooling) for ids in prompts]
+    for req in reqs:
+        engine.validate(req)
+    runs = [Run(state, http, req) for req in reqs]
+    try:
+        if not all(await asyncio.gather(*(run.open(engine) for run in runs))):
+            return [], -1  # the client left
+        await asyncio.gather(*(run.collect() for run in runs))
+    finally:
+        for run in runs:
+            await run.close()
+    vectors = [run.choices[0].embedding for run in runs]
+    if pooling != "none":
+        vectors = [[normalize(v[0], body.embd_normalize)] for v in vectors]
+    return vectors, sum(len(ids) for ids in prompts)
+
+
+def _encoded(vec: list[float]) -> str:
+    return base64.b64encode(struct.pack(f"<{len(vec)}f", *vec)).decode()
+
+
+@router.post(
+    "/v1/embeddings",
+    response_model=None,
+    responses=documented(EmbeddingList | list[NativeEmbedding], 400, 413, 501, 503),
+)
+async def embeddings_oai(body: EmbeddingRequest, http: HTTPRequest) -> Response:
+    """OpenAI's embeddings (normalized). With llama-server's ``content`` instead of
+    ``input``, the answer is the native one, as llama-server answers it."""
+    if body.input is None:
+        return await embeddings_native(body, http)
+    vectors, n_tokens = await _embed(http, body, oai=True)
+    if n_tokens < 0:
+        return Response(status_code=499)
+    data = []
+    for i, vecs in enumerate(vectors):
+        item = {"embedding": vecs[0], "index": i, "object": "embedding"}
+        if body.encoding_format == "base64":
+            item |= {"embedding": _encoded(vecs[0]), "encoding_format": "base64"}
+        data.append(item)
+    model = body.model or http.app.state.slotserve.settings.model_name
+    usage = {"prompt_tokens": n_tokens, "total_tokens": n_tokens}
+    return JSONResponse({"model": model, "object": "list", "usage": usage, "data": data})
+
+
+@router.post("/embedding", response_model=None, responses=documented(list[NativeEmbedding], 400, 413, 501, 503))
+@router.post("/embeddings", include_in_schema=False)
+async def embeddings_native(body: EmbeddingRequest, http: HTTPRequest) -> Response:
+    """llama-server's embeddings: per input, ``embedding`` is a list of vectors (one
+    pooled vector; pooling ``none``: one per token, unnormalized)."""
+    vectors, n_tokens = await _embed(http, body, oai=False)
+    if n_tokens < 0:
+        return Response(status_code=499)
+    return JSONResponse([{"index": i, "embedding": vecs} for i, vecs in enumerate(vectors)])

@@ -1,0 +1,204 @@
+"""llama-server's native routes: /completion, /tokenize, /detokenize, /apply-template,
+/props, /slots."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+
+from fastapi import APIRouter
+from fastapi import Request as HTTPRequest
+from fastapi.responses import JSONResponse, Response
+
+from engine import SlotInfo, check_token_ids
+from server.errors import APIError
+from server.pipeline.chat_prompt import render_chat
+from server.pipeline.generation import (
+    LLAMA_DEFAULTS,
+    build_request,
+    decode,
+    encode,
+    prompt_ids,
+)
+from server.pipeline.native_answer import NativeAnswer, generation_settings
+from server.pipeline.run import Run
+from server.pipeline.sse import SSEResponse, merged_events, sse_frames
+from server.schemas.answers import (
+    ApplyTemplateResult,
+    DetokenizeResult,
+    NativeCompletion,
+    Props,
+    SlotState,
+    Success,
+    TokenizeResult,
+    documented,
+)
+from server.schemas.requests import ApplyTemplateRequest, DetokenizeRequest, NativeCompletionRequest, TokenizeRequest
+from server.schemas.sampler_fields import sampler_order
+
+router = APIRouter()
+
+
+@router.post(
+    "/completion",
+    response_model=None,
+    responses=documented(NativeCompletion | list[NativeCompletion], 400, 413, 500, 503, stream=True),
+)
+@router.post("/completions", include_in_schema=False)  # llama-server's native completion there too
+async def completion(body: NativeCompletionRequest, http: HTTPRequest) -> Response:
+    state = http.app.state.slotserve
+    engine = state.require_ready()
+    prompts, batch = body.prompts()
+    ids = [await prompt_ids(engine, p) for p in prompts]
+    n = body.n_cmpl if body.n_cmpl is not None else body.n
+    if n > state.settings.parallel:
+        raise APIError(400, f"n_cmpl: at most the number of slots ({state.settings.parallel})")
+    if n == 1:
+        return await complete(http, body, ids, batch)
+    return await complete(http, body, [p for p in ids for _ in range(n)], True, n)  # each prompt n times in a row
+
+
+async def complete(
+    http: HTTPRequest, body: NativeCompletionRequest, prompts: list[list[int]], batch: bool, n_cmpl: int = 1
+) -> Response:
+    """llama-server's native answer (a list when ``batch``) for prompts given as ids;
+    ``n_cmpl``: each prompt comes that many times in a row, completed as llama-server's
+    child tasks are (a seed given is moved by one per child; no pinned slot)."""
+    state = http.app.state.slotserve
+    engine = state.require_ready()
+    runs = await _open_runs(state, http, body, prompts, n_cmpl)
+    if runs is None:
+        return Response(status_code=499)
+    answer = NativeAnswer(state, body, engine)
+    if body.stream:
+        return SSEResponse(sse_frames(merged_events(runs), lambda i, e: answer.frame(runs[i], i, e)), runs)
+    await asyncio.gather(*(run.collect() for run in runs))
+    results = await asyncio.to_thread(lambda: [answer.final(run, i) for i, run in enumerate(runs)])
+    return JSONResponse(results if batch else results[0])
+
+
+async def _open_runs(
+    state, http: HTTPRequest, body: NativeCompletionRequest, prompts: list[list[int]], n_cmpl: int = 1
+) -> list | None:
+    """One admitted run per prompt (a batch is queued prompt by prompt); None when the
+    client left. A refusal closes the runs already opened."""
+    runs: list[Run] = []
+    requested = None if body.n_predict < 0 else body.n_predict
+    try:
+        for i, ids in enumerate(prompts):
+            req = await build_request(state, body, ids, requested, body.n_probs or None, LLAMA_DEFAULTS)
+            if i % n_cmpl:  # a child: its own seed, any slot
+                child_seed = body.seed + i % n_cmpl if body.seed not in (None, -1) else None
+                req.params, req.id_slot = dataclasses.replace(req.params, seed=child_seed), None
+            req.progress = body.return_progress and body.stream
+            run = Run(state, http, req)
+            if body.sse_ping_interval is not None:
+                run.ping_interval = body.sse_ping_interval
+            runs.append(run)
+            if not await run.open(state.require_ready()):
+                raise _ClientGone
+    except BaseException as exc:
+        for run in runs:
+            await run.close()
+        if isinstance(exc, _ClientGone):
+            return None
+        raise
+    return runs
+
+
+class _ClientGone(Exception):
+    pass
+
+
+@router.post("/tokenize", response_model=None, responses=documented(TokenizeResult, 400, 413, 503))
+async def tokenize(body: TokenizeRequest, http: HTTPRequest) -> dict:
+    engine = http.app.state.slotserve.require_ready()
+    ids = await encode(engine, body.content, add_special=body.add_special)
+    if not body.with_pieces:
+        return {"tokens": ids}
+    pieces = await asyncio.to_thread(lambda: [engine.tokenizer.decode([i], skip_special=False) for i in ids])
+    return {"tokens": [{"id": i, "piece": p} for i, p in zip(ids, pieces)]}
+
+
+@router.post("/detokenize", response_model=None, responses=documented(DetokenizeResult, 400, 413, 503))
+async def detokenize(body: DetokenizeRequest, http: HTTPRequest) -> dict:
+    engine = http.app.state.slotserve.require_ready()
+    check_token_ids(body.tokens, engine.vocab_size, "tokens")
+    return {"content": await decode(engine, body.tokens, skip_special=False)}
+
+
+@router.post("/apply-template", response_model=None, responses=documented(ApplyTemplateResult, 400, 413, 503))
+async def apply_template(body: ApplyTemplateRequest, http: HTTPRequest) -> dict:
+    state = http.app.state.slotserve
+    engine = state.require_ready()
+    return {"prompt": await render_chat(engine, body, state.settings.template_kwargs, state.settings.prefill_assistant)}
+
+
+def _default_params(state) -> dict:
+    """What a /completion request that sets nothing samples with (the server's flags over
+    llama-server's defaults)."""
+    params = {**LLAMA_DEFAULTS, **state.settings.sampling_defaults, "n_predict": state.settings.n_predict}
+    params["samplers"] = list(
+        sampler_order(params["samplers"]) if isinstance(params["samplers"], str | list) else params["samplers"]
+    )
+    return params
+
+
+@router.get("/props", response_model=None, responses=documented(Props, 503))
+async def props(http: HTTPRequest) -> dict:
+    state = http.app.state.slotserve
+    engine = state.require_ready()
+    memory = await engine.memory_report()
+    tok = engine.tokenizer
+    template = tok.chat_template
+    return {
+        "default_generation_settings": {"n_ctx": engine.n_ctx, "params": _default_params(state)},
+        "total_slots": engine.n_slots,
+        "model_path": str(state.settings.model),
+        "model_alias": state.settings.model_name,
+        "chat_template": template.source if template else "",
+        "chat_template_name": template.name if template else None,
+        "chat_template_kwargs": state.settings.template_kwargs,
+        "reasoning_format": state.settings.reasoning_format,
+        "bos_token": tok.bos_token,
+        "eos_token": tok.eos_token,
+        "build_info": "slotserve",
+        "is_sleeping": False,
+        "cors_proxy_enabled": state.settings.ui_mcp_proxy,
+        "endpoint_slots": state.settings.slots,
+        "endpoint_props": state.settings.props,
+        "endpoint_metrics": state.settings.metrics,
+        "memory": memory,
+        "weights": {"bytes": sum(engine.weight_bytes.values()), "types": engine.weight_bytes},
+        "prompt_cache": engine.prompt_cache() or {"enabled": False},
+        "speculative": engine.speculation(),
+    }
+
+
+@router.post("/props", response_model=None, responses=documented(Success, 501))
+async def change_props(http: HTTPRequest) -> dict:
+    """llama-server's POST /props: 501 unless started with --props; then a success that
+    changes nothing (llama-server updates no property either)."""
+    if not http.app.state.slotserve.settings.props:
+        raise APIError(501, "This server does not support changing global properties. Start it with `--props`",
+                       "not_supported_error")  # fmt: skip
+    return {"success": True}
+
+
+@router.get("/slots", response_model=None, responses=documented(list[SlotState], 501, 503))
+async def slots(http: HTTPRequest) -> list[dict]:
+    state = http.app.state.slotserve
+    if not state.settings.slots:
+        raise APIError(501, "this server does not serve slot monitoring: start it with --slots", "not_supported_error")
+    engine = state.require_ready()
+    return [_slot_json(s, engine.tokenizer.eos_ids, state.settings.slots_debug) for s in engine.slots()]
+
+
+def _slot_json(slot: SlotInfo, eos_ids, debug: bool) -> dict:
+    """A slot as /slots shows it: the running request's sampling params only with
+    --slots-debug (LLAMA_SERVER_SLOTS_DEBUG), as llama-server, in /completion's
+    ``generation_settings`` form (bans as ``false``: valid JSON)."""
+    out = {f.name: getattr(slot, f.name) for f in dataclasses.fields(slot) if f.name != "params"}
+    if debug:
+        out["params"] = generation_settings(slot.params, eos_ids) if slot.params is not None else {}
+    return out

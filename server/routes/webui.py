@@ -1,0 +1,48 @@
+"""The web page at ``/``: a chat playground, a slot inspector and a live view, as static
+files shipped in the package (server/static/, no build step). The page and its assets
+load without the API key (the page asks for it and sends it with every API call), as do
+the web-app files clients ask for (``/manifest.webmanifest``, ``/sw.js``,
+``/_app/version.json``);
+``--no-webui`` (llama-server's ``--no-ui``) turns it off."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from fastapi import APIRouter, FastAPI
+from fastapi.responses import FileResponse
+from fastapi.staticfiles import StaticFiles
+
+from server import __version__
+
+STATIC = Path(__file__).parent.parent / "static"
+PUBLIC_PATHS = frozenset({"/", "/sw.js", "/manifest.webmanifest", "/_app/version.json"})
+PUBLIC_PREFIX = "/ui/"
+
+router = APIRouter()
+
+
+@router.get("/", include_in_schema=False)
+async def index() -> FileResponse:
+    return FileResponse(STATIC / "index.html", headers={"Cache-Control": "no-cache"})
+
+
+@router.get("/manifest.webmanifest", include_in_schema=False)
+async def manifest() -> FileResponse:
+    return FileResponse(STATIC / "manifest.webmanifest", media_type="application/manifest+json")
+
+
+@router.get("/sw.js", include_in_schema=False)
+async def service_worker() -> FileResponse:
+    return FileResponse(STATIC / "sw.js", media_type="text/javascript", headers={"Cache-Control": "no-cache"})
+
+
+@router.get("/_app/version.json", include_in_schema=False)
+async def version() -> dict:
+    """The page's version, where web-app clients look for it (as llama-server's page)."""
+    return {"version": __version__}
+
+
+def mount(app: FastAPI) -> None:
+    app.include_router(router)
+    app.mount(PUBLIC_PREFIX.rstrip("/"), StaticFiles(directory=STATIC), name="ui")
