@@ -81,6 +81,7 @@ class Run:
         self.t0 = req.t_arrival  # same clock as the engine's event times
         self._failed = False
         self._overflowed = False
+        self._left = False
         self._last_t: dict[int, float] = {}  # per choice: time of its last token
         self.req_timings = False  # llama-server's timings_per_token: timings in every stream chunk
         self.ping_interval = state.settings.sse_ping_interval  # the request's sse_ping_interval, else the server's
@@ -130,8 +131,14 @@ class Run:
         """The client fell ``MAX_BUFFERED`` events behind and the request was cancelled."""
         return self._overflowed
 
+    @property
+    def client_left(self) -> bool:
+        """The client went away while this run was open."""
+        return self._left
+
     def _client_gone(self, watch: asyncio.Task) -> None:
         if not watch.cancelled():
+            self._left = True
             self._queue.put_nowait(None)
             self._cancel()
 

@@ -24,15 +24,18 @@ class SSEResponse(StreamingResponse):
     the connection closed (one log line), so a stuck reader holds no slot and no memory
     for long. Meanwhile its run buffers at most ``Run.MAX_BUFFERED`` events."""
 
-    def __init__(self, frames: AsyncIterator[str], runs: Run | list[Run]):
+    def __init__(self, frames: AsyncIterator[str], runs: Run | list[Run], on_close=None):
         super().__init__(frames, media_type="text/event-stream", headers=SSE_HEADERS)
         self.runs = runs if isinstance(runs, list) else [runs]
         self.run = self.runs[0]
+        self._on_close = on_close  # an async callable run when the stream ends, however it ends
 
     async def __call__(self, scope, receive, send) -> None:
         try:
             await super().__call__(scope, receive, send)
         finally:
+            if self._on_close is not None:
+                await self._on_close()
             for run in self.runs:
                 await run.close()
 
@@ -104,33 +107,11 @@ async def chat_chunks(frames: AsyncIterator[str]) -> AsyncIterator[str | dict]:
             yield json.loads(frame[6:])
 
 
-async def merged_events(runs: list[Run]) -> AsyncIterator[tuple[int, RequestEvent]]:
-    """(run index, event) of several runs as they come (one run: its events in order)."""
-    if len(runs) == 1:
-        async for event in runs[0].events():
-            yield 0, event
-        return
-    queue: asyncio.Queue = asyncio.Queue()
-
-    async def pump(i: int, run: Run) -> None:
-        try:
-            async for event in run.events():
-                await queue.put((i, event))
-        finally:
-            await queue.put((i, None))
-
-    tasks = [asyncio.create_task(pump(i, run)) for i, run in enumerate(runs)]
-    try:
-        left = len(runs)
-        while left:
-            i, event = await queue.get()
-            if event is None:
-                left -= 1
-            else:
-                yield i, event
-    finally:
-        for task in tasks:
-            task.cancel()
+async def run_events(run: Run) -> AsyncIterator[tuple[int, RequestEvent]]:
+    """(0, event) for each event of one run: the shape ``sse_frames`` reads (a batch of
+    runs gives its own: server/pipeline/run_batch.py)."""
+    async for event in run.events():
+        yield 0, event
 
 
 async def sse_frames(events: AsyncIterator[tuple[int, RequestEvent]], render, tail=None) -> AsyncIterator[str]:

@@ -2,6 +2,8 @@
 ``/embedding`` and ``/embeddings``. Each input is one engine request that computes its
 prompt like any prefill (in chunks, beside decoding sequences: generation is not held
 up) and ends with the prompt's final hidden states pooled (engine/core/pooling.py).
+Inputs are admitted as slots free up (server/pipeline/run_batch.py): a batch of any
+size is served, and one that fails cancels the rest of itself.
 
 Pooling: ``--pooling``, else what the checkpoint names, else ``last`` (decoder models).
 OpenAI's route normalizes (``embd_normalize``, llama-server's: 2 Euclidean by default,
@@ -10,7 +12,6 @@ OpenAI's route normalizes (``embd_normalize``, llama-server's: 2 Euclidean by de
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import math
 import struct
@@ -24,7 +25,7 @@ from pydantic import ConfigDict, Field
 from engine import Request, SamplingParams
 from server.errors import APIError
 from server.pipeline.generation import prompt_ids
-from server.pipeline.run import Run
+from server.pipeline.run_batch import RunBatch
 from server.schemas.answers import EmbeddingList, NativeEmbedding, documented
 from server.schemas.requests import EmbedSize, Int, PromptObject, TokenId, _Body
 
@@ -114,15 +115,13 @@ async def _embed(http: HTTPRequest, body: EmbeddingRequest, oai: bool) -> tuple[
     reqs = [Request(ids, SamplingParams(max_tokens=1), pooling=pooling) for ids in prompts]
     for req in reqs:
         engine.validate(req)
-    runs = [Run(state, http, req) for req in reqs]
+    batch = RunBatch(state, http, reqs, engine.n_slots)  # admitted as slots free up
     try:
-        if not all(await asyncio.gather(*(run.open(engine) for run in runs))):
+        if not await batch.open_first() or not await batch.collect():
             return [], -1  # the client left
-        await asyncio.gather(*(run.collect() for run in runs))
     finally:
-        for run in runs:
-            await run.close()
-    vectors = [run.choices[0].embedding for run in runs]
+        await batch.close()
+    vectors = [run.choices[0].embedding for run in batch.runs]
     if pooling != "none":
         vectors = [[normalize(v[0], body.embd_normalize)] for v in vectors]
     return vectors, sum(len(ids) for ids in prompts)

@@ -21,8 +21,8 @@ from server.pipeline.generation import (
     prompt_ids,
 )
 from server.pipeline.native_answer import NativeAnswer, generation_settings
-from server.pipeline.run import Run
-from server.pipeline.sse import SSEResponse, merged_events, sse_frames
+from server.pipeline.run_batch import RunBatch
+from server.pipeline.sse import SSEResponse, sse_frames
 from server.schemas.answers import (
     ApplyTemplateResult,
     DetokenizeResult,
@@ -63,51 +63,42 @@ async def complete(
 ) -> Response:
     """llama-server's native answer (a list when ``batch``) for prompts given as ids;
     ``n_cmpl``: each prompt comes that many times in a row, completed as llama-server's
-    child tasks are (a seed given is moved by one per child; no pinned slot)."""
+    child tasks are (a seed given is moved by one per child; no pinned slot). Every
+    prompt is checked before any runs; they are admitted as slots free up
+    (server/pipeline/run_batch.py), and a stream starts with the first."""
     state = http.app.state.slotserve
     engine = state.require_ready()
-    runs = await _open_runs(state, http, body, prompts, n_cmpl)
-    if runs is None:
+    reqs = [await _request(state, body, ids, i % n_cmpl) for i, ids in enumerate(prompts)]
+    for req in reqs:
+        engine.validate(req)
+    runs = RunBatch(state, http, reqs, engine.n_slots)
+    if body.sse_ping_interval is not None:
+        runs.runs[0].ping_interval = body.sse_ping_interval
+    if not await runs.open_first():
         return Response(status_code=499)
     answer = NativeAnswer(state, body, engine)
     if body.stream:
-        return SSEResponse(sse_frames(merged_events(runs), lambda i, e: answer.frame(runs[i], i, e)), runs)
-    await asyncio.gather(*(run.collect() for run in runs))
-    results = await asyncio.to_thread(lambda: [answer.final(run, i) for i, run in enumerate(runs)])
+        frames = sse_frames(runs.events(), lambda i, e: answer.frame(runs.runs[i], i, e))
+        return SSEResponse(frames, runs.runs, on_close=runs.close)
+    try:
+        if not await runs.collect():
+            return Response(status_code=499)
+    finally:
+        await runs.close()
+    results = await asyncio.to_thread(lambda: [answer.final(run, i) for i, run in enumerate(runs.runs)])
     return JSONResponse(results if batch else results[0])
 
 
-async def _open_runs(
-    state, http: HTTPRequest, body: NativeCompletionRequest, prompts: list[list[int]], n_cmpl: int = 1
-) -> list | None:
-    """One admitted run per prompt (a batch is queued prompt by prompt); None when the
-    client left. A refusal closes the runs already opened."""
-    runs: list[Run] = []
+async def _request(state, body: NativeCompletionRequest, ids: list[int], child: int):
+    """The engine request of one prompt; ``child`` > 0: an ``n_cmpl`` child (its own
+    seed, any slot)."""
     requested = None if body.n_predict < 0 else body.n_predict
-    try:
-        for i, ids in enumerate(prompts):
-            req = await build_request(state, body, ids, requested, body.n_probs or None, LLAMA_DEFAULTS)
-            if i % n_cmpl:  # a child: its own seed, any slot
-                child_seed = body.seed + i % n_cmpl if body.seed not in (None, -1) else None
-                req.params, req.id_slot = dataclasses.replace(req.params, seed=child_seed), None
-            req.progress = body.return_progress and body.stream
-            run = Run(state, http, req)
-            if body.sse_ping_interval is not None:
-                run.ping_interval = body.sse_ping_interval
-            runs.append(run)
-            if not await run.open(state.require_ready()):
-                raise _ClientGone
-    except BaseException as exc:
-        for run in runs:
-            await run.close()
-        if isinstance(exc, _ClientGone):
-            return None
-        raise
-    return runs
-
-
-class _ClientGone(Exception):
-    pass
+    req = await build_request(state, body, ids, requested, body.n_probs or None, LLAMA_DEFAULTS)
+    if child:
+        child_seed = body.seed + child if body.seed not in (None, -1) else None
+        req.params, req.id_slot = dataclasses.replace(req.params, seed=child_seed), None
+    req.progress = body.return_progress and body.stream
+    return req
 
 
 @router.post("/tokenize", response_model=None, responses=documented(TokenizeResult, 400, 413, 503))

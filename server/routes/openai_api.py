@@ -27,7 +27,7 @@ from server.pipeline.generation import (
 from server.pipeline.native_answer import verbose_answer
 from server.pipeline.reasoning import opens_thinking
 from server.pipeline.run import Choice, Run
-from server.pipeline.sse import SSEResponse, merged_events, sse, sse_frames
+from server.pipeline.sse import SSEResponse, run_events, sse, sse_frames
 from server.pipeline.thinking_budget import budget_spec
 from server.pipeline.tool_calls import family, forced_grammar
 from server.schemas.answers import ChatCompletion, Completion, ModelList, documented
@@ -115,7 +115,7 @@ async def _stream(
         last = [sse({**head, "choices": [], "usage": run.usage(), "timings": run.timings()})] if include_usage else []
         return [*last, sse("[DONE]")]
 
-    async for text in sse_frames(merged_events([run]), frame, tail):
+    async for text in sse_frames(run_events(run), frame, tail):
         yield text
 
 
