@@ -13,10 +13,12 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from server import errors
 from server.config.settings import ServerSettings
 from server.errors import APIError
-from server.middleware.auth import PUBLIC, APIKeyMiddleware, JSONBodyMiddleware
+from server.middleware.auth import PUBLIC, APIKeyMiddleware
 from server.middleware.body_limit import BodyLimitMiddleware
 from server.middleware.cors import CORSMiddleware, CORSPolicy, parse_origins
+from server.middleware.cross_site import CrossSiteGuard
 from server.middleware.header_case import HeaderCase
+from server.middleware.json_body import JSONBodyMiddleware
 from server.middleware.path_prefix import PathPrefix
 from server.routes import (
     anthropic_api,
@@ -117,8 +119,8 @@ def _add_openapi(app: FastAPI, state: ServerState, public: set[str]) -> None:
 
 
 def _add_middleware(app: FastAPI, state: ServerState, public: set[str]) -> None:
-    """Added innermost first: JSON bodies, the body limit, API keys, CORS, the status
-    counter, the path prefix, the header spelling."""
+    """Added innermost first: JSON bodies, the body limit, API keys, the cross-site
+    refusal, CORS, the status counter, the path prefix, the header spelling."""
     settings = state.settings
     app.add_middleware(JSONBodyMiddleware)
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_size)
@@ -127,6 +129,7 @@ def _add_middleware(app: FastAPI, state: ServerState, public: set[str]) -> None:
     cors = CORSPolicy(
         parse_origins(settings.cors_origins), settings.cors_methods, settings.cors_headers, settings.cors_credentials
     )
+    app.add_middleware(CrossSiteGuard, policy=cors)  # before the key: a page's simple POST needs none to be refused
     app.add_middleware(CORSMiddleware, policy=cors)  # outside the key check: preflights carry no credentials
     app.add_middleware(StatusCounter, metrics=state.metrics)  # sees 401s too
     app.add_middleware(PathPrefix, prefix=settings.api_prefix)  # routes see paths without it

@@ -53,17 +53,3 @@ class APIKeyMiddleware:
             response = APIError(401, message, code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
             return await shaped(scope["path"], response)(scope, receive, send)
         return await self.app(scope, receive, send)
-
-
-class JSONBodyMiddleware:
-    """Every POST body is JSON, whatever Content-Type the client sent (curl -d sends a
-    form type; llama-server parses JSON regardless)."""
-
-    def __init__(self, app: ASGIApp):
-        self.app = app
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["method"] == "POST":
-            headers = [(k, v) for k, v in scope.get("headers", []) if k.lower() != b"content-type"]
-            scope = {**scope, "headers": [*headers, (b"content-type", b"application/json")]}
-        await self.app(scope, receive, send)

@@ -79,3 +79,44 @@ def test_a_malformed_origin_list_is_a_start_up_error():
 
     with pytest.raises(ValidationError, match="cors-origins"):
         ServerSettings(cors_origins='["http://a.example", 3]')
+
+
+@pytest.fixture(scope="module")
+def keyless_server():
+    with InProcessServer(cors_origins="http://a.example") as srv:
+        yield srv
+
+
+SIMPLE = ["text/plain", "application/x-www-form-urlencoded", "multipart/form-data; boundary=x", None]
+
+
+@pytest.mark.parametrize("content_type", SIMPLE)
+@pytest.mark.parametrize("origin", ["http://a.example", "http://evil.example"])
+def test_a_cross_site_simple_post_is_refused_and_changes_nothing(keyless_server, origin, content_type):
+    """What a page on another site can send without a preflight: refused 403 in the error
+    shape, whatever the origin (an allowed page must send JSON, which preflights)."""
+    url = keyless_server.url + "/lora-adapters"
+    before = httpx.get(url).json()
+    headers = {"Origin": origin} | ({"Content-Type": content_type} if content_type else {})
+    r = httpx.post(url, content=b"[]", headers=headers)
+    assert r.status_code == 403 and r.json()["error"]["type"] == "permission_error", r.text
+    r = httpx.post(keyless_server.url + "/v1/completions", content=b'{"prompt": "a", "max_tokens": 1}', headers=headers)
+    assert r.status_code == 403
+    assert httpx.get(url).json() == before
+
+
+def test_a_disallowed_origin_is_refused_even_with_json(keyless_server):
+    body = {"prompt": "a", "max_tokens": 1}
+    r = httpx.post(keyless_server.url + "/v1/completions", json=body, headers={"Origin": "http://evil.example"})
+    assert r.status_code == 403 and "--cors-origins" in r.json()["error"]["message"]
+    r = httpx.post(keyless_server.url + "/v1/completions", json=body, headers={"Origin": "http://a.example"})
+    assert r.status_code == 200 and r.headers["access-control-allow-origin"] == "http://a.example"
+
+
+def test_curl_and_the_servers_own_page_keep_working(keyless_server):
+    body = b'{"prompt": "a", "max_tokens": 1}'
+    form = {"Content-Type": "application/x-www-form-urlencoded"}  # what curl -d sends: no Origin
+    assert httpx.post(keyless_server.url + "/v1/completions", content=body, headers=form).status_code == 200
+    own = keyless_server.url  # the web page, served here: its origin is this host
+    r = httpx.post(keyless_server.url + "/v1/completions", content=body, headers={"Origin": own, **form})
+    assert r.status_code == 200
