@@ -93,6 +93,7 @@ SWITCHES: dict[str, tuple[str | tuple[str, ...], str | tuple[str, ...]]] = {
     "webui": (("--webui", "--ui"), ("--no-webui", "--no-ui")),
     "ui_mcp_proxy": (("--webui-mcp-proxy", "--ui-mcp-proxy"), ("--no-webui-mcp-proxy", "--no-ui-mcp-proxy")),
     "prefill_assistant": ("--prefill-assistant", "--no-prefill-assistant"),
+    "ui_mcp_proxy_private": ("--ui-mcp-proxy-private", "--no-ui-mcp-proxy-private"),
 }
 FLAGS["tags"] = ("--tags",)
 FLAGS.update(SAMPLER_FLAGS)

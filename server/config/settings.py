@@ -145,6 +145,9 @@ class ServerSettings(SamplerSettings, LoraSettings):
     log_prompts: bool = Field(False, description="log prompt and completion text (off: never in the logs)")
     webui: bool = Field(True, description="serve the web page (chat, slots, live view) at /")
     ui_mcp_proxy: bool = Field(False, description="serve the MCP CORS proxy (/cors-proxy): not on untrusted networks")
+    ui_mcp_proxy_private: bool = Field(
+        False, description="let the CORS proxy reach loopback, link-local and private addresses (refused: 403)"
+    )
     verbose: bool = Field(
         False,
         description="tracebacks with errors (a model that fails to load, for one), and __verbose in OpenAI answers "

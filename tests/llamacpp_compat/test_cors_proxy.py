@@ -12,6 +12,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import httpx
 import pytest
 from server_proc import InProcessServer, free_port
+from waiting import wait_for
+
+from server.routes import cors_proxy
 
 KEY = "sk-proxy"
 AUTH = {"Authorization": f"Bearer {KEY}"}
@@ -22,6 +25,24 @@ class Upstream(BaseHTTPRequestHandler):
 
     def do_GET(self):
         self.server.seen.append(("GET", dict(self.headers), b""))
+        if self.path.startswith("/to/"):  # a redirect to the URL after /to/
+            self.send_response(302)
+            self.send_header("Location", self.path[len("/to/") :])
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
+        if self.path == "/big":  # a chunked answer of 1 MiB: no length to refuse it by
+            self.send_response(200)
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+            chunk = b"x" * 65536
+            try:
+                for _ in range(16):
+                    self.wfile.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
+                self.wfile.write(b"0\r\n\r\n")
+            except OSError:
+                pass  # the proxy cut it
+            return
         if self.path == "/stream":
             self.send_response(200)
             self.send_header("Content-Type", "text/event-stream")
@@ -55,7 +76,17 @@ class Upstream(BaseHTTPRequestHandler):
 
 @pytest.fixture(scope="module")
 def upstream():
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Upstream)
+    yield from _upstream("127.0.0.1")
+
+
+@pytest.fixture(scope="module")
+def public_upstream():
+    """An upstream on 127.0.0.2, which the tests below let pass for a public address."""
+    yield from _upstream("127.0.0.2")
+
+
+def _upstream(address: str):
+    server = ThreadingHTTPServer((address, 0), Upstream)
     server.seen, server.go = [], threading.Event()
     threading.Thread(target=server.serve_forever, daemon=True).start()
     yield server
@@ -66,7 +97,14 @@ def upstream():
 
 @pytest.fixture(scope="module")
 def proxy():
-    with InProcessServer(api_key=KEY, ui_mcp_proxy=True) as srv:
+    with InProcessServer(api_key=KEY, ui_mcp_proxy=True, ui_mcp_proxy_private=True) as srv:
+        yield srv
+
+
+@pytest.fixture(scope="module")
+def strict():
+    """The proxy as it starts by default: no private targets."""
+    with InProcessServer(ui_mcp_proxy=True) as srv:
         yield srv
 
 
@@ -140,3 +178,77 @@ def test_what_is_refused(proxy, demo_server, upstream):
     assert len(upstream.seen) == n_seen  # none of them went out
     closed = httpx.get(proxy.url + "/cors-proxy", params={"url": f"http://127.0.0.1:{free_port()}/"}, headers=AUTH)
     assert closed.status_code == 502 and closed.json()["error"]["type"] == "server_error"
+
+
+@pytest.mark.parametrize(
+    "host, why",
+    [
+        ("127.0.0.1", "loopback"),
+        ("localhost", "loopback"),  # after DNS
+        ("[::1]", "loopback"),
+        ("169.254.169.254", "link-local"),  # the cloud metadata service
+        ("10.0.0.1", "private"),
+        ("192.168.1.1", "private"),
+        ("224.0.0.1", "multicast"),
+        ("0.0.0.0", "unspecified"),
+    ],
+)
+def test_private_targets_are_refused_by_default(strict, upstream, host, why):
+    n_seen = len(upstream.seen)
+    port = upstream.server_port if host in ("127.0.0.1", "localhost") else 80
+    r = httpx.get(strict.url + "/cors-proxy", params={"url": f"http://{host}:{port}/capture"}, timeout=30)
+    assert r.status_code == 403 and why in r.json()["error"]["message"], r.text
+    assert "--ui-mcp-proxy-private" in r.json()["error"]["message"]
+    assert len(upstream.seen) == n_seen
+
+
+def test_a_redirect_to_a_private_target_is_refused(strict, upstream, public_upstream, monkeypatch):
+    real = cors_proxy.forbidden
+    monkeypatch.setattr(cors_proxy, "forbidden", lambda ip: None if str(ip) == "127.0.0.2" else real(ip))
+    public = f"http://127.0.0.2:{public_upstream.server_port}"
+    assert httpx.get(strict.url + "/cors-proxy", params={"url": public + "/capture"}).text == "ok"
+    inside = f"http://127.0.0.1:{upstream.server_port}/capture"
+    n_seen = len(upstream.seen)
+    r = httpx.get(strict.url + "/cors-proxy", params={"url": f"{public}/to/{inside}"}, timeout=30)
+    assert r.status_code == 403 and "loopback" in r.json()["error"]["message"]
+    assert len(upstream.seen) == n_seen
+    followed = httpx.get(strict.url + "/cors-proxy", params={"url": f"{public}/to/{public}/capture"}, timeout=30)
+    assert followed.status_code == 200 and followed.text == "ok"  # a public redirect is followed
+
+
+def test_host_is_never_the_callers(proxy, upstream):
+    url = f"http://127.0.0.1:{upstream.server_port}/capture"
+    headers = {**AUTH, "x-llama-server-proxy-header-host": "internal.example"}
+    assert httpx.get(proxy.url + "/cors-proxy", params={"url": url}, headers=headers).status_code == 200
+    assert lower(upstream.seen[-1][1])["host"] == f"127.0.0.1:{upstream.server_port}"
+
+
+class CountingClient(httpx.AsyncClient):
+    opened = closed = 0
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        CountingClient.opened += 1
+
+    async def aclose(self):
+        if not self.is_closed:
+            CountingClient.closed += 1
+        await super().aclose()
+
+
+def test_an_answer_is_capped_and_the_upstream_closed_on_every_path(proxy, upstream, monkeypatch):
+    monkeypatch.setattr(cors_proxy.httpx, "AsyncClient", CountingClient)
+    monkeypatch.setattr(cors_proxy, "MAX_ANSWER_BYTES", 100_000)
+    base = f"http://127.0.0.1:{upstream.server_port}"
+    big = httpx.get(proxy.url + "/cors-proxy", params={"url": base + "/big"}, headers=AUTH, timeout=30)
+    assert len(big.content) <= 100_000 + 65536  # cut after the chunk that passed the cap
+    ok = httpx.get(proxy.url + "/cors-proxy", params={"url": base + "/capture"}, headers=AUTH, timeout=30)
+    assert ok.text == "ok"
+    upstream.go.clear()
+    with httpx.stream("GET", proxy.url + "/cors-proxy", params={"url": base + "/stream"}, headers=AUTH) as r:
+        next(r.iter_raw())  # the client leaves in the middle of the stream
+    upstream.go.set()
+    bad = httpx.get(proxy.url + "/cors-proxy", params={"url": f"http://127.0.0.1:{free_port()}/"}, headers=AUTH)
+    assert bad.status_code == 502
+    assert CountingClient.opened == 4
+    wait_for(lambda: CountingClient.closed == CountingClient.opened, what="every upstream client closed")
