@@ -82,6 +82,7 @@ class EngineService:
         cache_idle_slots: bool = True,
         cache_disk: Path | None = None,
         cache_disk_mib: int = -1,
+        cache_close_s: float = 10.0,
     ) -> None:
         """Start the engine thread; events go to sinks on ``loop``. ``on_request_end``
         is called on the engine thread as each request ends, before its slot is released
@@ -89,13 +90,15 @@ class EngineService:
         host-RAM prompt cache (llama-server's ``--cache-ram``: -1 no limit, 0 off), which
         also holds at most the context's worth of tokens, as llama-server's does.
         ``cache_disk``: the directory of its disk tier (None: none), holding at most
-        ``cache_disk_mib`` MiB (-1: no limit)."""
+        ``cache_disk_mib`` MiB (-1: no limit); at shutdown it gets ``cache_close_s`` seconds to
+        write what the RAM tier and the idle slots hold."""
         disk = None
         if cache_disk is not None:
             engine = self._engine
             limit = None if cache_disk_mib == -1 else cache_disk_mib * MIB
             disk = DiskTier(Path(cache_disk), limit, engine.fingerprint, self.vocab_size, self.n_ctx)
         cache = PromptCache.from_mib(cache_ram_mib, limit_tokens=self._engine.config.n_ctx, disk=disk)
+        cache.close_timeout = cache_close_s
         self._scheduler = Scheduler(
             self._engine, similarity, max_queue, stall_timeout, loop, on_request_end, cache, cache_idle_slots
         )

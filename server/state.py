@@ -79,6 +79,9 @@ class ServerState:
                 spec_ngram_size=s.spec_ngram_simple_size_n,
             )
             engine = EngineService(config, self.slot_files, self.load_progress)
+            if s.default_constraint is not None:  # a server-wide grammar must compile, or no engine thread starts
+                kind, source = s.default_constraint
+                self.default_constraint = engine.compile_constraint(kind, source)
             with self._starting:  # close() either sees this engine or stops the start
                 if self._closing.is_set():  # shut down while loading: start no engine thread
                     return
@@ -92,10 +95,8 @@ class ServerState:
                     s.cache_idle_slots,
                     s.cache_disk,
                     s.cache_disk_size,
+                    s.drain_timeout,
                 )
-                if s.default_constraint is not None:  # a server-wide grammar must compile, or the server does not start
-                    kind, source = s.default_constraint
-                    self.default_constraint = engine.compile_constraint(kind, source)
                 self.engine = engine
         except Exception as exc:  # a bad checkpoint or setting: one clear line, then the process ends
             if s.verbose:

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import logging
+import threading
 
 import pytest
 import torch
+from waiting import wait_for
 
 from engine.prompt_cache.disk_tier import DiskTier
 from engine.prompt_cache.ram_tier import MIB, PromptCache, shared_prefix, state_bytes
@@ -97,7 +99,14 @@ FP = {"architecture": "Test", "weights_sha256": "abc"}
 
 
 def disk(path, limit_bytes=None, **kw) -> DiskTier:
-    return DiskTier(path, limit_bytes, FP, vocab_size=100, n_ctx=64, **kw)
+    """A tier whose reader thread does not rescan by itself: the tests call ``rescan``."""
+    return DiskTier(path, limit_bytes, FP, vocab_size=100, n_ctx=64, **{"rescan_s": 3600, **kw})
+
+
+def loaded(tier: DiskTier, entry):
+    """The entry's state as the reader thread reads it (load answers once prefetched)."""
+    wait_for(lambda: tier.prefetch(entry), what="the reader thread's read")
+    return tier.load(entry)
 
 
 def test_what_ram_evicts_goes_to_disk_and_comes_back_from_either_tier(tmp_path):
@@ -110,7 +119,7 @@ def test_what_ram_evicts_goes_to_disk_and_comes_back_from_either_tier(tmp_path):
     assert n == 10 and entry.tokens == [1] * 10  # found while pending or after the write
     assert tier.drain(10) and len(list(tmp_path.glob("pc-*.slot"))) == 1
     entry, n = cache.best([1] * 10 + [5])
-    assert entry.pending is None and torch.equal(tier.load(entry).positions, torch.arange(10))
+    assert entry.pending is None and torch.equal(loaded(tier, entry).positions, torch.arange(10))
     assert tier.counters.hits == 1 and tier.counters.writes == 1
     assert all(f.stat().st_mode & 0o777 == 0o600 for f in tmp_path.glob("pc-*.slot"))  # prompts' ids: owner only
 
@@ -128,18 +137,19 @@ def test_the_disk_cap_holds_and_the_least_recently_used_file_goes(tmp_path):
     on_disk = lambda: sum(f.stat().st_size for f in tmp_path.glob("pc-*.slot"))  # noqa: E731
     assert on_disk() <= 2.5 * size and tier.counters.evictions == 1
     assert sorted(e.tokens[0] for e in tier.entries()) == [2, 3]
-    tier.load(tier.best([2] * 10, shared_prefix)[0])  # a hit renews [2] * 10: [3] * 10 goes next
+    loaded(tier, tier.best([2] * 10, shared_prefix)[0])  # a hit renews [2] * 10: [3] * 10 goes next
     tier.put([4] * 10, state(10))
     assert tier.drain(10) and sorted(e.tokens[0] for e in tier.entries()) == [2, 4]
     assert on_disk() <= 2.5 * size
 
 
 def test_entries_another_replica_writes_are_found_and_foreign_or_bad_files_skipped(tmp_path, caplog):
-    ours, other = disk(tmp_path, rescan_s=0), disk(tmp_path, rescan_s=0)
+    ours, other = disk(tmp_path), disk(tmp_path)
     other.put([7] * 12, state(12))
     assert other.drain(10)
+    ours.rescan()
     entry, n = ours.best([7] * 12, shared_prefix)
-    assert n == 12 and ours.load(entry) is not None
+    assert n == 12 and loaded(ours, entry) is not None
     (tmp_path / "pc-junk.slot").write_bytes(b"not a slot file")
     foreign = DiskTier(tmp_path, None, {**FP, "weights_sha256": "other"}, 100, 64)
     foreign.put([8] * 12, state(12))
@@ -147,7 +157,76 @@ def test_entries_another_replica_writes_are_found_and_foreign_or_bad_files_skipp
     (tmp_path / "saved-by-a-user.bin").write_bytes(b"left alone")
     caplog.clear()  # (the foreign tier logged ours and the junk as it started)
     with caplog.at_level(logging.WARNING, logger="slotserve.scheduler"):
+        ours.rescan()
         assert ours.best([8] * 12, shared_prefix) == (None, 0)
     assert ours.counters.skipped == 2 and len(caplog.records) == 2
-    ours.best([8] * 12, shared_prefix)  # not read (nor logged) again while unchanged
+    ours.rescan()  # not read (nor logged) again while unchanged
     assert ours.counters.skipped == 2 and (tmp_path / "saved-by-a-user.bin").exists()
+
+
+def test_the_caller_never_touches_the_disk(tmp_path, monkeypatch):
+    """best, prefetch and load (the engine thread's calls) list and read nothing: the
+    reader thread does (issue 37: the engine thread used to rescan and read files)."""
+    import engine.prompt_cache.disk_tier as disk_tier
+    from memory.files.slot_dir import SlotDirectory
+
+    seen: list[str] = []
+    real_scandir, real_read = disk_tier.os.scandir, SlotDirectory.read
+
+    def scandir(*a):
+        seen.append(threading.current_thread().name)
+        return real_scandir(*a)
+
+    def read(self, *a, **kw):
+        seen.append(threading.current_thread().name)
+        return real_read(self, *a, **kw)
+
+    tier = disk(tmp_path, rescan_s=0.05)
+    tier.put([1] * 10, state(10))
+    assert tier.drain(10)
+    monkeypatch.setattr(disk_tier.os, "scandir", scandir)
+    monkeypatch.setattr(SlotDirectory, "read", read)
+    wait_for(lambda: seen, what="a rescan by the reader thread")
+    entry, n = tier.best([1] * 10 + [2], shared_prefix)
+    assert n == 10 and tier.load(entry) is None  # not read yet: a prefetch starts, nothing waits
+    assert torch.equal(loaded(tier, entry).positions, torch.arange(10))
+    assert set(seen) == {"slotserve-cache-read"}, seen
+
+
+def test_a_link_out_of_the_folder_is_no_entry(tmp_path):
+    outside, inside = tmp_path / "outside", tmp_path / "cache"
+    other = disk(outside)
+    other.put([5] * 10, state(10))
+    assert other.drain(10)
+    (target,) = outside.glob("pc-*.slot")
+    (inside / target.name).parent.mkdir(exist_ok=True)
+    (inside / target.name).symlink_to(target)
+    tier = disk(inside)
+    assert tier.best([5] * 10, shared_prefix) == (None, 0) and tier.entries() == []
+
+
+def test_shutdown_writes_every_ram_entry_then_stops_its_threads(tmp_path):
+    """More entries than the writer's queue holds (64): all reach the disk within the
+    time given, and the tier's threads end."""
+    tier = disk(tmp_path)
+    cache = PromptCache(None, disk=tier)
+    for i in range(100):
+        cache.put([i + 1] * 3 + [0], state(4, width=8))
+    cache.close(memory=None, idle=[], timeout=60)
+    assert len(list(tmp_path.glob("pc-*.slot"))) == 100 and tier.counters.dropped == 0
+    wait_for(lambda: not tier._reader.is_alive() and not tier._writer.is_alive(), what="the tier's threads to end")
+
+
+def test_shutdown_says_in_one_line_what_it_could_not_write(tmp_path, monkeypatch, caplog):
+    tier = disk(tmp_path)
+    release = threading.Event()
+    real_write = tier._write
+    monkeypatch.setattr(tier, "_write", lambda *a: (release.wait(30), real_write(*a)))  # a writer that is stuck
+    cache = PromptCache(None, disk=tier)
+    for i in range(80):
+        cache.put([i + 1] * 3 + [0], state(4, width=8))
+    with caplog.at_level(logging.WARNING, logger="slotserve.scheduler"):
+        cache.close(memory=None, idle=[], timeout=0.2)
+    release.set()
+    lines = [r.getMessage() for r in caplog.records if "shutdown wrote" in r.getMessage()]
+    assert len(lines) == 1 and "of 80 entries" in lines[0], lines

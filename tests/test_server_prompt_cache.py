@@ -5,13 +5,12 @@ and a hybrid (restored only at a position the state holds exactly)."""
 
 from __future__ import annotations
 
-import time
-
 import httpx
 import pytest
 from checkpoints import GRANITE_HYBRID_TINY, make_checkpoint
 from prometheus_client.parser import text_string_to_metric_families
 from server_proc import ServerProcess
+from waiting import wait_for
 
 N_SLOTS, N_CONVERSATIONS, N_NEW = 2, 4, 8
 
@@ -128,13 +127,6 @@ def test_a_small_cache_evicts_and_stays_under_its_cap(tmp_path):
             complete(srv, prompt)
             assert metric(srv, "slotserve_prompt_cache_bytes") <= 2**20
         assert metric(srv, "slotserve_prompt_cache_evictions_total") >= 1
-
-
-def wait_for(condition, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "condition not met in time"
-        time.sleep(0.05)
 
 
 def disk_files(folder) -> list:

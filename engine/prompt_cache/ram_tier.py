@@ -86,6 +86,7 @@ class PromptCache:
     disk: DiskTier | None = None
     entries: list[CacheEntry] = field(default_factory=list)
     counters: CacheCounters = field(default_factory=CacheCounters)
+    close_timeout: float = 10.0  # seconds the disk tier gets at shutdown
 
     def __post_init__(self) -> None:
         self._clock = itertools.count(1)
@@ -159,6 +160,17 @@ class PromptCache:
             if n > n_best:
                 best, n_best = on_disk, n
         return best, n_best
+
+    def ready(self, prompt: list[int], n_have: int, cuts_anywhere: bool) -> bool:
+        """Whether ``prompt`` may be admitted now: False while the disk entry it would
+        restore (one beating RAM and ``n_have``, what the slots offer) is being read by
+        the disk tier's reader thread, which wakes the scheduler when done."""
+        if self.disk is None:
+            return True
+        entry, n = self.best(prompt)
+        if not isinstance(entry, DiskEntry) or n <= n_have or (n < len(entry.tokens) and not cuts_anywhere):
+            return True
+        return self.disk.prefetch(entry)
 
     def restored(self, entry: CacheEntry | DiskEntry, n_tokens: int) -> None:
         if isinstance(entry, CacheEntry):
@@ -239,18 +251,17 @@ class PromptCache:
             slot.restored = ("ram" if isinstance(entry, CacheEntry) else "disk", cut)
         return cut
 
-    def close(self, memory: Memory, idle: list[Slot], timeout: float = 10.0) -> None:
+    def close(self, memory: Memory, idle: list[Slot], timeout: float | None = None) -> None:
         """At shutdown, with a disk tier: the idle slots' states and the RAM entries go
-        to disk (newest first, as the writer keeps up within ``timeout`` s), so that a
-        restarted server finds them."""
+        to disk (newest first, as the writer keeps up within ``timeout`` s: what is not
+        written is said in one log line), so that a restarted server finds them; then
+        the tier's threads stop."""
         if self.disk is None:
             return
         for slot in idle:
             self.save_slot(memory, slot)
-        for entry in sorted(self.entries, key=lambda e: -e.last_used):
-            self.disk.put(entry.tokens, entry.state)
-        if not self.disk.drain(timeout):
-            log.warning("prompt cache disk tier: shutdown left entries unwritten after %.0f s", timeout)
+        newest_first = sorted(self.entries, key=lambda e: -e.last_used)
+        self.disk.close([(e.tokens, e.state) for e in newest_first], self.close_timeout if timeout is None else timeout)
 
     def clear(self) -> int:
         """Drop every entry; returns how many there were."""

@@ -87,6 +87,8 @@ class Scheduler:
         self._deferred: list[_Call] = []  # calls waiting for their slot to be idle (engine thread only)
         self._n_waiting = 0  # queued, not yet in a slot (guarded by _cv)
         self.prompt_cache = prompt_cache
+        if prompt_cache is not None and prompt_cache.disk is not None:
+            prompt_cache.disk.on_ready = self._wake  # a state read off this thread: a waiting request may start
         self.board = TaskBoard(engine, self.table, self._emit, on_end, prompt_cache, cache_idle_slots)  # engine thread
         self._stop = False
         self._busy_since: float | None = None
@@ -149,6 +151,10 @@ class Scheduler:
             self._inbox.append(Task(req, sink))
             self._cv.notify()
         return req.id
+
+    def _wake(self) -> None:
+        with self._cv:
+            self._cv.notify()
 
     def cancel(self, id_task: int) -> None:
         with self._cv:

@@ -74,12 +74,27 @@ class TaskBoard(PrefixReuse):
         if req.cache_prompt and self._shared_start_in_flight(req.prompt_ids):
             return None  # wait: it will be copied from that slot instead of computed twice
         first = self.table.choose(req.prompt_ids, req.id_slot)
-        if first is None:
+        if first is None or not self._cache_ready(req):
             return None
         others = [s for s in sorted(self.table.idle, key=lambda s: s.last_used) if s is not first.slot]
         if len(others) < req.n - 1:
             return None
         return [first.slot, *others[: req.n - 1]]
+
+    def _cache_ready(self, req) -> bool:
+        """False while the prompt cache's disk tier reads the entry this request would
+        restore (off the engine thread; the request waits, the others run)."""
+        cache = self.prompt_cache
+        if (
+            cache is None
+            or cache.disk is None
+            or not req.cache_prompt
+            or lora_key(req.lora)
+            or req.pooling not in (None, "last")
+        ):
+            return True
+        n_have = max(shared_prefix(self.cached_tokens(slot), req.prompt_ids) for slot in self.table.slots)
+        return cache.ready(req.prompt_ids, n_have, self.engine.memory.cuts_anywhere)
 
     def _shared_start_in_flight(self, prompt: list[int]) -> bool:
         """Whether a running prompt's prefill is computing a start this prompt shares,
