@@ -102,6 +102,23 @@ def test_a_slot_is_saved_listed_erased_and_restored(page, server):
     assert Path(server.state.settings.slot_save_path, "from-page.slot").is_file()
 
 
+def test_the_live_view_works_on_a_default_start(page, server):
+    """The server runs without --metrics (the default): the live view reads /live."""
+    assert httpx.get(server.url + "/metrics", headers={"Authorization": f"Bearer {KEY}"}).status_code == 501
+    before = httpx.get(server.url + "/live", headers={"Authorization": f"Bearer {KEY}"}).json()["generated_tokens"]
+    use_key(page, KEY)
+    page.fill("#prompt", "def add(a, b):")
+    page.fill("#max-tokens", "8")
+    page.click("#send")
+    page.wait_for_function("document.querySelector('#stop').disabled && document.querySelector('.msg.assistant')")
+    page.wait_for_function("document.querySelector('#live-kv').textContent.includes('% of')", timeout=30_000)
+    assert page.text_content("#live-running").strip().isdigit()
+    assert page.text_content("#live-waiting").strip().isdigit()
+    after = httpx.get(server.url + "/live", headers={"Authorization": f"Bearer {KEY}"}).json()
+    assert after["generated_tokens"] >= before + 1 and after["cache_bytes_capacity"] > 0
+    assert httpx.get(server.url + "/live").status_code == 401  # behind the key, as the API
+
+
 def test_a_wrong_key_is_a_clear_message(page):
     use_key(page, "not-the-key")
     page.wait_for_selector("#notice:not([hidden])")

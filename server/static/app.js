@@ -178,32 +178,20 @@ async function refreshFiles() {
   }
 }
 
-// /metrics is Prometheus text: sum each named sample over its labels.
-function metric(text, name) {
-  let total = null;
-  for (const line of text.split("\n")) {
-    if (line.startsWith(name + " ") || line.startsWith(name + "{")) {
-      total = (total || 0) + Number(line.slice(line.lastIndexOf(" ") + 1));
-    }
-  }
-  return total;
-}
-
 async function refreshLive() {
   try {
-    const r = await fetch("metrics", { headers: headers(false) });
+    const r = await api("live");
     if (!r.ok) return;
-    const text = await r.text();
-    const tokens = metric(text, "slotserve_generation_tokens_total");
+    const live = await r.json();
     const now = performance.now();
-    if (state.lastTokens !== null && tokens !== null) {
-      $("live-tps").textContent = ((tokens - state.lastTokens) / ((now - state.lastTime) / 1000)).toFixed(1);
+    if (state.lastTokens !== null) {
+      $("live-tps").textContent = ((live.generated_tokens - state.lastTokens) / ((now - state.lastTime) / 1000)).toFixed(1);
     }
-    state.lastTokens = tokens;
+    state.lastTokens = live.generated_tokens;
     state.lastTime = now;
-    $("live-running").textContent = metric(text, "slotserve_requests_running") ?? "–";
-    $("live-waiting").textContent = metric(text, "slotserve_requests_waiting") ?? "–";
-    const used = metric(text, "slotserve_cache_bytes_used"), cap = metric(text, "slotserve_cache_bytes_capacity");
+    $("live-running").textContent = live.requests_running ?? "–";
+    $("live-waiting").textContent = live.requests_waiting ?? "–";
+    const used = live.cache_bytes_used, cap = live.cache_bytes_capacity;
     if (used !== null && cap) $("live-kv").textContent = (100 * used / cap).toFixed(1) + "% of " + (cap / 2 ** 20).toFixed(0) + " MiB";
   } catch (_) { /* the next tick tries again */ }
 }

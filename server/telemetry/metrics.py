@@ -44,6 +44,7 @@ class Metrics:
             "prompt_tokens_cached", "Prompt tokens reused from a slot's cache instead of computed"
         )
         self.generation_tokens = counter("generation_tokens", "Tokens generated")
+        self.n_generated = 0
         self.draft_tokens = counter("draft_tokens", "Tokens proposed by speculative decoding (--spec-type)")
         self.draft_tokens_accepted = counter(
             "draft_tokens_accepted", "Proposed tokens the model confirmed (speculative decoding)"
@@ -95,6 +96,7 @@ class Metrics:
         self.prompt_len.observe(end.n_prompt)
         self.generation_len.observe(end.n_generated)
         self.generation_tokens.inc(end.n_generated)
+        self.n_generated += end.n_generated  # the web page's live view (one writer: the engine thread)
         self.draft_tokens.inc(end.n_drafted)
         self.draft_tokens_accepted.inc(end.n_draft_accepted)
         self.e2e.observe(max(0.0, end.t_end - end.t_arrival))

@@ -63,10 +63,13 @@ def test_a_server_wide_grammar_that_does_not_compile_stops_the_start():
     from server.app import create_app
     from server.config.settings import ServerSettings
 
+    engines = lambda: sum(t.name == "slotserve-engine" for t in threading.enumerate())  # noqa: E731
+    before = engines()
     app = create_app(ServerSettings(grammar="root ::= (", port=0))
     state = app.state.slotserve
     state._load()  # the loader's work, in this thread
     assert state.status == "failed" and "grammar" in state.error
+    assert engines() == before and state.close(timeout=5)  # no engine thread was left that close could not stop
 
 
 def test_routes_under_an_api_prefix_and_sse_pings():
