@@ -3,7 +3,16 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 
+import functools  # noqa: E402
+
+import httpx  # noqa: E402
 import pytest  # noqa: E402
+
+# Every HTTP call of the tests waits up to HTTP_TIMEOUT seconds unless it names its own
+# timeout (httpx's default, 5 s, fails a call on a loaded 2-core CI machine).
+HTTP_TIMEOUT = 120.0
+for _verb in ("request", "get", "post", "put", "patch", "delete", "options", "head", "stream"):
+    setattr(httpx, _verb, functools.partial(getattr(httpx, _verb), timeout=HTTP_TIMEOUT))
 
 
 @pytest.fixture(scope="session")

@@ -39,11 +39,12 @@ def test_more_prompts_than_sequences_run_in_waves(engine):
 def test_eos_stops_unless_ignored(engine):
     first = engine.generate([[7, 8, 9]], SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True))[0]
     eos = first.token_ids[1]
+    kept = engine.tokenizer.eos_ids  # the module fixture's: put back as it was
     engine.tokenizer.eos_ids = frozenset({eos})
     try:
         stopped = engine.generate([[7, 8, 9]], SamplingParams(temperature=0.0, max_tokens=3))[0]
     finally:
-        engine.tokenizer.eos_ids = frozenset()
+        engine.tokenizer.eos_ids = kept
     assert stopped.finish_reason == "stop"
     assert stopped.token_ids == first.token_ids[: first.token_ids.index(eos) + 1]
 

@@ -41,7 +41,7 @@ def test_llama_arg_variables_configure_the_server(tmp_path):
     with ServerProcess(env=env, log=tmp_path / "s.log") as srv:
         srv.wait_ready()
         assert httpx.get(srv.url.replace("127.0.0.1", "127.0.0.2") + "/health").status_code == 200
-        with httpx.Client(transport=httpx.HTTPTransport(uds=str(sock_path))) as local:
+        with httpx.Client(transport=httpx.HTTPTransport(uds=str(sock_path)), timeout=60) as local:
             assert local.get("http://localhost/health").json()["status"] == "ok"
         key = {"Authorization": "Bearer sk-llama"}
         assert httpx.get(srv.url + "/v1/models").status_code == 401
