@@ -198,3 +198,10 @@ def test_rooms_import_one_way(graph, package):
     assert not unplaced, f"{package}/: {unplaced} stand in no place of ORDER (name them there)"
     wrong = _wrong_way(graph, package)
     assert not wrong, "imports that point up: " + "; ".join(sorted(wrong))
+
+
+def test_no_route_calls_another_route(graph):
+    """Routes share the pipeline (server/pipeline/), never each other."""
+    routes = [m for m in graph if m.startswith("server.routes.")]
+    calls = sorted(f"{m} -> {t}" for m in routes for t in graph[m] if t.startswith("server.routes.") and t != m)
+    assert not calls, calls

@@ -9,8 +9,6 @@ import time
 import uuid
 from collections.abc import AsyncIterator
 
-from server.pipeline.sse import chat_chunks
-
 
 def new_id(prefix: str) -> str:
     return f"{prefix}_{uuid.uuid4().hex}"
@@ -155,8 +153,8 @@ def _frame(event: dict) -> str:
     return f"event: {event['type']}\ndata: {json.dumps(event, ensure_ascii=False)}\n\n"
 
 
-async def response_events(chunks: AsyncIterator[str], response: dict) -> AsyncIterator[str]:
-    """OpenAI chat chunks (SSE text, with usage last) -> the Responses event sequence:
+async def response_events(chunks: AsyncIterator[dict], response: dict) -> AsyncIterator[str]:
+    """OpenAI chat chunks (with usage last) -> the Responses event sequence:
     ``response.created``, ``response.in_progress``, the items' events,
     ``response.completed`` (with llama-server's ``timings``). Chunk ``timings``
     (``timings_per_token``) and ``prompt_progress`` ride on the events they produce."""
@@ -164,10 +162,7 @@ async def response_events(chunks: AsyncIterator[str], response: dict) -> AsyncIt
     yield _frame(ev.event("response.created", response=ev._head()))
     yield _frame(ev.event("response.in_progress", response=ev._head()))
     reason, usage, timings = None, {}, None
-    async for data in chat_chunks(chunks):
-        if isinstance(data, str):  # an SSE ping passes through
-            yield data
-            continue
+    async for data in chunks:
         if "error" in data:
             error = data["error"]
             yield _frame(ev.event("error", code=error.get("type"), message=error["message"], param=None))

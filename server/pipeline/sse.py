@@ -96,17 +96,6 @@ def sse_error(failure: Failed) -> str:
     return sse({"error": {"message": failure.message, "type": failure.type, "code": failure.status}})
 
 
-async def chat_chunks(frames: AsyncIterator[str]) -> AsyncIterator[str | dict]:
-    """An OpenAI chat stream read back (for the routes that rewrite it): each ``data:``
-    chunk as a dict (an error frame too: ``{"error": ...}``), an SSE ping as its text
-    (to pass through), ``[DONE]`` dropped."""
-    async for frame in frames:
-        if frame.startswith(":"):
-            yield frame
-        elif frame.startswith("data: ") and not frame.startswith("data: [DONE]"):
-            yield json.loads(frame[6:])
-
-
 async def run_events(run: Run) -> AsyncIterator[tuple[int, RequestEvent]]:
     """(0, event) for each event of one run: the shape ``sse_frames`` reads (a batch of
     runs gives its own: server/pipeline/run_batch.py)."""

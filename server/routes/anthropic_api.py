@@ -1,9 +1,9 @@
 """Anthropic's Messages API (``POST /v1/messages``, ``/v1/messages/count_tokens``), as
-llama-server and Claude-speaking tools use it: the request becomes a chat completion
-(server/routes/openai_api.py: same template, tools, reasoning split, sampling), and its answer
-or stream is rewritten in Anthropic's shapes (content blocks; the event sequence
-``message_start``, ``content_block_start/delta/stop``, ``message_delta``,
-``message_stop``). Errors take Anthropic's shape on these routes (server/errors.py)."""
+llama-server and Claude-speaking tools use it: the request becomes the chat body it means
+and goes the one way chat requests go (server/pipeline/chat.py: same template, tools,
+reasoning split, sampling); its answer or its chunks are written in Anthropic's shapes
+(content blocks; the event sequence ``message_start``, ``content_block_start/delta/stop``,
+``message_delta``, ``message_stop``). Errors take Anthropic's shape on these routes (server/errors.py)."""
 
 from __future__ import annotations
 
@@ -19,8 +19,8 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import Field, ValidationError
 
 from server.errors import APIError
-from server.pipeline.sse import SSEResponse, chat_chunks
-from server.routes.openai_api import chat_completions, chat_prompt
+from server.pipeline.chat import chat_prompt, open_chat
+from server.pipeline.sse import SSEResponse
 from server.schemas.answers import AnthropicError, AnthropicMessageOut, AnthropicTokenCount, documented
 from server.schemas.requests import ChatCompletionRequest, Int, NonEmpty, ToolName, _Body, text_only
 
@@ -208,24 +208,20 @@ def _blocks(message: dict) -> list[dict]:
 async def messages(body: MessagesRequest, http: HTTPRequest) -> Response:
     """Anthropic's Messages API (streamed with ``stream``)."""
     state = http.app.state.slotserve
-    usage = {"include_usage": True} if body.stream else None  # the stream's output tokens, for message_delta
-    chat = to_chat(body, {**_sampling(body), "verbose": not body.stream, "stream_options": usage})
-    answer = await chat_completions(chat, http)
+    chat = await open_chat(http, to_chat(body, _sampling(body)))
+    if chat is None:
+        return Response(status_code=499)
     model = body.model or state.settings.model_name
-    if body.stream:
-        if not isinstance(answer, SSEResponse):
-            return answer
-        answer.body_iterator = _events(answer.body_iterator, model, len(answer.run.req.prompt_ids))
-        return answer
-    if answer.status_code != 200:
-        return answer
-    data = json.loads(answer.body)
-    choice, verbose = data["choices"][0], data.get("__verbose", {})
-    reason = STOP_REASONS.get(choice["finish_reason"], "end_turn")
-    stop_sequence = verbose.get("stopping_word") or None
+    if body.stream:  # with usage: the stream's output tokens, for message_delta
+        n_prompt = len(chat.run.req.prompt_ids)
+        return SSEResponse(_events(chat.stream(include_usage=True), model, n_prompt), chat.run)
+    await chat.run.collect()
+    choice = (await chat.choices())[0]
+    reason = STOP_REASONS.get(choice["finish_reason"], "end_turn")  # tool_calls when the answer is calls
+    stop_sequence = chat.run.choices[0].stop_word or None
     if reason == "end_turn" and stop_sequence:
         reason = "stop_sequence"
-    usage = data["usage"]
+    usage = chat.run.usage()
     return JSONResponse(
         {
             "id": f"msg_{uuid.uuid4().hex}",
@@ -238,7 +234,7 @@ async def messages(body: MessagesRequest, http: HTTPRequest) -> Response:
             "usage": {
                 "input_tokens": usage["prompt_tokens"],
                 "output_tokens": usage["completion_tokens"],
-                "cache_read_input_tokens": (usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0),
+                "cache_read_input_tokens": usage["prompt_tokens_details"]["cached_tokens"],
                 "cache_creation_input_tokens": 0,
             },
         }
@@ -249,16 +245,13 @@ def _event(kind: str, data: dict) -> str:
     return f"event: {kind}\ndata: {json.dumps({'type': kind, **data})}\n\n"
 
 
-async def _events(chunks: AsyncIterator[str], model: str, n_prompt: int) -> AsyncIterator[str]:
-    """OpenAI chat chunks (SSE text) -> Anthropic's event sequence."""
+async def _events(chunks: AsyncIterator[dict], model: str, n_prompt: int) -> AsyncIterator[str]:
+    """OpenAI chat chunks -> Anthropic's event sequence."""
     message = {"id": f"msg_{uuid.uuid4().hex}", "type": "message", "role": "assistant", "model": model, "content": []}
     message |= {"stop_reason": None, "stop_sequence": None, "usage": {"input_tokens": n_prompt, "output_tokens": 0}}
     yield _event("message_start", {"message": message})
     open_kind, index, reason, usage = None, -1, "end_turn", {}
-    async for data in chat_chunks(chunks):
-        if isinstance(data, str):  # an SSE ping passes through
-            yield data
-            continue
+    async for data in chunks:
         if "error" in data:
             error = data["error"]
             yield _event("error", {"error": {"type": error.get("type", "api_error"), "message": error["message"]}})

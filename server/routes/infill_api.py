@@ -14,7 +14,7 @@ from pydantic import Field
 
 from engine import infill_prompt
 from server.errors import APIError
-from server.routes.native_api import complete
+from server.pipeline.native_completion import complete
 from server.schemas.answers import NativeCompletion, documented
 from server.schemas.requests import NativeCompletionRequest, _Body
 

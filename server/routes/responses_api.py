@@ -1,8 +1,8 @@
 """OpenAI's Responses API (``POST /v1/responses``, ``/v1/responses/input_tokens``), as
 Codex and the OpenAI SDK's ``responses.create`` use it, and as llama-server serves it:
-stateless. The request becomes the chat completion it means (server/routes/openai_api.py: the
-same template, tools, reasoning split, structured outputs and sampling); the answer, or
-the stream, is rewritten as output items (server/pipeline/responses_output.py).
+stateless. The request becomes the chat body it means and goes the one way chat requests
+go (server/pipeline/chat.py: the same template, tools, reasoning split, structured
+outputs and sampling); the answer, or its chunks, are written as output items (server/pipeline/responses_output.py).
 
 Choices (docs/architecture.md): ``previous_response_id`` is a 400 (nothing is stored;
 ``store`` is accepted and answered ``false``); tools other than functions are skipped
@@ -12,7 +12,6 @@ Choices (docs/architecture.md): ``previous_response_id`` is a 400 (nothing is st
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from typing import Annotated, Any, Literal
@@ -24,9 +23,9 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import ConfigDict, Field, ValidationError
 
 from server.errors import APIError
+from server.pipeline.chat import chat_prompt, open_chat
 from server.pipeline.responses_output import finished, new_id, output_items, response_events
 from server.pipeline.sse import SSEResponse
-from server.routes.openai_api import chat_completions, chat_prompt
 from server.schemas.answers import ResponseObject, ResponseTokenCount, documented
 from server.schemas.requests import ChatCompletionRequest, Int, ToolName, _Body, text_only
 
@@ -246,8 +245,6 @@ def _sampling(body: ResponsesRequest) -> dict:
     for name in ("temperature", "top_p"):
         if getattr(body, name) is not None:
             out[name] = getattr(body, name)
-    if body.stream:
-        out["stream_options"] = {"include_usage": True}
     return out
 
 
@@ -258,19 +255,16 @@ def _sampling(body: ResponsesRequest) -> dict:
 async def responses(body: ResponsesRequest, http: HTTPRequest) -> Response:
     """OpenAI's Responses API, stateless (streamed with ``stream``)."""
     state = http.app.state.slotserve
-    chat = to_chat(body, _sampling(body))
-    answer = await chat_completions(chat, http)
+    chat = await open_chat(http, to_chat(body, _sampling(body)))
+    if chat is None:
+        return Response(status_code=499)
     response = response_object(body, new_id("resp"), body.model or state.settings.model_name, int(time.time()))
     if body.stream:
-        if isinstance(answer, SSEResponse):
-            answer.body_iterator = response_events(answer.body_iterator, response)
-        return answer
-    if answer.status_code != 200:
-        return answer
-    data = json.loads(answer.body)
-    choice = data["choices"][0]
+        return SSEResponse(response_events(chat.stream(include_usage=True), response), chat.run)
+    await chat.run.collect()
+    choice = (await chat.choices())[0]
     response["output"] = output_items(choice["message"])
-    return JSONResponse(finished(response, choice["finish_reason"], data["usage"]))
+    return JSONResponse(finished(response, choice["finish_reason"], chat.run.usage()))
 
 
 @router.post("/v1/responses/input_tokens", response_model=None, responses=documented(ResponseTokenCount, 400, 413, 503))

@@ -123,3 +123,19 @@ def test_no_messages_at_all_is_taken_as_llama_server_takes_it(srv):
     assert (
         start["type"] == "message_start" and start["message"]["usage"]["input_tokens"] == counted.json()["input_tokens"]
     )
+
+
+def test_a_message_does_not_pay_for_llama_servers_verbose_answer(client, monkeypatch):
+    """Messages go the one chat way (server/pipeline/chat.py) without ``__verbose``: the
+    stop sequence comes from the run itself, so the prompt is never detokenized whole."""
+    from server.pipeline import openai_run
+
+    def refuse(*_):
+        raise AssertionError("__verbose was computed for an Anthropic message")
+
+    monkeypatch.setattr(openai_run, "verbose_answer", refuse)
+    m = client.messages.create(
+        model="demo", max_tokens=32, messages=[{"role": "user", "content": "Count: one two"}], stop_sequences=["e"]
+    )
+    assert m.stop_reason in ("stop_sequence", "max_tokens", "end_turn")
+    assert m.stop_reason != "stop_sequence" or m.stop_sequence == "e"

@@ -1,0 +1,103 @@
+"""One way through a chat request, whichever API it came by: OpenAI's chat route,
+Anthropic's Messages and OpenAI's Responses all call ``open_chat`` with a chat body and
+get the admitted run and its answer; each then writes that answer in its own shapes
+(no route calls another, nothing is parsed back)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+from fastapi import Request as HTTPRequest
+
+from engine import Engine, TokenLogprob
+from server.errors import APIError
+from server.pipeline.chat_output import ChatAnswer
+from server.pipeline.chat_prompt import chat_template, render_chat, uses_tools
+from server.pipeline.generation import check_text_fits, encode
+from server.pipeline.openai_run import chunks, header, piece, start_run
+from server.pipeline.reasoning import opens_thinking
+from server.pipeline.run import Run
+from server.pipeline.thinking_budget import budget_spec
+from server.pipeline.tool_calls import family, forced_grammar
+from server.schemas.requests import ChatCompletionRequest, NamedToolChoice
+
+
+def chat_logprob(engine: Engine, lp: TokenLogprob) -> dict:
+    def entry(tid: int, value: float) -> dict:
+        text = piece(engine, tid)
+        return {"token": text, "logprob": value, "bytes": list(text.encode("utf-8"))}
+
+    return {**entry(lp.token_id, lp.logprob), "top_logprobs": [entry(t, v) for t, v in lp.top]}
+
+
+async def chat_prompt(state, engine, body: ChatCompletionRequest) -> tuple[str, list[int]]:
+    """The rendered prompt and its token ids."""
+    check_text_fits(engine, sum(len(m.text()) for m in body.messages))
+    if body.continue_final_message and "add_generation_prompt" in body.model_fields_set and body.add_generation_prompt:
+        raise APIError(400, "continue_final_message and add_generation_prompt cannot both be true")
+    prompt = await render_chat(engine, body, state.settings.template_kwargs, state.settings.prefill_assistant)
+    return prompt, await encode(engine, prompt, add_special=True)  # BOS where the tokenizer adds it
+
+
+def chat_max_tokens(body: ChatCompletionRequest) -> int | None:
+    return body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
+
+
+def chat_top(body: ChatCompletionRequest) -> int | None:
+    return (body.top_logprobs or 0) if body.logprobs else None
+
+
+def forced_call(engine, body: ChatCompletionRequest) -> tuple[str, str] | None:
+    """The grammar that makes the answer a call, when tool_choice requires one."""
+    choice = body.tool_choice
+    if not body.tools or choice in (None, "none", "auto"):
+        if isinstance(choice, NamedToolChoice) or choice == "required":
+            raise APIError(400, "tool_choice: the request has no tools")
+        return None
+    tools = [t.model_dump(exclude_none=True) for t in body.tools]
+    if isinstance(choice, NamedToolChoice):
+        tools = [t for t in tools if t["function"]["name"] == choice.function.name]
+        if not tools:
+            raise APIError(400, f"tool_choice: no tool named {choice.function.name!r}")
+    fmt = family(chat_template(engine).source)
+    return "lark", forced_grammar(fmt, tools, body.parallel_tool_calls)
+
+
+@dataclass
+class ChatRun:
+    """An admitted chat request: its run, its answer being written (reasoning split,
+    tool calls), and OpenAI's answer header."""
+
+    engine: object
+    body: ChatCompletionRequest
+    run: Run
+    answer: ChatAnswer
+    head: dict
+
+    def stream(self, include_usage: bool, verbose=None) -> AsyncIterator[dict]:
+        """OpenAI's chat chunks as dicts (an error ends them as ``{"error": ...}``)."""
+        head = {**self.head, "object": "chat.completion.chunk"}
+        return chunks(self.run, head, include_usage, self.answer.delta, self.answer.opening(), verbose)
+
+    async def choices(self) -> list[dict]:
+        """Every choice as a message (run to its end first: ``run.collect()``)."""
+        return await asyncio.to_thread(lambda: [self.answer.choice(c) for c in self.run.choices])  # logprobs: decodes
+
+
+async def open_chat(http: HTTPRequest, body: ChatCompletionRequest) -> ChatRun | None:
+    """The chat body's run, admitted, with its answer; None when the client left.
+    Refusals raise APIError (the route's error shape answers them)."""
+    state = http.app.state.slotserve
+    engine = state.require_ready()
+    prompt, ids = await chat_prompt(state, engine, body)
+    budget = budget_spec(state, engine, body, prompt)
+    run = await start_run(http, body, ids, chat_max_tokens(body), chat_top(body), forced_call(engine, body), budget)
+    if run is None:
+        return None
+    tool_format = family(chat_template(engine).source) if uses_tools(body) else None
+    fmt = body.reasoning_format or state.settings.reasoning_format
+    logprob = (lambda lp: chat_logprob(engine, lp)) if body.logprobs else None
+    answer = ChatAnswer(body.n, fmt, opens_thinking(prompt), tool_format, logprob)
+    return ChatRun(engine, body, run, answer, header("chat.completion", state.settings.model_name, engine))

@@ -1,0 +1,59 @@
+"""llama-server's native completion (``/completion``, ``/infill``): prompts given as
+ids run as one batch of runs and answered in llama-server's shapes."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+
+from fastapi import Request as HTTPRequest
+from fastapi.responses import JSONResponse, Response
+
+from server.pipeline.generation import LLAMA_DEFAULTS, build_request
+from server.pipeline.native_answer import NativeAnswer
+from server.pipeline.run_batch import RunBatch
+from server.pipeline.sse import SSEResponse, sse_frames
+from server.schemas.requests import NativeCompletionRequest
+
+
+async def complete(
+    http: HTTPRequest, body: NativeCompletionRequest, prompts: list[list[int]], batch: bool, n_cmpl: int = 1
+) -> Response:
+    """llama-server's native answer (a list when ``batch``) for prompts given as ids;
+    ``n_cmpl``: each prompt comes that many times in a row, completed as llama-server's
+    child tasks are (a seed given is moved by one per child; no pinned slot). Every
+    prompt is checked before any runs; they are admitted as slots free up
+    (server/pipeline/run_batch.py), and a stream starts with the first."""
+    state = http.app.state.slotserve
+    engine = state.require_ready()
+    reqs = [await _request(state, body, ids, i % n_cmpl) for i, ids in enumerate(prompts)]
+    for req in reqs:
+        engine.validate(req)
+    runs = RunBatch(state, http, reqs, engine.n_slots)
+    if body.sse_ping_interval is not None:
+        runs.runs[0].ping_interval = body.sse_ping_interval
+    if not await runs.open_first():
+        return Response(status_code=499)
+    answer = NativeAnswer(state, body, engine)
+    if body.stream:
+        frames = sse_frames(runs.events(), lambda i, e: answer.frame(runs.runs[i], i, e))
+        return SSEResponse(frames, runs.runs, on_close=runs.close)
+    try:
+        if not await runs.collect():
+            return Response(status_code=499)
+    finally:
+        await runs.close()
+    results = await asyncio.to_thread(lambda: [answer.final(run, i) for i, run in enumerate(runs.runs)])
+    return JSONResponse(results if batch else results[0])
+
+
+async def _request(state, body: NativeCompletionRequest, ids: list[int], child: int):
+    """The engine request of one prompt; ``child`` > 0: an ``n_cmpl`` child (its own
+    seed, any slot)."""
+    requested = None if body.n_predict < 0 else body.n_predict
+    req = await build_request(state, body, ids, requested, body.n_probs or None, LLAMA_DEFAULTS)
+    if child:
+        child_seed = body.seed + child if body.seed not in (None, -1) else None
+        req.params, req.id_slot = dataclasses.replace(req.params, seed=child_seed), None
+    req.progress = body.return_progress and body.stream
+    return req
