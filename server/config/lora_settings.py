@@ -3,14 +3,25 @@
 
 from __future__ import annotations
 
-from pydantic import Field, field_validator
+from pydantic import field_validator
 from pydantic_settings import BaseSettings
+
+from server.config.setting import setting
 
 
 class LoraSettings(BaseSettings):
-    lora: str | None = Field(None, description="LoRA adapters (GGUF files, PEFT folders), comma-separated, at scale 1")
-    lora_scaled: str | None = Field(None, description="LoRA adapters with their scales, FILE:SCALE, comma-separated")
-    lora_init_without_apply: bool = Field(False, description="load the adapters at scale 0 (POST /lora-adapters)")
+    lora: str | None = setting(
+        None, description="LoRA adapters (GGUF files, PEFT folders), comma-separated, at scale 1", flags=("--lora",)
+    )
+    lora_scaled: str | None = setting(
+        None, description="LoRA adapters with their scales, FILE:SCALE, comma-separated", flags=("--lora-scaled",)
+    )
+    lora_init_without_apply: bool = setting(
+        False,
+        description="load the adapters at scale 0 (POST /lora-adapters)",
+        flags=("--lora-init-without-apply",),
+        off=("--no-lora-init-without-apply",),
+    )
 
     @field_validator("lora_scaled")
     @classmethod
