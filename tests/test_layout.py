@@ -41,6 +41,7 @@ ORDER = {
         "spec",
         "protocol",
         "snapshot_shelf",
+        "kind_base",
         "attention",
         "recurrent",
         "composite",

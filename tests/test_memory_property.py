@@ -123,10 +123,11 @@ def test_prefix_copy_shares_blocks_and_copy_on_write():
     ref = [[] for _ in range(N_SEQ)]
     do_prepare(cache, ref, 0, 10, tag=1)  # 3 blocks, the last half full
     cache.seq_cp(0, 1)
-    assert cache.pool.n_used == 3 and cache.tables[0] == cache.tables[1]
+    assert cache.store.pool.n_used == 3 and cache.store.tables[0] == cache.store.tables[1]
     do_prepare(cache, ref, 1, 1, tag=2)  # writes into the shared last block: copied first
-    assert cache.tables[0][:2] == cache.tables[1][:2] and cache.tables[0][2] != cache.tables[1][2]
-    assert cache.pool.n_used == 4
+    tables = cache.store.tables
+    assert tables[0][:2] == tables[1][:2] and tables[0][2] != tables[1][2]
+    assert cache.store.pool.n_used == 4
     assert observed(cache, 0) == [(1, p) for p in range(10)]
     cache.integrity_check()
 
@@ -141,5 +142,5 @@ def test_cache_full_leaves_state_unchanged():
         pass
     else:
         raise AssertionError("expected CacheFull")
-    assert cache.seq_len(1) == 0 and cache.seq_len(0) == 10 and cache.pool.n_free == 0
+    assert cache.seq_len(1) == 0 and cache.seq_len(0) == 10 and cache.store.pool.n_free == 0
     cache.integrity_check()

@@ -45,7 +45,7 @@ def test_a_finished_sequence_s_blocks_are_kept_and_taken_by_a_later_prompt():
     write(memory, 0, tokens)
     memory.publish_prefix(0, tokens)
     memory.seq_rm(0)
-    assert memory.usage().groups[0].n_blocks_cached == 3 and memory.pool.n_free == 12
+    assert memory.usage().groups[0].n_blocks_cached == 3 and memory.store.pool.n_free == 12
     prompt = tokens[:13] + [99, 98]
     assert memory.cached_prefix(prompt) == 12
     assert memory.attach_prefix(1, prompt) == 12 and memory.usage().groups[0].n_blocks_cached == 0
@@ -87,7 +87,7 @@ def test_allocation_evicts_the_least_recently_kept_blocks_first():
         write(memory, seq, tokens)
         memory.publish_prefix(seq, tokens)
         memory.seq_rm(seq)
-    assert memory.pool.n_cached == 4 and memory.pool.n_free == 6
+    assert memory.store.pool.n_cached == 4 and memory.store.pool.n_free == 6
     write(memory, 2, list(range(16)))  # needs 4: the 2 free, then the 2 kept the longest
     assert memory.cached_prefix(old) == 0 and memory.cached_prefix(new) == 8
     memory.integrity_check()

@@ -24,12 +24,12 @@ def test_prefix_copy_then_suffix_removal_matches_fresh_run(tmp_path):
     first = torch.randint(0, 300, (40,), generator=gen).tolist()
     second = first[:16] + torch.randint(0, 300, (9,), generator=gen).tolist()
     run(engine, first, seq_id=0)
-    used_before = engine.memory.pool.n_used
+    used_before = engine.memory.store.pool.n_used
     engine.memory.seq_cp(0, 1)  # all of sequence 0 ...
     engine.memory.seq_rm(1, 16)  # ... minus everything after the 16-token prefix
-    assert engine.memory.pool.n_used == used_before  # the prefix is shared, not stored twice
-    assert engine.memory.tables[1] == engine.memory.tables[0][:2]
-    assert all(engine.memory.pool.refcount[b] == 2 for b in engine.memory.tables[1])
+    assert engine.memory.store.pool.n_used == used_before  # the prefix is shared, not stored twice
+    assert engine.memory.store.tables[1] == engine.memory.store.tables[0][:2]
+    assert all(engine.memory.store.pool.refcount[b] == 2 for b in engine.memory.store.tables[1])
     reused = run(engine, second, seq_id=1, n_cached=16)
     fresh = run(engine, second, seq_id=2)
     assert reused == fresh

@@ -48,10 +48,10 @@ def test_cache_full_in_a_context_shift_changes_nothing_and_loses_no_token(folder
         engine.step()
     assert a.n_shifted == 0 and a.n_computed == N_CTX - 2
     engine.memory.seq_cp(A, B, 0, a.n_computed // BS * BS)  # B shares A's whole blocks: a shift cannot free them
-    n_free = engine.memory.pool.n_free
+    n_free = engine.memory.store.pool.n_free
     assert n_free > 0
     engine.memory.prepare(MemoryBatch([C], [n_free * BS], torch.arange(n_free * BS)))  # C takes every free block
-    assert engine.memory.pool.n_free == 0
+    assert engine.memory.store.pool.n_free == 0
 
     n_full = 0
     for _ in range(200):

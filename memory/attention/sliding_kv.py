@@ -25,7 +25,8 @@ import torch
 
 from memory.attention.kv_state import type_meta, validate_kv_state
 from memory.attention.stream_kv import UNUSED, StreamKVView
-from memory.protocol import GroupUsage, IntegrityError, Memory, MemoryBatch, MemoryUsage, SeqState, StateMismatch
+from memory.kind_base import ForgettingKind
+from memory.protocol import GroupUsage, IntegrityError, MemoryBatch, MemoryUsage, SeqState, StateMismatch
 from memory.snapshot_shelf import SnapshotShelf
 from memory.spec import LayerSpec, bytes_per_cell, window_of
 
@@ -40,8 +41,10 @@ class _Checkpoint:
     v: dict[int, torch.Tensor]
 
 
-class SlidingKVCache(Memory):
+class SlidingKVCache(ForgettingKind):
     kind = "kv_swa"
+    copies = "a sliding-window cache"
+    shift_refusal = "a sliding-window cache cannot shift positions (start with --swa-full)"
 
     def __init__(
         self,
@@ -118,9 +121,12 @@ class SlidingKVCache(Memory):
         # [m, KVH, D] copies
         return _Checkpoint(p1, torch.arange(p0, p1), k, v)
 
-    def checkpoints(self, seq: int) -> list[int]:
-        self._check_seq(seq)
-        return self.snaps.ends(seq)
+    def _can_cut(self, seq: int, q: int) -> bool:
+        return q <= 0 or self._holds_window(seq, q) or self.snaps.at(seq, q) is not None
+
+    def _snapshot_end(self, seq: int) -> _Checkpoint:
+        end = self.n[seq]
+        return self._snapshot(seq, max(self.lo[seq], end - self.window + 1), end)
 
     # ---- protocol ------------------------------------------------------------------
 
@@ -153,10 +159,6 @@ class SlidingKVCache(Memory):
             self.lo[seq] = max(self.lo[seq], self.n[seq] - self.ring)
         write_rows = torch.cat(rows) if rows else torch.empty(0, dtype=torch.long)  # [T] rows of [S * R]
         return StreamKVView(self, batch, write_rows)
-
-    @property
-    def cuts_anywhere(self) -> bool:
-        return False  # the window before an earlier position is gone, unless checkpointed
 
     def seq_cut_point(self, seq: int, p: int) -> int:
         self._check_seq(seq)
@@ -200,19 +202,6 @@ class SlidingKVCache(Memory):
             return False  # positions from the middle: the window would have a hole
         return p0 <= 0 or self._holds_window(seq, p0) or self.snaps.at(seq, p0) is not None
 
-    def check_cp(self, src: int, dst: int, p0: int = 0, p1: int | None = None) -> None:
-        """ValueError unless ``seq_cp(src, dst, p0, p1)`` can be done (no change): a
-        prefix, up to a cut point (``seq_cut_point``)."""
-        self._check_seq(src)
-        self._check_seq(dst)
-        if src == dst:
-            return
-        if p0 > 0:
-            raise ValueError("a sliding-window cache copies prefixes only")
-        q = self.n[src] if p1 is None else min(p1, self.n[src])
-        if q > 0 and not self._holds_window(src, q) and self.snaps.at(src, q) is None:
-            raise ValueError(f"sequence {src} cannot be cut at {q} (see seq_cut_point)")
-
     def seq_cp(self, src: int, dst: int, p0: int = 0, p1: int | None = None) -> None:
         self.check_cp(src, dst, p0, p1)
         if src == dst:
@@ -229,29 +218,9 @@ class SlidingKVCache(Memory):
             self.lo[dst] = int(ckpt.positions[0]) if len(ckpt.positions) else q
         self.snaps.copy(src, dst, q)
 
-    def seq_keep(self, seq: int) -> None:
-        self._check_seq(seq)
-        for s in range(self.n_seq_max):
-            if s != seq:
-                self._clear(s)
-
-    def seq_add(self, seq: int, p0: int, p1: int | None, delta: int) -> None:
-        if delta:
-            raise NotImplementedError("a sliding-window cache cannot shift positions (start with --swa-full)")
-
-    def checkpoint(self, seq: int) -> None:
-        self._check_seq(seq)
-        end = self.n[seq]
-        if end > 0 and self.snaps.keep and self.snaps.at(seq, end) is None:
-            self.snaps.add(seq, self._snapshot(seq, max(self.lo[seq], end - self.window + 1), end))
-
     def seq_pos_min(self, seq: int) -> int:
         self._check_seq(seq)
         return self.lo[seq] if self.n[seq] else -1
-
-    def seq_pos_max(self, seq: int) -> int:
-        self._check_seq(seq)
-        return self.n[seq] - 1
 
     def seq_len(self, seq: int) -> int:
         self._check_seq(seq)
@@ -290,10 +259,6 @@ class SlidingKVCache(Memory):
         v = {layer: state.tensors[f"v.{layer}"] for layer in self.specs}
         self._write(seq, state.positions.to(torch.long), k, v)
         self.n[seq], self.lo[seq] = end, lo
-
-    @property
-    def can_shift(self) -> bool:
-        return False
 
     def usage(self, held_by: list[int] | tuple[int, ...] = ()) -> MemoryUsage:
         bs = self.block_size

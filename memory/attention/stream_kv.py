@@ -18,11 +18,11 @@ import torch
 from memory.attention.kv_state import FAR, NO_POS, KVRopeShift, kv_state, shift_stored, type_meta, validate_kv_state
 from memory.attention.kv_view import GroupedKVView, store, stream_decode_kernel
 from memory.attention.lazy_zeros import lazy_zeros
+from memory.kind_base import MemoryKind
 from memory.protocol import (
     CacheFull,
     GroupUsage,
     IntegrityError,
-    Memory,
     MemoryBatch,
     MemoryUsage,
     SeqState,
@@ -33,8 +33,9 @@ from memory.spec import LayerSpec, bytes_per_cell, window_of
 UNUSED = FAR + 1  # position of a cell past a stream's end: no query attends to it
 
 
-class StreamKVCache(Memory):
+class StreamKVCache(MemoryKind):
     kind = "kv_stream"
+    shift_refusal = "this cache has no rope_shift hook"
 
     def __init__(
         self,
@@ -130,19 +131,11 @@ class StreamKVCache(Memory):
         if src != dst:
             self._set_cells(dst, src, self._select(src, p0, p1).nonzero().flatten())
 
-    def seq_keep(self, seq: int) -> None:
-        self._check_seq(seq)
-        for s in range(self.n_seq_max):
-            if s != seq:
-                self.cell_pos[s] = UNUSED
-                self.n[s] = 0
+    def _clear(self, seq: int) -> None:
+        self.cell_pos[seq] = UNUSED
+        self.n[seq] = 0
 
-    def seq_add(self, seq: int, p0: int, p1: int | None, delta: int) -> None:
-        self._check_seq(seq)
-        if delta == 0:
-            return
-        if not self.can_shift:
-            raise NotImplementedError("this cache has no rope_shift hook")
+    def _shift(self, seq: int, p0: int, p1: int | None, delta: int) -> None:
         idx = self._select(seq, p0, p1).nonzero().flatten()
         if not len(idx):
             return

@@ -26,11 +26,11 @@ from dataclasses import dataclass
 
 import torch
 
+from memory.kind_base import ForgettingKind
 from memory.protocol import (
     ForwardView,
     GroupUsage,
     IntegrityError,
-    Memory,
     MemoryBatch,
     MemoryUsage,
     SeqState,
@@ -49,8 +49,10 @@ class Snapshot:
     ssm: dict[int, torch.Tensor]
 
 
-class RecurrentMemory(Memory):
+class RecurrentMemory(ForgettingKind):
     kind = "recurrent"
+    copies = "a recurrent state"
+    shift_refusal = "a recurrent state cannot shift positions"
 
     def __init__(
         self,
@@ -120,9 +122,11 @@ class RecurrentMemory(Memory):
             self.n[seq] += n_new
         return RecurrentView(self, batch)
 
-    @property
-    def cuts_anywhere(self) -> bool:
-        return False  # only where a checkpoint was kept, or at the end
+    def _can_cut(self, seq: int, q: int) -> bool:
+        return q == self.n[seq] or self.snaps.at(seq, q) is not None
+
+    def _snapshot_end(self, seq: int) -> Snapshot:
+        return self._snapshot(seq)
 
     def seq_cut_point(self, seq: int, p: int) -> int:
         self._check_seq(seq)
@@ -160,18 +164,6 @@ class RecurrentMemory(Memory):
             return False  # positions from the middle: a state cannot forget them
         return p0 <= 0 or self.snaps.at(seq, p0) is not None
 
-    def check_cp(self, src: int, dst: int, p0: int = 0, p1: int | None = None) -> None:
-        """ValueError unless ``seq_cp(src, dst, p0, p1)`` can be done (no change)."""
-        self._check_seq(src)
-        self._check_seq(dst)
-        if src == dst:
-            return
-        if p0 > 0:
-            raise ValueError("a recurrent state copies prefixes only")
-        q = self.n[src] if p1 is None else min(p1, self.n[src])
-        if q != self.n[src] and self.snaps.at(src, q) is None:
-            raise ValueError(f"sequence {src} cannot be cut at {q} (see seq_cut_point)")
-
     def seq_cp(self, src: int, dst: int, p0: int = 0, p1: int | None = None) -> None:
         self.check_cp(src, dst, p0, p1)
         if src == dst:
@@ -183,38 +175,13 @@ class RecurrentMemory(Memory):
             self._restore(dst, snap)
         self.snaps.copy(src, dst, q)
 
-    def checkpoint(self, seq: int) -> None:
-        self._check_seq(seq)
-        end = self.n[seq]
-        if end > 0 and self.snaps.keep and self.snaps.at(seq, end) is None:
-            self.snaps.add(seq, self._snapshot(seq))
-
-    def seq_keep(self, seq: int) -> None:
-        self._check_seq(seq)
-        for s in range(self.n_seq_max):
-            if s != seq:
-                self._clear(s)
-
-    def seq_add(self, seq: int, p0: int, p1: int | None, delta: int) -> None:
-        if delta:
-            raise NotImplementedError("a recurrent state cannot shift positions")
-
     def seq_pos_min(self, seq: int) -> int:
         self._check_seq(seq)
         return 0 if self.n[seq] else -1
 
-    def seq_pos_max(self, seq: int) -> int:
-        self._check_seq(seq)
-        return self.n[seq] - 1
-
     def seq_len(self, seq: int) -> int:
         self._check_seq(seq)
         return self.n[seq]
-
-    def checkpoints(self, seq: int) -> list[int]:
-        """Positions ``seq`` can be put back to (its snapshots' ends), oldest first."""
-        self._check_seq(seq)
-        return self.snaps.ends(seq)
 
     def save_seq(self, seq: int) -> SeqState:
         """The current state and every checkpoint: ``conv.<layer>`` / ``ssm.<layer>``,
@@ -281,10 +248,6 @@ class RecurrentMemory(Memory):
         self._clear(seq)
         self._restore(seq, current)
         self.snaps.put(seq, snaps)
-
-    @property
-    def can_shift(self) -> bool:
-        return False
 
     def usage(self, held_by: list[int] | tuple[int, ...] = ()) -> MemoryUsage:
         """A block is one sequence's whole state; checkpoints count as blocks too."""
