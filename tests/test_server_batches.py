@@ -74,3 +74,46 @@ def test_a_stream_starts_before_the_later_prompts_are_admitted(srv):
     assert json.loads(first[6:])["stop"] is False
     wait_for(lambda: not any(s["is_processing"] for s in httpx.get(srv.url + "/slots").json()), what="slots idle")
     assert _predicted(srv) - before < N_LONG
+
+
+def test_a_batch_stream_holds_at_most_a_window_of_events_for_a_reader_that_stops():
+    """The runs' events reach the reader through a bounded queue: when the reader stops,
+    the pumps stop pulling, so each run's own bound (Run.MAX_BUFFERED, then 408) applies
+    instead of an unbounded merge queue growing."""
+    import asyncio
+
+    from server.pipeline.run_batch import RunBatch
+
+    class FakeRun:
+        def __init__(self):
+            self.pulled = 0
+
+        async def open(self, engine):
+            return True
+
+        async def events(self):
+            for _ in range(5000):
+                self.pulled += 1
+                yield object()
+
+        async def close(self):
+            pass
+
+        client_left = overflowed = False
+
+    class FakeState:
+        def require_ready(self):
+            return None
+
+    async def scenario():
+        batch = RunBatch(FakeState(), [FakeRun(), FakeRun()], window=2)
+        assert await batch.open_first()
+        events = batch.events()
+        await anext(events)  # the reader takes one event, then stops reading
+        for _ in range(50):
+            await asyncio.sleep(0)  # the pumps run as far as they can
+        pulled = sum(run.pulled for run in batch.runs)
+        await events.aclose()
+        return pulled
+
+    assert asyncio.run(scenario()) <= 2 + 2 + 1  # the queue's two, one per pump in hand, the one read

@@ -11,7 +11,7 @@ from fastapi.responses import JSONResponse, Response
 
 from server.pipeline.generation import LLAMA_DEFAULTS, build_request
 from server.pipeline.native_answer import NativeAnswer
-from server.pipeline.run_batch import RunBatch
+from server.pipeline.run_batch import run_batch
 from server.pipeline.sse import SSEResponse, sse_frames
 from server.schemas.requests import NativeCompletionRequest
 
@@ -29,7 +29,7 @@ async def complete(
     reqs = [await _request(state, body, ids, i % n_cmpl) for i, ids in enumerate(prompts)]
     for req in reqs:
         engine.validate(req)
-    runs = RunBatch(state, http, reqs, engine.n_slots)
+    runs = run_batch(state, http, reqs, engine.n_slots)
     if body.sse_ping_interval is not None:
         runs.runs[0].ping_interval = body.sse_ping_interval
     if not await runs.open_first():

@@ -26,10 +26,15 @@ from server.state import ServerState
 _ENDED = object()  # a pump's last item
 
 
+def run_batch(state: ServerState, http: HTTPRequest, reqs: list[Request], window: int) -> RunBatch:
+    """One run per request, admitted ``window`` at a time."""
+    return RunBatch(state, [Run(state, http, req) for req in reqs], window)
+
+
 class RunBatch:
-    def __init__(self, state: ServerState, http: HTTPRequest, reqs: list[Request], window: int):
+    def __init__(self, state: ServerState, runs: list[Run], window: int):
         self.state = state
-        self.runs = [Run(state, http, req) for req in reqs]
+        self.runs = runs
         self.client_gone = False
         self._slots = asyncio.Semaphore(max(1, window))
         self._queue: asyncio.Queue = asyncio.Queue(maxsize=max(1, window))

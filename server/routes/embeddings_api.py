@@ -25,7 +25,7 @@ from pydantic import ConfigDict, Field
 from engine import Request, SamplingParams
 from server.errors import APIError
 from server.pipeline.generation import prompt_ids
-from server.pipeline.run_batch import RunBatch
+from server.pipeline.run_batch import run_batch
 from server.schemas.answers import EmbeddingList, NativeEmbedding, documented
 from server.schemas.requests import EmbedSize, Int, PromptObject, TokenId, _Body
 
@@ -115,7 +115,7 @@ async def _embed(http: HTTPRequest, body: EmbeddingRequest, oai: bool) -> tuple[
     reqs = [Request(ids, SamplingParams(max_tokens=1), pooling=pooling) for ids in prompts]
     for req in reqs:
         engine.validate(req)
-    batch = RunBatch(state, http, reqs, engine.n_slots)  # admitted as slots free up
+    batch = run_batch(state, http, reqs, engine.n_slots)  # admitted as slots free up
     try:
         if not await batch.open_first() or not await batch.collect():
             return [], -1  # the client left
