@@ -31,7 +31,7 @@ def test_schemathesis_finds_nothing(tmp_path):
         srv.wait_ready()
         st = Path(sys.executable).with_name("schemathesis")
         cmd = [str(st), "run", srv.url + "/openapi.json", "--checks", "all", "--mode", "all", "--seed", "1"]
-        cmd += ["--max-time", "35", "--request-timeout", "120", "--max-response-time", "60"]
+        cmd += ["--max-time", "20", "--request-timeout", "120", "--max-response-time", "60"]
         cmd += ["-H", f"Authorization: Bearer {KEY}"]
         hooks = {"SCHEMATHESIS_HOOKS": "schemathesis_hooks", "PYTHONPATH": str(Path(__file__).parent)}
         env = {**os.environ, **hooks}  # rules counted from the end of a conversation: see the hooks
