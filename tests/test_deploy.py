@@ -16,7 +16,7 @@ import promql_parser
 import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
-from server_proc import ServerProcess
+from server_proc import InProcessServer
 
 ROOT = Path(__file__).resolve().parents[1]
 K8S_VERSION = "1.33.0"
@@ -26,7 +26,7 @@ CRD_GROUPS = ("monitoring.coreos.com/",)
 @pytest.fixture(scope="module")
 def exposed() -> set[str]:
     """Every sample name a real server exposes (histograms as _bucket/_sum/_count)."""
-    with ServerProcess("--metrics", "-np", "1") as srv:
+    with InProcessServer.from_flags("--metrics", "-np", "1") as srv:
         srv.wait_ready()
         text = httpx.get(srv.url + "/metrics").text
     return {s.name for f in text_string_to_metric_families(text) for s in f.samples}

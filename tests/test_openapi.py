@@ -13,7 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 from checkpoints import add_fim_tokens, make_checkpoint
-from server_proc import ServerProcess
+from server_proc import InProcessServer, ServerProcess
 
 KEY = "schema-key"
 
@@ -43,8 +43,7 @@ def test_schemathesis_finds_nothing(tmp_path):
 
 
 def test_the_document_states_the_models_limits(tmp_path):
-    with ServerProcess("--metrics", "-np", "3", "--api-key", KEY) as srv:
-        srv.wait_listening()
+    with InProcessServer.from_flags("--metrics", "-np", "3", "--api-key", KEY) as srv:
         srv.wait_ready()
         auth = {"Authorization": f"Bearer {KEY}"}
         doc = httpx.get(srv.url + "/openapi.json", headers=auth).json()

@@ -7,7 +7,7 @@ import json
 import httpx
 import openai
 import pytest
-from server_proc import ServerProcess
+from server_proc import InProcessServer
 
 from engine import Engine, SamplingParams
 
@@ -17,7 +17,7 @@ PROMPTS = ["def fibonacci(n):", "import os\nimport sys\n\n", "class Stack:\n    
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     log = tmp_path_factory.mktemp("server") / "server.log"
-    with ServerProcess("-np", "4", "-c", "4096", log=log) as srv:
+    with InProcessServer.from_flags("-np", "4", "-c", "4096", log=log) as srv:
         srv.wait_ready()
         yield srv
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import httpx
 from checkpoints import GRANITE_HYBRID_TINY, make_checkpoint
 from prometheus_client.parser import text_string_to_metric_families
-from server_proc import ServerProcess
+from server_proc import InProcessServer
 
 
 def complete(srv, prompt, n: int, id_slot: int, **kw) -> dict:
@@ -35,7 +35,7 @@ def test_a_hybrid_model_reuses_slots_through_checkpoints(tmp_path):
     slots_dir = str(tmp_path / "slots")
     args = ("-m", str(folder), "-np", "2", "-c", "2048", "--slot-save-path", slots_dir)
     args += ("--ssm-checkpoint-every", "32", "--ssm-checkpoints", "8")
-    with ServerProcess("--metrics", *args, log=tmp_path / "h.log") as srv:
+    with InProcessServer.from_flags("--metrics", *args, log=tmp_path / "h.log") as srv:
         srv.wait_ready()
         memory = httpx.get(srv.url + "/props").json()["memory"]
         assert memory["kind"] == "hybrid" and [g["kind"] for g in memory["groups"]] == ["attention_full", "recurrent"]
@@ -69,14 +69,14 @@ def test_a_hybrid_model_reuses_slots_through_checkpoints(tmp_path):
         assert saved.status_code == 200 and saved.json()["n_saved"] == len(held)
         cold_more = complete(srv, held + ids(" tail"), 8, id_slot=1, cache_prompt=False)
         assert httpx.get(srv.url + "/props").json()["memory"]["integrity"] == "ok"
-    with ServerProcess("--metrics", *args, log=tmp_path / "h2.log") as srv:  # a new process
+    with InProcessServer.from_flags("--metrics", *args, log=tmp_path / "h2.log") as srv:  # a new process
         srv.wait_ready()
         restored = slot_action(srv, 1, "restore", "hybrid.slot")
         assert restored.status_code == 200 and restored.json()["n_restored"] == len(held)
         assert httpx.get(srv.url + "/slots").json()[1]["checkpoints"] == kept  # checkpoints travel too
         more = complete(srv, held + ids(" tail"), 8, id_slot=1)
         assert more["tokens_cached"] == len(held) and more["tokens"] == cold_more["tokens"]
-    with ServerProcess(
+    with InProcessServer.from_flags(
         "--metrics", "-np", "2", "--slot-save-path", slots_dir, log=tmp_path / "d.log"
     ) as demo:  # attention only
         demo.wait_ready()

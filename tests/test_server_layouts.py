@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import httpx
-from server_proc import ServerProcess
+from server_proc import InProcessServer, ServerProcess
 
 from engine import Engine
 
@@ -27,7 +27,7 @@ def slot_action(srv, slot: int, action: str, filename: str) -> dict:
 
 
 def test_each_stream_is_a_slot_of_its_own_context(tmp_path):
-    with ServerProcess(
+    with InProcessServer.from_flags(
         "--metrics", "-np", str(N_SLOTS), "-c", "1000", "--no-kv-unified", log=tmp_path / "s.log"
     ) as srv:
         srv.wait_ready()
@@ -52,8 +52,8 @@ def test_a_slot_file_moves_between_layouts_and_continues_exactly(tmp_path):
     tokenizer = Engine.from_pretrained().tokenizer
     prompt = tokenizer.encode("def fibonacci(n):\n    ")
     common = ("-np", str(N_SLOTS), "--slot-save-path", str(tmp_path / "slots"))
-    unified = ServerProcess("--metrics", *common, "--kv-unified", log=tmp_path / "u.log")
-    stream = ServerProcess("--metrics", *common, "--no-kv-unified", log=tmp_path / "s.log")
+    unified = InProcessServer.from_flags("--metrics", *common, "--kv-unified", log=tmp_path / "u.log")
+    stream = InProcessServer.from_flags("--metrics", *common, "--no-kv-unified", log=tmp_path / "s.log")
     with unified, stream:
         unified.wait_ready()
         stream.wait_ready()
@@ -81,7 +81,7 @@ def test_a_windowed_model_reuses_its_slot_across_turns(tmp_path):
         tmp_path / "gemma2", "gemma2", num_hidden_layers=4, sliding_window=8, query_pre_attn_scalar=24
     )
     args = ("-m", str(folder), "-np", "2", "-c", "1024", "-ub", "32", "--slot-save-path", str(tmp_path / "s"))
-    with ServerProcess("--metrics", *args, log=tmp_path / "g.log") as srv:
+    with InProcessServer.from_flags("--metrics", *args, log=tmp_path / "g.log") as srv:
         srv.wait_ready()
         memory = httpx.get(srv.url + "/props").json()["memory"]
         assert memory["kind"] == "kv_iswa"
@@ -112,7 +112,9 @@ def test_a_windowed_model_reuses_its_slot_across_turns(tmp_path):
         assert restored["tokens_cached"] == len(held) and restored["tokens"] == cold_more["tokens"]
         assert httpx.get(srv.url + "/props").json()["memory"]["integrity"] == "ok"
     full_args = ("-m", str(folder), "-np", "2", "--swa-full", "--slot-save-path", str(tmp_path / "s"))
-    with ServerProcess("--metrics", *full_args, log=tmp_path / "full.log") as full:  # the same model, full-size caches
+    with InProcessServer.from_flags(
+        "--metrics", *full_args, log=tmp_path / "full.log"
+    ) as full:  # the same model, full-size caches
         full.wait_ready()
         before = httpx.get(full.url + "/slots").json()[0]["n_cached"]
         r = httpx.post(f"{full.url}/slots/0", params={"action": "restore"}, json={"filename": "window.slot"})
@@ -144,7 +146,7 @@ def test_cache_memory_is_committed_as_used_and_can_be_capped(tmp_path):
             assert group["bytes_total"] >= 512 << 20
             assert rss_mb(big.proc.pid) < baseline + 64  # not the 512 MiB
     capped_args = ("-np", "4", "-c", "131072", "--kv-cache-tokens", "512", "--kv-unified")
-    with ServerProcess("--metrics", *capped_args, log=tmp_path / "cap.log") as capped:
+    with InProcessServer.from_flags("--metrics", *capped_args, log=tmp_path / "cap.log") as capped:
         capped.wait_ready()
         (group,) = httpx.get(capped.url + "/props").json()["memory"]["groups"]
         assert group["n_blocks_total"] == 512 // 16 + 4  # one pool of 512 cells (+ a partial block per slot)

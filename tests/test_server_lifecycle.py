@@ -11,7 +11,7 @@ import threading
 
 import httpx
 import pytest
-from server_proc import ServerProcess
+from server_proc import InProcessServer, ServerProcess
 from waiting import wait_for
 
 
@@ -157,7 +157,7 @@ def test_api_keys_flags_and_env(tmp_path):
 
 
 def test_full_queue_is_503_with_retry_after(tmp_path):
-    with ServerProcess("--metrics", "-np", "1", "--max-queue", "1") as srv:
+    with InProcessServer.from_flags("--metrics", "-np", "1", "--max-queue", "1") as srv:
         srv.wait_ready()
         body = {"prompt": "def f():", "max_tokens": 1000, "ignore_eos": True, "stream": True}
         with httpx.stream("POST", srv.url + "/v1/completions", json=body, timeout=60) as r:
@@ -182,7 +182,7 @@ def test_a_bad_flag_value_is_a_clear_startup_error():
 
 def test_context_shift_flag(tmp_path):
     body = {"prompt": "def f():", "max_tokens": 300, "ignore_eos": True, "temperature": 0}
-    with ServerProcess("--metrics", "-np", "1", "-c", "256", "--context-shift") as srv:
+    with InProcessServer.from_flags("--metrics", "-np", "1", "-c", "256", "--context-shift") as srv:
         srv.wait_ready()
         r = httpx.post(srv.url + "/v1/completions", json=body, timeout=60).json()
         assert r["usage"]["completion_tokens"] == 300 and r["choices"][0]["finish_reason"] == "length"
@@ -195,7 +195,7 @@ def test_failure_after_the_first_byte_is_an_sse_error_event():
     """Two streams that together need more KV blocks than the pool holds: the newer one
     fails mid-stream with a final error event; the older one finishes; the server serves on."""
     # one shared pool of 8 + 2 blocks of 16 cells; each stream needs 7
-    with ServerProcess("--metrics", "-np", "2", "-c", "128", "--kv-unified") as srv:
+    with InProcessServer.from_flags("--metrics", "-np", "2", "-c", "128", "--kv-unified") as srv:
         srv.wait_ready()
         body = {"prompt": "def f():", "max_tokens": 100, "ignore_eos": True, "stream": True}
         results = {}

@@ -9,7 +9,7 @@ import re
 import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
-from server_proc import ServerProcess
+from server_proc import InProcessServer
 from waiting import wait_for
 
 N_SLOTS = 4
@@ -21,7 +21,7 @@ FORBIDDEN_LABELS = {"id", "id_slot", "slot", "request_id", "id_task", "prompt", 
 def server(tmp_path_factory):
     d = tmp_path_factory.mktemp("metrics")
     args = ("-np", str(N_SLOTS), "--api-key", "sesame", "--metrics-public", "--slot-save-path", str(d / "slots"))
-    with ServerProcess("--metrics", *args, log=d / "server.log") as srv:
+    with InProcessServer.from_flags("--metrics", *args, log=d / "server.log") as srv:
         srv.wait_ready()
         yield srv
 
@@ -186,11 +186,11 @@ def test_every_name_follows_the_conventions(server):
 
 
 def test_metrics_follow_the_api_key_unless_public(tmp_path):
-    with ServerProcess("--metrics", "-np", "1", "--api-key", "sesame") as srv:
+    with InProcessServer.from_flags("--metrics", "-np", "1", "--api-key", "sesame") as srv:
         srv.wait_ready()
         assert httpx.get(srv.url + "/metrics").status_code == 401
         assert httpx.get(srv.url + "/metrics", headers=KEY).status_code == 200
-    with ServerProcess("-np", "1", "--no-metrics") as srv:
+    with InProcessServer.from_flags("-np", "1", "--no-metrics") as srv:
         srv.wait_ready()
         r = httpx.get(srv.url + "/metrics")
         assert r.status_code == 501 and r.json()["error"]["type"] == "not_supported_error"  # as llama-server

@@ -9,7 +9,7 @@ import httpx
 import pytest
 from checkpoints import GRANITE_HYBRID_TINY, make_checkpoint
 from prometheus_client.parser import text_string_to_metric_families
-from server_proc import ServerProcess
+from server_proc import InProcessServer, ServerProcess
 from waiting import wait_for
 
 N_SLOTS, N_CONVERSATIONS, N_NEW = 2, 4, 8
@@ -76,7 +76,9 @@ def concurrent_hits(srv, first_round) -> None:
 
 @pytest.mark.parametrize("layout", ["--kv-unified", "--no-kv-unified"])
 def test_more_conversations_than_slots_continue_from_host_ram(tmp_path, layout):
-    with ServerProcess("--metrics", "-np", str(N_SLOTS), "-c", "2048", layout, log=tmp_path / "s.log") as srv:
+    with InProcessServer.from_flags(
+        "--metrics", "-np", str(N_SLOTS), "-c", "2048", layout, log=tmp_path / "s.log"
+    ) as srv:
         srv.wait_ready()
         rounds = two_rounds(srv)
         for answer, _, consumed in rounds[: N_CONVERSATIONS - N_SLOTS]:  # their slots went to others
@@ -92,7 +94,7 @@ def test_more_conversations_than_slots_continue_from_host_ram(tmp_path, layout):
 
 
 def test_without_the_cache_the_history_is_recomputed(tmp_path):
-    with ServerProcess(
+    with InProcessServer.from_flags(
         "--metrics", "-np", str(N_SLOTS), "-c", "2048", "--cache-ram", "0", log=tmp_path / "s.log"
     ) as srv:
         srv.wait_ready()
@@ -109,7 +111,7 @@ def test_without_the_cache_the_history_is_recomputed(tmp_path):
 )
 def test_windowed_and_hybrid_models_restore_exactly(tmp_path, arch, overrides):
     folder = make_checkpoint(tmp_path / arch, arch, **overrides)
-    with ServerProcess(
+    with InProcessServer.from_flags(
         "--metrics", "-m", str(folder), "-np", str(N_SLOTS), "-c", "2048", log=tmp_path / "s.log"
     ) as srv:
         srv.wait_ready()
@@ -121,7 +123,9 @@ def test_windowed_and_hybrid_models_restore_exactly(tmp_path, arch, overrides):
 
 
 def test_a_small_cache_evicts_and_stays_under_its_cap(tmp_path):
-    with ServerProcess("--metrics", "-np", "1", "-c", "2048", "--cache-ram", "1", log=tmp_path / "s.log") as srv:
+    with InProcessServer.from_flags(
+        "--metrics", "-np", "1", "-c", "2048", "--cache-ram", "1", log=tmp_path / "s.log"
+    ) as srv:
         srv.wait_ready()
         for prompt in conversations(srv):
             complete(srv, prompt)
@@ -195,7 +199,7 @@ def test_blocks_kept_by_hash_serve_a_shared_start_after_its_slot_moved_on(tmp_pa
     request that computed them; after another prompt took the slot, a third prompt with
     the same start takes them from the pool and answers as a cold run does."""
     args = ("-np", "1", "-c", "2048", "--kv-unified", "--block-size", "16", "--cache-ram", "0")
-    with ServerProcess("--metrics", *args, log=tmp_path / "s.log") as srv:
+    with InProcessServer.from_flags("--metrics", *args, log=tmp_path / "s.log") as srv:
         srv.wait_ready()
         system, other = conversations(srv)[:2]
         complete(srv, system + system[:9])

@@ -12,7 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 import torch
-from server_proc import ServerProcess
+from server_proc import InProcessServer
 from waiting import wait_for
 
 from engine import Engine
@@ -30,7 +30,7 @@ def save_dir(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def server(save_dir, tmp_path_factory):
     log = tmp_path_factory.mktemp("log") / "server.log"
-    with ServerProcess("-np", str(N_SLOTS), "--slot-save-path", str(save_dir), log=log) as srv:
+    with InProcessServer.from_flags("-np", str(N_SLOTS), "--slot-save-path", str(save_dir), log=log) as srv:
         srv.wait_ready()
         yield srv
 
@@ -234,7 +234,7 @@ def test_restore_in_a_new_process_continues_exactly(server, save_dir, tokenizer,
     saved = ok(action(server, 0, "save", "continue.slot"))
     assert saved["n_saved"] == len(prompt) + 15
     args = ("-np", str(N_SLOTS), "--block-size", "32", "--slot-save-path", str(save_dir))  # another block layout
-    with ServerProcess(*args, log=tmp_path / "b.log") as other:
+    with InProcessServer.from_flags(*args, log=tmp_path / "b.log") as other:
         other.wait_ready()
         assert ok(action(other, 2, "restore", "continue.slot"))["n_restored"] == saved["n_saved"]
         cont = complete(other, prompt + first["tokens"], 16, id_slot=2)
@@ -257,7 +257,7 @@ def test_a_conversation_saved_on_one_replica_continues_on_another(server, save_d
     ok(action(server, 1, "save", "session-42.slot"))
     turns += [first["choices"][0]["message"], {"role": "user", "content": "Now make it subtract."}]
     args = ("-np", "2", "--slot-save-path", str(save_dir))
-    with ServerProcess(*args, log=tmp_path / "replica-b.log") as replica_b:
+    with InProcessServer.from_flags(*args, log=tmp_path / "replica-b.log") as replica_b:
         replica_b.wait_ready()
         ok(action(replica_b, 0, "restore", "session-42.slot"))
         second_b = chat(replica_b, turns, id_slot=0)
@@ -283,7 +283,7 @@ def test_a_file_of_other_cache_types_is_refused_and_its_own_restores(server, sav
     complete(server, prompt, 8, id_slot=3)
     ok(action(server, 3, "save", "float32.slot"))
     args = ("-np", "2", "--slot-save-path", str(save_dir), "-ctk", "q8_0", "-ctv", "f16")
-    with ServerProcess(*args, log=tmp_path / "q8.log") as small:
+    with InProcessServer.from_flags(*args, log=tmp_path / "q8.log") as small:
         small.wait_ready()
         first = complete(small, prompt, 8, id_slot=0)
         before = slot_cached(small)

@@ -10,7 +10,7 @@ import threading
 
 import httpx
 import pytest
-from server_proc import ServerProcess
+from server_proc import InProcessServer
 from waiting import wait_for
 
 from engine import Engine
@@ -21,7 +21,7 @@ N_SLOTS = 4
 @pytest.fixture(scope="module", params=["--kv-unified", "--no-kv-unified"])
 def server(tmp_path_factory, request):
     log = tmp_path_factory.mktemp("server") / "server.log"
-    with ServerProcess("--metrics", "-np", str(N_SLOTS), "-c", "4096", request.param, log=log) as srv:
+    with InProcessServer.from_flags("--metrics", "-np", str(N_SLOTS), "-c", "4096", request.param, log=log) as srv:
         srv.wait_ready()
         yield srv
 

@@ -11,7 +11,7 @@ import httpx
 import pytest
 import torch
 from checkpoints import BASE, make_checkpoint
-from server_proc import ServerProcess, metric
+from server_proc import InProcessServer, metric
 from stats import chi2_ppf
 
 from engine import DEMO_MODEL, Engine, SamplingParams
@@ -85,7 +85,7 @@ def test_a_server_that_speculates_answers_as_one_that_does_not(tmp_path):
         ("spec", ("--spec-type", "ngram-simple", "--spec-ngram-simple-size-n", "4", "--spec-ngram-simple-size-m", "8")),
         ("draft", ("-md", str(DEMO_MODEL), "--spec-draft-n-max", "6", "--draft-p-min", "0.5")),
     ):
-        with ServerProcess("--metrics", "-np", "2", *extra, log=tmp_path / f"{name}.log") as srv:
+        with InProcessServer.from_flags("--metrics", "-np", "2", *extra) as srv:
             srv.wait_ready()
             whole = httpx.post(srv.url + "/completion", json=body, timeout=120).json()
             with httpx.stream("POST", srv.url + "/completion", json={**body, "stream": True}, timeout=120) as r:
