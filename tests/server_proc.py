@@ -107,20 +107,27 @@ class InProcessServer:
         self.thread = threading.Thread(target=self.server.run, name="test-uvicorn", daemon=True)
 
     @classmethod
-    def from_flags(cls, *args: str, log: Path | None = None) -> InProcessServer:
+    def from_flags(cls, *args: str, env: dict[str, str] | None = None, log: Path | None = None) -> InProcessServer:
         """The server ``slotserve serve ARGS`` starts, in this process: the flags go
-        through the real command line. Cheaper than a ServerProcess by the interpreter's
-        start and imports (~4 s), for tests that need no process of their own (no
-        signal, exit code, log file or resident memory). ``log``: ServerProcess's
-        parameter, unused (the lines go to this process's logging)."""
+        through the real command line, ``env`` is the environment while the settings
+        are read (once, at start: nothing reads it later). Cheaper than a ServerProcess
+        by the interpreter's start and imports (~4 s), for tests that need no process of
+        their own (no signal, exit code, log file or resident memory). ``log``:
+        ServerProcess's parameter, unused (the lines go to this process's logging)."""
         import argparse
 
         from server.config.flags import add_flags, settings_from_args
 
-        parser = argparse.ArgumentParser()
-        add_flags(parser)
-        settings = settings_from_args(parser.parse_args(list(args)))
-        return cls(**{name: getattr(settings, name) for name in settings.model_fields_set if name != "port"})
+        saved = dict(os.environ)
+        os.environ.update(env or {})
+        try:
+            parser = argparse.ArgumentParser()
+            add_flags(parser)
+            settings = settings_from_args(parser.parse_args(list(args)))
+            return cls(**{name: getattr(settings, name) for name in settings.model_fields_set if name != "port"})
+        finally:
+            os.environ.clear()
+            os.environ.update(saved)
 
     def wait_ready(self) -> None:
         """Ready since ``__enter__`` (ServerProcess's call, kept for the same test code)."""

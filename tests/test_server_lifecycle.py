@@ -137,7 +137,7 @@ def test_api_keys_flags_and_env(tmp_path):
         "SLOTSERVE_ALIAS": "mine",
     }
     args = ("--api-key", "k1,k2", "--api-key-file", str(key_file), "-c", "512")
-    with ServerProcess("--metrics", *args, env=env) as srv:
+    with InProcessServer.from_flags("--metrics", *args, env=env) as srv:
         srv.wait_ready()
         url = srv.url + "/v1/models"
         missing = httpx.get(url)

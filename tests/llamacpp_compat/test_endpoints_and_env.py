@@ -53,7 +53,7 @@ def test_llama_arg_variables_configure_the_server(tmp_path):
         assert srv.proc.wait(60) == 0
     assert not sock_path.exists()  # the socket file goes with the server
     env["LLAMA_ARG_HOST"] = "127.0.0.1"
-    with ServerProcess("-np", "2", env={**env, "SLOTSERVE_ALIAS": "ours"}, log=tmp_path / "t.log") as srv:
+    with InProcessServer.from_flags("-np", "2", env={**env, "SLOTSERVE_ALIAS": "ours"}, log=tmp_path / "t.log") as srv:
         srv.wait_ready()  # the flag and SLOTSERVE_* win over LLAMA_ARG_*
         key = {"Authorization": "Bearer sk-llama"}
         assert len(httpx.get(srv.url + "/slots", headers=key).json()) == 2
