@@ -268,9 +268,7 @@ class DiskTier:
                 return True
             self._pending[name] = DiskEntry(name, list(tokens), 0, 0, pending=state)
         try:
-            self._queue.put((name, list(tokens), state), timeout=wait) if wait > 0 else self._queue.put_nowait(
-                (name, list(tokens), state)
-            )
+            self._queue.put((name, list(tokens), state), block=wait > 0, timeout=wait if wait > 0 else None)
         except queue.Full:
             with self._lock:
                 self._pending.pop(name, None)

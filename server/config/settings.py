@@ -6,18 +6,17 @@ start-up; nothing below reads the environment again.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Literal
 
 from pydantic import field_validator
-from pydantic.fields import FieldInfo
 from pydantic_settings import PydanticBaseSettingsSource, SettingsConfigDict
 
 from engine import DEMO_MODEL
+from server.config.llama_env import LlamaEnv
 from server.config.lora_settings import LoraSettings
 from server.config.sampler_settings import SamplerSettings
-from server.config.setting import llama_env_of, setting
+from server.config.setting import setting
 
 
 class ServerSettings(SamplerSettings, LoraSettings):
@@ -571,25 +570,3 @@ class ServerSettings(SamplerSettings, LoraSettings):
     @property
     def step_tokens(self) -> int:
         return min(self.batch_size, self.ubatch_size)
-
-
-_LLAMA_BOOL = {"enabled": "true", "disabled": "false"}  # llama.cpp's spellings beside true/1/on
-
-
-class LlamaEnv(PydanticBaseSettingsSource):
-    """Settings from llama-server's environment variables (below SLOTSERVE_* ones)."""
-
-    def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[object, str, bool]:
-        name = llama_env_of(field)
-        value = os.environ.get(name) if name else None
-        if value is not None and field.annotation is bool:
-            value = _LLAMA_BOOL.get(value.strip().lower(), value)
-        return value, field_name, False
-
-    def __call__(self) -> dict[str, object]:
-        out = {}
-        for name, field in self.settings_cls.model_fields.items():
-            value, _, _ = self.get_field_value(field, name)
-            if value is not None:
-                out[name] = value
-        return out

@@ -89,9 +89,9 @@ async def chat_completions(body: ChatCompletionRequest, http: HTTPRequest) -> Re
     chat = await open_chat(http, body)
     if chat is None:
         return Response(status_code=499)
-    verbose = verbose_now(state, chat.engine, body, chat.run)
     if body.stream:
         include = bool(body.stream_options and body.stream_options.include_usage)
+        verbose = verbose_now(state, chat.engine, body, chat.run)
         return SSEResponse(sse_chunks(chat.stream(include, verbose)), chat.run)
     await chat.run.collect()
     choices = await chat.choices()
