@@ -66,12 +66,26 @@ def test_a_message_gets_a_streamed_reply(page):
     page.wait_for_function("document.querySelector('#model').textContent.includes('slots')")
     page.fill("#prompt", "Write a function")
     page.fill("#max-tokens", "96")
-    page.click("#send")
-    # streaming: text is already there while the request still runs (Stop enabled)
-    page.wait_for_function(
-        "document.querySelector('.msg.assistant').textContent.length > 0 && !document.querySelector('#stop').disabled"
+    # streaming: text is already there while the request still runs (Stop enabled). An
+    # observer sees every change of the page as it happens, so a fast reply cannot slip
+    # between two polls of the condition.
+    page.evaluate(
+        """() => {
+          window.__streamed = false;
+          new MutationObserver(() => {
+            const reply = document.querySelector('.msg.assistant');
+            if (reply && reply.textContent.length > 0 && !document.querySelector('#stop').disabled) {
+              window.__streamed = true;
+            }
+          }).observe(document.body, {subtree: true, childList: true, characterData: true, attributes: true});
+        }"""
     )
-    page.wait_for_function("document.querySelector('#stop').disabled", timeout=60_000)
+    page.click("#send")
+    done = "document.querySelector('#stop').disabled && document.querySelector('.msg.assistant')"
+    page.wait_for_function(
+        done + " && document.querySelector('.msg.assistant').textContent.includes('tokens')", timeout=60_000
+    )
+    assert page.evaluate("window.__streamed")
     reply = page.text_content(".msg.assistant")
     assert reply and "tokens" in reply  # the usage line closes the reply
     if SHOTS:
