@@ -1,7 +1,15 @@
+import os
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
+
+# The suite runs in pytest-xdist workers (pyproject's addopts: -n auto). Each worker's
+# torch, its in-process servers and the server processes it starts share the cores with
+# the other workers: one OpenMP thread each (set before anything imports torch) keeps
+# the workers from stalling one another; the kernel tests ask for more (kernel_threads).
+if (workers := os.environ.get("PYTEST_XDIST_WORKER_COUNT")) is not None:
+    os.environ["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // int(workers)))
 
 import functools  # noqa: E402
 
@@ -22,3 +30,40 @@ def gguf_lora(tmp_path_factory):
     from gguf_tools import gguf_lora_files
 
     return gguf_lora_files(tmp_path_factory.mktemp("gguf-lora"))
+
+
+@pytest.fixture(scope="module")
+def kernel_threads():
+    """At least two torch threads while a module runs, so the compiled kernels' split of
+    rows over threads (at::parallel_for) is exercised whatever the worker's setting."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(max(2, before))
+    yield
+    torch.set_num_threads(before)
+
+
+# The longest modules first, so the workers finish together (longest processing time
+# first): seconds each took in one process on 2 cores, 2026-11-27. A module missing here
+# keeps its place after them; a stale figure only costs balance.
+LONGEST = {
+    "test_quantized_models.py": 45,
+    "test_server_lifecycle.py": 40,
+    "test_openapi.py": 24,
+    "test_recurrent.py": 20,
+    "test_gguf.py": 18,
+    "test_server_clients.py": 17,
+    "test_parity.py": 16,
+    "test_server_isolation.py": 15,
+    "test_server_prompt_cache.py": 15,
+    "test_server_layouts.py": 15,
+    "test_samplers.py": 12,
+    "test_server_batches.py": 10,
+}
+
+
+def pytest_collection_modifyitems(config, items):
+    """Order modules longest first (a stable sort: the tests of a module keep their order);
+    pyproject's --no-loadscope-reorder makes xdist hand them out in this order."""
+    items.sort(key=lambda item: -LONGEST.get(item.path.name, 0))

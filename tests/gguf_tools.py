@@ -52,12 +52,22 @@ def converter_tree() -> Path:
     """The extracted converters (convert_hf_to_gguf.py, convert_lora_to_gguf.py,
     conversion/, gguf-py/). Raises RuntimeError when they can be neither found nor
     downloaded."""
+    import fcntl
+
     tree = CACHE / "tree"
     wanted = ("convert_hf_to_gguf.py", "convert_lora_to_gguf.py", "conversion/", "gguf-py/")
     if all((tree / name).exists() for name in wanted):
         return tree
-    shutil.rmtree(tree, ignore_errors=True)  # an older, smaller extraction
     CACHE.mkdir(parents=True, exist_ok=True)
+    with open(CACHE / ".lock", "w") as lock:  # one fetch at a time (the suite's workers, two checkouts)
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if all((tree / name).exists() for name in wanted):
+            return tree  # another process fetched it while this one waited
+        return _extract_tree(tree, wanted)
+
+
+def _extract_tree(tree: Path, wanted: tuple[str, ...]) -> Path:
+    shutil.rmtree(tree, ignore_errors=True)  # an older, smaller extraction
     archive = download_sdist()
     prefix = archive.name.removesuffix(".tar.gz") + "/vendor/llama.cpp/"
     staging = CACHE / "staging"

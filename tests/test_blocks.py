@@ -34,6 +34,7 @@ from engine.kernels.blocks import KEPT, BlockLinear, BlockWeight, block_linear
 
 FLOATS = {gguf.GGMLQuantizationType.F16, gguf.GGMLQuantizationType.BF16}
 TYPES = sorted(KEPT, key=int)
+pytestmark = pytest.mark.usefixtures("kernel_threads")  # rows split over threads
 
 
 @pytest.fixture(scope="module")

@@ -18,6 +18,7 @@ from engine.kernels.blocks import PACKED, BlockEmbedding, BlockLinear, BlockWeig
 
 T = gguf.GGMLQuantizationType
 ORDER = sorted(PACKED, key=int)
+pytestmark = pytest.mark.usefixtures("kernel_threads")  # rows split over threads
 
 
 @pytest.fixture(scope="module")

@@ -18,6 +18,7 @@ from memory.attention import kv_view
 from memory.kv_codec import CODECS
 
 FAR = 2**62
+pytestmark = pytest.mark.usefixtures("kernel_threads")  # rows split over threads
 
 
 @pytest.fixture(scope="module")

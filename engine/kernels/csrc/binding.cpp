@@ -20,7 +20,10 @@
 //   (rope_impl.inc); x's rows may be strided (a view of a fused q/k/v output).
 // silu_mul(gu [T, 2F], portable=False) -> [T, F]: silu(gu[:, :F]) * gu[:, F:] (mlp_impl.inc).
 
-#include <torch/extension.h>
+// ATen and torch's pybind11 casters only, not <torch/extension.h> (all of libtorch's C++
+// API): the unit parses in about half the time, the largest part of the install's build.
+#include <ATen/ATen.h>
+#include <torch/csrc/utils/pybind.h>
 
 #include <ATen/Parallel.h>
 
@@ -90,11 +93,11 @@ const bool kWideVectors = wide_vectors();
 // fn of the unit ``isa`` (a function pointer: the three have one signature)
 #define ON(isa, fn) ((isa) == Isa::avx512 ? avx512::fn : (isa) == Isa::avx2 ? avx2::fn : portable::fn)
 
-void check_weight(const torch::Tensor& w, int64_t type, int64_t K) {
+void check_weight(const at::Tensor& w, int64_t type, int64_t K) {
   const BlockInfo info = block_info(static_cast<int>(type));
   TORCH_CHECK(info.values > 0, "unknown block type ", type);
   TORCH_CHECK(K % info.values == 0, "K = ", K, " is not a whole number of blocks of ", info.values);
-  TORCH_CHECK(w.dim() == 2 && w.scalar_type() == torch::kUInt8 && w.device().is_cpu(), "weights: [N, bytes] uint8");
+  TORCH_CHECK(w.dim() == 2 && w.scalar_type() == at::kByte && w.device().is_cpu(), "weights: [N, bytes] uint8");
   TORCH_CHECK(w.size(1) == K / info.values * info.bytes, "a weight row of ", w.size(1), " bytes does not hold ", K,
               " values of type ", type);
   TORCH_CHECK(w.is_contiguous(), "weights must be contiguous");
@@ -103,9 +106,9 @@ void check_weight(const torch::Tensor& w, int64_t type, int64_t K) {
 }  // namespace
 
 // x @ W_i.T side by side, on the kernels of ``isa``
-torch::Tensor linear(torch::Tensor x, const std::vector<torch::Tensor>& weights, const std::vector<int64_t>& types,
+at::Tensor linear(at::Tensor x, const std::vector<at::Tensor>& weights, const std::vector<int64_t>& types,
                      Isa isa, int64_t mode) {
-  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat32 && x.device().is_cpu(), "x: [M, K] float32");
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.device().is_cpu(), "x: [M, K] float32");
   TORCH_CHECK(weights.size() == types.size() && !weights.empty(), "one type per weight");
   TORCH_CHECK(mode == FLOAT_ACTS || mode == INT8_ACTS || mode == WIDE_ACTS, "mode: 0, 1 or 2");
   x = x.contiguous();
@@ -135,7 +138,7 @@ torch::Tensor linear(torch::Tensor x, const std::vector<torch::Tensor>& weights,
     acts.x16 = x16.data();
     acts.d16 = d16.data();
   }
-  auto y = torch::empty({M, N}, x.options());
+  auto y = at::empty({M, N}, x.options());
   int64_t col = 0;
   for (size_t i = 0; i < weights.size(); ++i) {
     const uint8_t* w = weights[i].data_ptr<uint8_t>();
@@ -149,28 +152,28 @@ torch::Tensor linear(torch::Tensor x, const std::vector<torch::Tensor>& weights,
   return y;
 }
 
-torch::Tensor block_linear(torch::Tensor x, std::vector<torch::Tensor> weights, std::vector<int64_t> types,
+at::Tensor block_linear(at::Tensor x, std::vector<at::Tensor> weights, std::vector<int64_t> types,
                            int64_t mode) {
   return linear(x, weights, types, kIsa, mode);
 }
 
-torch::Tensor block_linear_on(torch::Tensor x, std::vector<torch::Tensor> weights, std::vector<int64_t> types,
+at::Tensor block_linear_on(at::Tensor x, std::vector<at::Tensor> weights, std::vector<int64_t> types,
                               int64_t mode, const std::string& name) {
   const Isa isa = isa_named(name);
   TORCH_CHECK(cpu_runs(isa), "this CPU does not run the ", name, " kernels");
   return linear(x, weights, types, isa, mode);
 }
 
-torch::Tensor block_dequant(torch::Tensor w, int64_t type, int64_t K, c10::optional<torch::Tensor> into) {
+at::Tensor block_dequant(at::Tensor w, int64_t type, int64_t K, c10::optional<at::Tensor> into) {
   check_weight(w, type, K);
-  torch::Tensor out;
+  at::Tensor out;
   if (into.has_value()) {  // a reused buffer: no fresh pages to fault in per call
     out = into.value();
-    TORCH_CHECK(out.scalar_type() == torch::kFloat32 && out.is_contiguous() && out.dim() == 2 &&
+    TORCH_CHECK(out.scalar_type() == at::kFloat && out.is_contiguous() && out.dim() == 2 &&
                     out.size(0) == w.size(0) && out.size(1) == K,
                 "into: a contiguous [N, K] float32 tensor");
   } else {
-    out = torch::empty({w.size(0), K}, torch::kFloat32);
+    out = at::empty({w.size(0), K}, at::kFloat);
   }
   const uint8_t* src = w.data_ptr<uint8_t>();
   float* dst = out.data_ptr<float>();
@@ -180,12 +183,12 @@ torch::Tensor block_dequant(torch::Tensor w, int64_t type, int64_t K, c10::optio
   return out;
 }
 
-torch::Tensor rms_norm(torch::Tensor x, torch::Tensor w, double eps) {
-  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat32 && x.device().is_cpu(), "x: [T, D] float32");
-  TORCH_CHECK(w.dim() == 1 && w.scalar_type() == torch::kFloat32 && w.size(0) == x.size(1), "w: [D] float32");
+at::Tensor rms_norm(at::Tensor x, at::Tensor w, double eps) {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.device().is_cpu(), "x: [T, D] float32");
+  TORCH_CHECK(w.dim() == 1 && w.scalar_type() == at::kFloat && w.size(0) == x.size(1), "w: [D] float32");
   x = x.contiguous();
   w = w.contiguous();
-  auto out = torch::empty_like(x);
+  auto out = at::empty_like(x);
   const int64_t D = x.size(1);
   const float* xp = x.data_ptr<float>();
   const float* wp = w.data_ptr<float>();
@@ -197,12 +200,12 @@ torch::Tensor rms_norm(torch::Tensor x, torch::Tensor w, double eps) {
 }
 
 // The KvRow of a cache tensor whose last dimension is ``width`` for head dim D.
-int kv_row(const torch::Tensor& t, int64_t D) {
+int kv_row(const at::Tensor& t, int64_t D) {
   switch (t.scalar_type()) {
-    case torch::kFloat32: TORCH_CHECK(t.size(-1) == D, "k, v: float32 rows of D"); return KV_F32;
-    case torch::kFloat16: TORCH_CHECK(t.size(-1) == D, "k, v: float16 rows of D"); return KV_F16;
-    case torch::kBFloat16: TORCH_CHECK(t.size(-1) == D, "k, v: bfloat16 rows of D"); return KV_BF16;
-    case torch::kUInt8:
+    case at::kFloat: TORCH_CHECK(t.size(-1) == D, "k, v: float32 rows of D"); return KV_F32;
+    case at::kHalf: TORCH_CHECK(t.size(-1) == D, "k, v: float16 rows of D"); return KV_F16;
+    case at::kBFloat16: TORCH_CHECK(t.size(-1) == D, "k, v: bfloat16 rows of D"); return KV_BF16;
+    case at::kByte:
       TORCH_CHECK(D % 32 == 0 && t.size(-1) == D + D / 16, "k, v: q8_0 rows of D + D / 16 bytes (D % 32 == 0)");
       return KV_Q8_0;
     default: TORCH_CHECK(false, "k, v: float32, float16, bfloat16 or q8_0 (uint8) rows");
@@ -210,10 +213,10 @@ int kv_row(const torch::Tensor& t, int64_t D) {
   return KV_F32;
 }
 
-torch::Tensor decode_attention(torch::Tensor q, torch::Tensor k, torch::Tensor v, torch::Tensor kv_pos,
-                               torch::Tensor q_pos, int64_t window, double scale, double softcap, bool any_cpu) {
+at::Tensor decode_attention(at::Tensor q, at::Tensor k, at::Tensor v, at::Tensor kv_pos,
+                               at::Tensor q_pos, int64_t window, double scale, double softcap, bool any_cpu) {
   TORCH_CHECK(q.dim() == 3 && k.dim() == 4 && v.dim() == 4, "q: [B, H, D]; k, v: [B, KVH, L, stored row]");
-  TORCH_CHECK(q.scalar_type() == torch::kFloat32 && q.device().is_cpu(), "q: float32 on the CPU");
+  TORCH_CHECK(q.scalar_type() == at::kFloat && q.device().is_cpu(), "q: float32 on the CPU");
   for (const auto* t : {&k, &v})
     TORCH_CHECK(t->device().is_cpu() && t->stride(-1) == 1, "k, v: on the CPU, stored rows contiguous");
   q = q.contiguous();
@@ -221,12 +224,12 @@ torch::Tensor decode_attention(torch::Tensor q, torch::Tensor k, torch::Tensor v
   const int k_type = kv_row(k, D), v_type = kv_row(v, D);
   TORCH_CHECK(k.size(0) == B && v.size(0) == B && v.size(1) == KVH && v.size(2) == L && KVH > 0 && H % KVH == 0,
               "k, v: [B, KVH, L, stored row] with KVH dividing H");
-  TORCH_CHECK(kv_pos.scalar_type() == torch::kInt64 && kv_pos.dim() == 2 && kv_pos.size(0) == B &&
+  TORCH_CHECK(kv_pos.scalar_type() == at::kLong && kv_pos.dim() == 2 && kv_pos.size(0) == B &&
                   kv_pos.size(1) == L,
               "kv_pos: [B, L] int64");
   q_pos = q_pos.contiguous();
-  TORCH_CHECK(q_pos.scalar_type() == torch::kInt64 && q_pos.numel() == B, "q_pos: [B] int64");
-  auto out = torch::empty({B, H, D}, q.options());
+  TORCH_CHECK(q_pos.scalar_type() == at::kLong && q_pos.numel() == B, "q_pos: [B] int64");
+  auto out = at::empty({B, H, D}, q.options());
   const int64_t ke = k.element_size(), ve = v.element_size();
   DecodeAttention a{q.data_ptr<float>(),
                     static_cast<const uint8_t*>(k.data_ptr()),
@@ -245,15 +248,15 @@ torch::Tensor decode_attention(torch::Tensor q, torch::Tensor k, torch::Tensor v
   return out;
 }
 
-torch::Tensor rope(torch::Tensor x, torch::Tensor cos, torch::Tensor sin, bool any_cpu) {
-  TORCH_CHECK(x.dim() == 3 && x.scalar_type() == torch::kFloat32 && x.device().is_cpu(), "x: [T, N, D] float32");
+at::Tensor rope(at::Tensor x, at::Tensor cos, at::Tensor sin, bool any_cpu) {
+  TORCH_CHECK(x.dim() == 3 && x.scalar_type() == at::kFloat && x.device().is_cpu(), "x: [T, N, D] float32");
   const int64_t T = x.size(0), N = x.size(1), D = x.size(2);
   if (x.stride(2) != 1 || x.stride(1) != D) x = x.contiguous();
   TORCH_CHECK(D % 2 == 0, "D must be even");
   cos = cos.reshape({T, D}).contiguous();
   sin = sin.reshape({T, D}).contiguous();
-  TORCH_CHECK(cos.scalar_type() == torch::kFloat32 && sin.scalar_type() == torch::kFloat32, "cos, sin: float32");
-  auto out = torch::empty({T, N, D}, x.options());
+  TORCH_CHECK(cos.scalar_type() == at::kFloat && sin.scalar_type() == at::kFloat, "cos, sin: float32");
+  auto out = at::empty({T, N, D}, x.options());
   const float* xp = x.data_ptr<float>();
   const int64_t st = x.stride(0);
   at::parallel_for(0, T, std::max<int64_t>(1, 16384 / (N * D)), [&](int64_t t0, int64_t t1) {
@@ -263,12 +266,12 @@ torch::Tensor rope(torch::Tensor x, torch::Tensor cos, torch::Tensor sin, bool a
   return out;
 }
 
-torch::Tensor silu_mul(torch::Tensor gu, bool any_cpu) {
-  TORCH_CHECK(gu.dim() == 2 && gu.scalar_type() == torch::kFloat32 && gu.device().is_cpu() && gu.size(1) % 2 == 0,
+at::Tensor silu_mul(at::Tensor gu, bool any_cpu) {
+  TORCH_CHECK(gu.dim() == 2 && gu.scalar_type() == at::kFloat && gu.device().is_cpu() && gu.size(1) % 2 == 0,
               "gu: [T, 2F] float32");
   if (gu.stride(1) != 1) gu = gu.contiguous();
   const int64_t T = gu.size(0), F = gu.size(1) / 2;
-  auto out = torch::empty({T, F}, gu.options());
+  auto out = at::empty({T, F}, gu.options());
   const float* gp = gu.data_ptr<float>();
   const int64_t ld = gu.stride(0);
   at::parallel_for(0, T, std::max<int64_t>(1, 32768 / F), [&](int64_t t0, int64_t t1) {
@@ -281,12 +284,12 @@ torch::Tensor silu_mul(torch::Tensor gu, bool any_cpu) {
 
 int64_t packed_bytes(int64_t type, int64_t K) { return portable::packed_group_bytes(static_cast<int>(type), K); }
 
-torch::Tensor block_pack(torch::Tensor w, int64_t type, int64_t K) {
+at::Tensor block_pack(at::Tensor w, int64_t type, int64_t K) {
   check_weight(w, type, K);
   const int64_t group_bytes = packed_bytes(type, K);
   TORCH_CHECK(group_bytes > 0, "type ", type, " with K = ", K, " has no packed layout");
   TORCH_CHECK(w.size(0) % 8 == 0, "packed weights have a multiple of 8 rows, not ", w.size(0));
-  auto out = torch::empty({w.size(0) / 8, group_bytes}, torch::kUInt8);
+  auto out = at::empty({w.size(0) / 8, group_bytes}, at::kByte);
   const uint8_t* src = w.data_ptr<uint8_t>();
   uint8_t* dst = out.data_ptr<uint8_t>();
   at::parallel_for(0, w.size(0) / 8, 8, [&](int64_t g0, int64_t g1) {
@@ -295,17 +298,17 @@ torch::Tensor block_pack(torch::Tensor w, int64_t type, int64_t K) {
   return out;
 }
 
-void check_packed(const torch::Tensor& p, int64_t type, int64_t K) {
+void check_packed(const at::Tensor& p, int64_t type, int64_t K) {
   const int64_t group_bytes = packed_bytes(type, K);
   TORCH_CHECK(group_bytes > 0, "type ", type, " with K = ", K, " has no packed layout");
-  TORCH_CHECK(p.dim() == 2 && p.scalar_type() == torch::kUInt8 && p.device().is_cpu() && p.is_contiguous() &&
+  TORCH_CHECK(p.dim() == 2 && p.scalar_type() == at::kByte && p.device().is_cpu() && p.is_contiguous() &&
                   p.size(1) == group_bytes,
               "packed weights: contiguous [N / 8, ", group_bytes, "] uint8");
 }
 
-torch::Tensor packed_dequant(torch::Tensor p, int64_t type, int64_t K) {
+at::Tensor packed_dequant(at::Tensor p, int64_t type, int64_t K) {
   check_packed(p, type, K);
-  auto out = torch::empty({p.size(0) * 8, K}, torch::kFloat32);
+  auto out = at::empty({p.size(0) * 8, K}, at::kFloat);
   const uint8_t* src = p.data_ptr<uint8_t>();
   float* dst = out.data_ptr<float>();
   at::parallel_for(0, p.size(0), 8, [&](int64_t g0, int64_t g1) {
@@ -317,9 +320,9 @@ torch::Tensor packed_dequant(torch::Tensor p, int64_t type, int64_t K) {
 bool k_quant(int64_t type) { return type == Q4_K || type == Q5_K || type == Q6_K || type == IQ4_XS; }  // llama.cpp's Q8_K
 
 // x @ W_i.T side by side for packed weights, on the kernels of ``isa``
-torch::Tensor packed_linear_isa(torch::Tensor x, const std::vector<torch::Tensor>& packs,
+at::Tensor packed_linear_isa(at::Tensor x, const std::vector<at::Tensor>& packs,
                                 const std::vector<int64_t>& types, Isa isa) {
-  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat32 && x.device().is_cpu(), "x: [M, K] float32");
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.device().is_cpu(), "x: [M, K] float32");
   TORCH_CHECK(packs.size() == types.size() && !packs.empty(), "one type per weight");
   x = x.contiguous();
   const int64_t M = x.size(0), K = x.size(1);
@@ -351,7 +354,7 @@ torch::Tensor packed_linear_isa(torch::Tensor x, const std::vector<torch::Tensor
   const bool wide = isa == Isa::avx512 && kWideVectors;
   const PackedActs a32{r32.qx.data(), r32.dx32.data(), r32.isum16.data(), r32.isum32.data(), M, K, wide};
   const PackedActs a256{r256.qx.data(), r256.dx32.data(), r256.isum16.data(), r256.isum32.data(), M, K, wide};
-  auto y = torch::empty({M, N}, x.options());
+  auto y = at::empty({M, N}, x.options());
   float* yp = y.data_ptr<float>();
   at::parallel_for(0, first.back(), 1, [&](int64_t g0, int64_t g1) {
     for (size_t i = 0; i < packs.size(); ++i) {  // the parts this range of groups crosses
@@ -364,11 +367,11 @@ torch::Tensor packed_linear_isa(torch::Tensor x, const std::vector<torch::Tensor
   return y;
 }
 
-torch::Tensor packed_linear(torch::Tensor x, std::vector<torch::Tensor> packs, std::vector<int64_t> types) {
+at::Tensor packed_linear(at::Tensor x, std::vector<at::Tensor> packs, std::vector<int64_t> types) {
   return packed_linear_isa(x, packs, types, kIsa);
 }
 
-torch::Tensor packed_linear_on(torch::Tensor x, std::vector<torch::Tensor> packs, std::vector<int64_t> types,
+at::Tensor packed_linear_on(at::Tensor x, std::vector<at::Tensor> packs, std::vector<int64_t> types,
                                const std::string& name) {
   const Isa isa = isa_named(name);
   TORCH_CHECK(cpu_runs(isa), "this CPU does not run the ", name, " kernels");
@@ -379,14 +382,14 @@ torch::Tensor packed_linear_on(torch::Tensor x, std::vector<torch::Tensor> packs
 
 // x [n, D] (or [..., D]) float32 encoded as ``cache`` stores rows (kv_row) into rows
 // ``rows`` [n] of cache [R, stored row]: memory/kv_codec.py's encode and one index_copy_.
-void kv_store(torch::Tensor cache, torch::Tensor rows, torch::Tensor x, bool any_cpu) {
+void kv_store(at::Tensor cache, at::Tensor rows, at::Tensor x, bool any_cpu) {
   TORCH_CHECK(cache.dim() == 2 && cache.device().is_cpu() && cache.stride(1) == 1, "cache: [R, stored row], rows contiguous");
-  TORCH_CHECK(x.scalar_type() == torch::kFloat32 && x.device().is_cpu(), "x: float32 on the CPU");
+  TORCH_CHECK(x.scalar_type() == at::kFloat && x.device().is_cpu(), "x: float32 on the CPU");
   const int64_t D = x.size(-1);
   x = x.reshape({-1, D});
   if (x.stride(1) != 1) x = x.contiguous();
   rows = rows.contiguous();
-  TORCH_CHECK(rows.scalar_type() == torch::kInt64 && rows.numel() == x.size(0), "rows: [n] int64, one per row of x");
+  TORCH_CHECK(rows.scalar_type() == at::kLong && rows.numel() == x.size(0), "rows: [n] int64, one per row of x");
   const int type = kv_row(cache, D);
   const int64_t* rp = rows.data_ptr<int64_t>();
   for (int64_t i = 0; i < rows.numel(); ++i)
@@ -399,9 +402,9 @@ void kv_store(torch::Tensor cache, torch::Tensor rows, torch::Tensor x, bool any
 // Decode rows of per-stream caches k_cache, v_cache [S, KVH, C, stored row] in one call:
 // k, v [B, KVH, D] stored at ``rows`` of the caches seen flat (kv_store), then q [B, H, D]
 // attends over streams first .. first + B - 1, their first n_kv cells (decode_attention).
-torch::Tensor stream_decode(torch::Tensor q, torch::Tensor k, torch::Tensor v, torch::Tensor k_cache,
-                            torch::Tensor v_cache, torch::Tensor rows, int64_t first, int64_t n_kv,
-                            torch::Tensor kv_pos, torch::Tensor q_pos, int64_t window, double scale, double softcap) {
+at::Tensor stream_decode(at::Tensor q, at::Tensor k, at::Tensor v, at::Tensor k_cache,
+                            at::Tensor v_cache, at::Tensor rows, int64_t first, int64_t n_kv,
+                            at::Tensor kv_pos, at::Tensor q_pos, int64_t window, double scale, double softcap) {
   TORCH_CHECK(k_cache.dim() == 4 && v_cache.dim() == 4 && k_cache.is_contiguous() && v_cache.is_contiguous(),
               "caches: contiguous [S, KVH, C, stored row]");
   const int64_t B = q.size(0);
@@ -416,9 +419,9 @@ torch::Tensor stream_decode(torch::Tensor q, torch::Tensor k, torch::Tensor v, t
 // The attention half's way in, for rows x [T, hidden] of a Llama-family layer whose
 // projections are packed: RMSNorm, the fused q/k/v projection, rotary on q and k.
 // -> q [T, H, D], k [T, KVH, D] (rotated), v [T, KVH, D].
-std::vector<torch::Tensor> layer_qkv(torch::Tensor x, torch::Tensor norm, double eps, std::vector<torch::Tensor> packs,
-                                     std::vector<int64_t> types, int64_t H, int64_t KVH, torch::Tensor cos,
-                                     torch::Tensor sin) {
+std::vector<at::Tensor> layer_qkv(at::Tensor x, at::Tensor norm, double eps, std::vector<at::Tensor> packs,
+                                     std::vector<int64_t> types, int64_t H, int64_t KVH, at::Tensor cos,
+                                     at::Tensor sin) {
   auto qkv = packed_linear(rms_norm(x, norm, eps), std::move(packs), std::move(types));  // [T, (H + 2 KVH) D]
   const int64_t T = x.size(0), D = qkv.size(1) / (H + 2 * KVH);
   TORCH_CHECK(D * (H + 2 * KVH) == qkv.size(1), "the q/k/v projection's rows are not (H + 2 KVH) heads");
@@ -428,9 +431,9 @@ std::vector<torch::Tensor> layer_qkv(torch::Tensor x, torch::Tensor norm, double
 
 // The rest of the layer after attention: x + o(att), then + down(silu(gate) * up) of its
 // RMSNorm. x [T, hidden], att [T, H * D] -> [T, hidden].
-torch::Tensor layer_out(torch::Tensor x, torch::Tensor att, std::vector<torch::Tensor> o, std::vector<int64_t> o_types,
-                        torch::Tensor norm, double eps, std::vector<torch::Tensor> gate_up,
-                        std::vector<int64_t> gate_up_types, std::vector<torch::Tensor> down,
+at::Tensor layer_out(at::Tensor x, at::Tensor att, std::vector<at::Tensor> o, std::vector<int64_t> o_types,
+                        at::Tensor norm, double eps, std::vector<at::Tensor> gate_up,
+                        std::vector<int64_t> gate_up_types, std::vector<at::Tensor> down,
                         std::vector<int64_t> down_types) {
   auto h = packed_linear(att.reshape({att.size(0), -1}), std::move(o), std::move(o_types));  // [T, hidden]
   h.add_(x);
