@@ -14,7 +14,7 @@ from torch import nn
 
 from engine.errors import CheckpointError
 from engine.models.config import ModelConfig
-from engine.models.layers import AttentionShape, DecoderLayer, RMSNorm
+from engine.models.layers import AttentionShape, DecoderLayer, RMSNorm, embedding
 from engine.models.rope import Rotary, rotate
 from memory import ForwardView, FullAttentionSpec, LayerSpec, SlidingWindowSpec
 
@@ -55,7 +55,7 @@ class DecoderLM(nn.Module):
             eps=cfg.rms_norm_eps,
         )
         self.model = nn.Module()
-        self.model.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.model.embed_tokens = embedding(cfg.vocab_size, cfg.hidden_size)
         self.model.layers = nn.ModuleList(
             DecoderLayer(shape, cfg.intermediate_size, cfg.mlp_bias, i) for i in range(cfg.n_layers)
         )

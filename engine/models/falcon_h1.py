@@ -20,7 +20,7 @@ from torch import nn
 
 from engine.models.base import DecoderLM
 from engine.models.config import ModelConfig
-from engine.models.layers import RMSNorm
+from engine.models.layers import RMSNorm, embedding
 from engine.models.mamba2 import Mamba2Mixer, SSMShape
 from engine.models.rope import Rotary, rotate
 from memory import ForwardView, FullAttentionSpec, LayerSpec
@@ -99,7 +99,7 @@ class FalconH1ForCausalLM(DecoderLM):
         self.embedding_multiplier = _num(raw, "embedding_multiplier")
         self.lm_head_multiplier = _num(raw, "lm_head_multiplier")
         self.model = nn.Module()
-        self.model.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.model.embed_tokens = embedding(cfg.vocab_size, cfg.hidden_size)
         self.model.layers = nn.ModuleList(FalconH1Layer(cfg, i, self.ssm) for i in range(cfg.n_layers))
         self.model.final_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)

@@ -29,6 +29,7 @@ from torch import nn
 
 from engine.models.base import DecoderLM
 from engine.models.config import ModelConfig
+from engine.models.layers import embedding
 from engine.models.rope import Rotary, rotate
 from memory import ForwardView, FullAttentionSpec, LayerSpec, ReuseSpec, SlidingWindowSpec
 
@@ -199,8 +200,8 @@ class Gemma3nForCausalLM(DecoderLM):
         self.vocab_per_layer = int(raw.get("vocab_size_per_layer_input", cfg.vocab_size))
         self.final_softcap = raw.get("final_logit_softcapping")
         self.model = nn.Module()
-        self.model.embed_tokens = nn.Embedding(cfg.vocab_size, hidden)
-        self.model.embed_tokens_per_layer = nn.Embedding(self.vocab_per_layer, n_layers * self.per_layer_hidden)
+        self.model.embed_tokens = embedding(cfg.vocab_size, hidden)
+        self.model.embed_tokens_per_layer = embedding(self.vocab_per_layer, n_layers * self.per_layer_hidden)
         self.model.per_layer_model_projection = nn.Linear(hidden, n_layers * self.per_layer_hidden, bias=False)
         self.model.per_layer_projection_norm = Norm(self.per_layer_hidden, eps)
         self.model.altup_projections = nn.ModuleList(

@@ -19,7 +19,7 @@ from torch import nn
 from engine.errors import CheckpointError
 from engine.models.base import DecoderLM
 from engine.models.config import ModelConfig
-from engine.models.layers import RMSNorm
+from engine.models.layers import RMSNorm, embedding
 from engine.models.mamba2 import Mamba2Mixer, SSMShape
 from engine.models.moe import SparseMoE
 from engine.models.rope import Rotary, rotate
@@ -105,7 +105,7 @@ class GraniteMoeHybridForCausalLM(DecoderLM):
                 "supported: null (none) or 'rope'"
             )
         self.model = nn.Module()
-        self.model.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.model.embed_tokens = embedding(cfg.vocab_size, cfg.hidden_size)
         self.model.layers = nn.ModuleList(
             GraniteHybridLayer(cfg, i, getattr(self, "ssm", None), scales) for i in range(cfg.n_layers)
         )

@@ -23,7 +23,7 @@ from torch import nn
 from engine.errors import CheckpointError
 from engine.models.base import DecoderLM
 from engine.models.config import ModelConfig
-from engine.models.layers import RMSNorm
+from engine.models.layers import RMSNorm, embedding
 from engine.models.ssm import conv_step, conv_window, each_sequence, selective_scan, selective_step
 from memory import ForwardView, FullAttentionSpec, LayerSpec
 from memory.spec import RecurrentSpec
@@ -180,7 +180,7 @@ class JambaForCausalLM(DecoderLM):
         self.is_attention = [i % a_period == a_offset for i in range(cfg.n_layers)]
         experts = [n_experts if i % e_period == e_offset else 1 for i in range(cfg.n_layers)]
         self.model = nn.Module()
-        self.model.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.model.embed_tokens = embedding(cfg.vocab_size, cfg.hidden_size)
         self.model.layers = nn.ModuleList(
             JambaLayer(cfg, i, self.is_attention[i], experts[i]) for i in range(cfg.n_layers)
         )

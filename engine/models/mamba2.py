@@ -19,7 +19,7 @@ from torch import nn
 from engine.errors import CheckpointError
 from engine.models.base import DecoderLM
 from engine.models.config import ModelConfig
-from engine.models.layers import RMSNorm
+from engine.models.layers import RMSNorm, embedding
 from engine.models.ssm import conv_step, conv_window, each_sequence, gated_group_rms_norm, ssd_scan, ssd_step
 from memory import ForwardView, LayerSpec
 from memory.spec import RecurrentSpec
@@ -180,7 +180,7 @@ class Mamba2ForCausalLM(DecoderLM):
         self.ssm = SSMShape.from_raw(cfg.raw, cfg.hidden_size)
         eps = float(cfg.raw.get("layer_norm_epsilon", cfg.rms_norm_eps))
         self.backbone = nn.Module()
-        self.backbone.embeddings = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.backbone.embeddings = embedding(cfg.vocab_size, cfg.hidden_size)
         self.backbone.layers = nn.ModuleList(Mamba2Block(self.ssm, i, eps) for i in range(cfg.n_layers))
         self.backbone.norm_f = RMSNorm(cfg.hidden_size, eps)
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)

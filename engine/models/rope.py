@@ -11,9 +11,14 @@ import torch
 from engine.kernels.rotary import fused_rotate
 from engine.models.config import RopeConfig
 
+# The frequencies are computed on the CPU whatever the default device: models are built
+# on the meta device, where this arithmetic would go through torch's Python references
+# (and import torch._dynamo, ~1.5 s of a process's start); init_buffers moves them.
+CPU = torch.device("cpu")
+
 
 def _default_inv_freq(theta: float, dim: int) -> torch.Tensor:
-    return 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))  # [dim/2]
+    return 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.int64, device=CPU).float() / dim))  # [dim/2]
 
 
 def _llama3(inv_freq: torch.Tensor, rope: RopeConfig, max_pos: int) -> torch.Tensor:
@@ -51,8 +56,8 @@ def _yarn(rope: RopeConfig, dim: int, max_pos: int) -> tuple[torch.Tensor, float
     low, high = max(low, 0), min(high, dim - 1)
     if low == high:
         high += 0.001
-    ramp = ((torch.arange(dim // 2, dtype=torch.float32) - low) / (high - low)).clamp(0, 1)
-    pos_freqs = base ** (torch.arange(0, dim, 2).float() / dim)
+    ramp = ((torch.arange(dim // 2, dtype=torch.float32, device=CPU) - low) / (high - low)).clamp(0, 1)
+    pos_freqs = base ** (torch.arange(0, dim, 2, device=CPU).float() / dim)
     extrapolation = 1 - ramp
     inv_freq = (1.0 / (factor * pos_freqs)) * (1 - extrapolation) + (1.0 / pos_freqs) * extrapolation
     return inv_freq, float(attn)

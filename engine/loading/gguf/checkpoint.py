@@ -23,6 +23,7 @@ import torch
 from engine.errors import CheckpointError
 from engine.kernels.blocks import KEPT, BlockWeight
 from engine.loading.gguf.archs import ARCHITECTURES, gguf_name
+from engine.loading.gguf.header import read_header
 
 SUPPORTED = KEPT | {gguf.GGMLQuantizationType.F32}
 
@@ -41,13 +42,11 @@ class GGUFCheckpoint:
         faulted in on first use); otherwise every tensor is read into memory of its own."""
         self.path, self.mmap = path, mmap
         try:
-            reader = gguf.GGUFReader(str(path), "r")
-        except Exception as exc:  # the reader raises ValueError, struct errors, OSError...
+            header = read_header(path)
+        except (ValueError, OSError) as exc:
             raise CheckpointError(f"{path}: not a readable GGUF file: {exc}") from exc
-        self.fields = {name: _value(field) for name, field in reader.fields.items()}
-        self.tensors = {t.name: (t.tensor_type, tuple(reversed([int(x) for x in t.shape])), int(t.data_offset),
-                                 int(t.n_bytes)) for t in reader.tensors}  # fmt: skip
-        del reader  # drops its memory map: tensors are read with pread, one at a time
+        self.fields = header.fields
+        self.tensors = header.tensors  # name -> (type, shape, offset, bytes); read with pread, one at a time
         self.arch = self.get("general.architecture")
         if self.arch not in ARCHITECTURES:
             supported = ", ".join(sorted(ARCHITECTURES))
@@ -152,11 +151,3 @@ class GGUFCheckpoint:
 
 def _model_arch(name: str) -> gguf.MODEL_ARCH:
     return next(arch for arch, n in gguf.MODEL_ARCH_NAMES.items() if n == name)
-
-
-def _value(field: Any) -> Any:
-    """A metadata field as a Python value (strings decoded, arrays as lists)."""
-    try:
-        return field.contents()
-    except (ValueError, IndexError, UnicodeDecodeError):
-        return None
