@@ -65,12 +65,16 @@ def test_demo_model_writes_python():
     assert "(" in out.text and ":" in out.text  # a def line: name(args):
 
 
-def test_console_script_generates():
+def test_console_script_generates_without_importing_torchs_compiler():
+    """Loading and running a model never imports torch._dynamo (1.3-1.7 s of a process's
+    start: what torch's meta-device init and arithmetic would pull in)."""
     proc = subprocess.run(
-        [sys.executable, "-m", "server.cli", "generate", "-n", "8", "--seed", "1", "class Foo"],
+        [sys.executable, "-X", "importtime", "-m", "server.cli", "generate", "-n", "8", "--seed", "1", "class Foo"],
         capture_output=True,
         text=True,
         timeout=120,
     )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.startswith("class Foo") and "finish_reason" in proc.stderr
+    imported = {line.rsplit("|", 1)[-1].strip() for line in proc.stderr.splitlines() if line.startswith("import time:")}
+    assert "torch" in imported and "torch._dynamo" not in imported
