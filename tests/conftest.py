@@ -47,6 +47,25 @@ def once_per_run(tmp_path_factory, name: str, build):
 
 
 @pytest.fixture(scope="session")
+def demo_f32_gguf(tmp_path_factory):
+    """The demo model as a float32 GGUF written by llama.cpp's converter, made once in a
+    run for the GGUF and the quantized-model tests (read only: copy before changing)."""
+    from gguf_tools import convert, converter_tree
+    from unavailable import unavailable
+
+    from engine import DEMO_MODEL
+
+    def build(folder):
+        try:
+            converter_tree()
+        except RuntimeError as exc:  # no registry to download llama.cpp's converter from
+            unavailable(f"llama.cpp's converter, the GGUF tests' oracle, cannot be had: {exc}", "SLOTSERVE_SKIP_GGUF")
+        return convert(DEMO_MODEL, folder / "demo-f32.gguf", "f32")
+
+    return once_per_run(tmp_path_factory, "demo-f32-gguf", build)
+
+
+@pytest.fixture(scope="session")
 def gguf_lora(tmp_path_factory):
     """A tiny llama and a LoRA on it, each also as GGUF (gguf_tools.gguf_lora_files),
     converted once in a run for the engine's and the server's tests."""

@@ -10,6 +10,7 @@ the converter is touched.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shutil
@@ -180,10 +181,22 @@ def gguf_lora_files(root: Path) -> tuple:
     return folder, base_gguf, root / "lora", convert_lora(root / "lora", folder, root / "lora.gguf"), merged
 
 
+@functools.lru_cache(maxsize=8)
+def _reader(path: str, mtime_ns: int) -> gguf.GGUFReader:
+    return gguf.GGUFReader(path)
+
+
+def reader_of(path: Path) -> gguf.GGUFReader:
+    """gguf-py's reader of ``path``, kept while the file is unchanged: building one parses
+    every vocabulary entry (~0.3 s for the demo model's), and the tests derive many files
+    from the same source."""
+    return _reader(str(path), path.stat().st_mtime_ns)
+
+
 def write_gguf(src: Path, dst: Path, tensors, overrides: dict | None = None) -> Path:
     """A GGUF with ``src``'s metadata (``overrides`` replacing some values) and
     ``tensors``: (name, array, raw type or None) triples."""
-    reader = gguf.GGUFReader(str(src))
+    reader = reader_of(src)
     writer = gguf.GGUFWriter(str(dst), reader.fields["general.architecture"].contents())
     overrides = overrides or {}
     for field in reader.fields.values():
@@ -217,7 +230,7 @@ def requantize(
     fallback = gguf.GGMLQuantizationType.Q8_0 if fallback is None else fallback
 
     def tensors():
-        for t in gguf.GGUFReader(str(src)).tensors:
+        for t in reader_of(src).tensors:
             data = np.asarray(t.data)
             kind = next((k for k in (qtype, fallback) if data.ndim == 2 and _fits(data, k)), None)
             yield (t.name, pack(data, kind), kind) if kind is not None else (t.name, data, None)

@@ -53,14 +53,14 @@ def converted(folder) -> dict[str, tuple[Path, Path]]:
     for arch in ("qwen2", "qwen3"):
         ckpts[f"{arch}-f16"] = make_checkpoint(folder / f"tiny-{arch}", arch)
     jobs = [(ck, folder / f"{name}.gguf", "f16" if name.endswith("-f16") else "f32") for name, ck in ckpts.items()]
-    jobs += [(DEMO_MODEL, folder / "demo-f32.gguf", "f32"), (DEMO_MODEL, folder / "demo-q8_0.gguf", "q8_0")]
+    jobs += [(DEMO_MODEL, folder / "demo-q8_0.gguf", "q8_0")]  # the f32 one: conftest's demo_f32_gguf
     convert_many(jobs)
     return {name: (ck, folder / f"{name}.gguf") for name, ck in ckpts.items()}
 
 
 @pytest.fixture(scope="module")
-def f32(folder, converted) -> Path:
-    return folder / "demo-f32.gguf"
+def f32(demo_f32_gguf) -> Path:
+    return demo_f32_gguf
 
 
 @pytest.fixture(scope="module")

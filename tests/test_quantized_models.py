@@ -19,10 +19,9 @@ import gguf
 import numpy as np
 import pytest
 import torch
-from gguf_tools import convert, converter_tree, requantize, write_gguf
+from gguf_tools import requantize, write_gguf
 from safetensors.torch import save_file
 from test_packed_blocks import llama_rounded as int8_rounded
-from unavailable import unavailable
 
 from engine import DEMO_MODEL, Engine
 from engine.kernels import blocks
@@ -40,13 +39,8 @@ T = gguf.GGMLQuantizationType
 
 
 @pytest.fixture(scope="module")
-def demo_gguf(tmp_path_factory) -> Path:
-    try:
-        converter_tree()
-    except RuntimeError as exc:
-        unavailable(f"llama.cpp's converter cannot be had: {exc}", "SLOTSERVE_SKIP_GGUF")
-    folder = tmp_path_factory.mktemp("quantized")
-    return convert(DEMO_MODEL, folder / "demo-f32.gguf", "f32")
+def demo_gguf(demo_f32_gguf) -> Path:
+    return demo_f32_gguf
 
 
 @pytest.fixture(scope="module")
