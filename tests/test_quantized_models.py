@@ -256,22 +256,28 @@ def q4_k_m_like(src: Path, dst: Path, hidden: int, ffn: int, layers: int) -> Pat
     return write_gguf(src, dst, tensors, {f"llama.{k}": v for k, v in dims.items()})
 
 
+# Each measure follows glibc's malloc_trim: memory freed to the heap but not yet handed
+# back to the system (the warm-up engine's, the load's read buffers) otherwise counts at
+# one point and not at another, by chance (1.08x the file +- 0.1 between runs, measured).
 RSS_PROBE = """
-import gc, sys
+import ctypes, gc, sys
 from engine import DEMO_MODEL, Engine, SamplingParams
 def status(key):
     with open("/proc/self/status") as f:
         return next(int(line.split()[1]) * 1024 for line in f if line.startswith(key + ":"))
+def settled():
+    gc.collect()
+    ctypes.CDLL("libc.so.6").malloc_trim(0)
 warm = Engine.from_pretrained(str(DEMO_MODEL), n_ctx=64, n_seq_max=1)  # torch's own start-up memory
 warm.generate([[1, 2, 3]], SamplingParams(max_tokens=2))
 del warm
-gc.collect()
+settled()
 with open("/proc/self/clear_refs", "w") as f:
     f.write("5")  # the peak (VmHWM) starts again from here
 before = [status(k) for k in ("VmRSS", "RssAnon", "RssFile")]
 engine = Engine.from_pretrained(sys.argv[1], n_ctx=64, n_seq_max=1, mmap=sys.argv[2] == "mmap",
                                 repack=sys.argv[3] == "repack")
-gc.collect()
+settled()
 peak, after = status("VmHWM"), status("VmRSS")
 engine.generate([[1, 2, 3]], SamplingParams(max_tokens=2))  # every weight read once
 used = [status(k) for k in ("VmRSS", "RssAnon", "RssFile")]
