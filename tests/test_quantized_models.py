@@ -39,11 +39,6 @@ T = gguf.GGMLQuantizationType
 
 
 @pytest.fixture(scope="module")
-def demo_gguf(demo_f32_gguf) -> Path:
-    return demo_f32_gguf
-
-
-@pytest.fixture(scope="module")
 def text_ids() -> list[int]:
     engine = Engine.from_pretrained(str(DEMO_MODEL), n_ctx=64, n_seq_max=1)
     text = (DEMO_MODEL.parent / "core" / "engine.py").read_text()  # Python source: the demo model's kind of text
@@ -136,8 +131,8 @@ def dequantized_folder(path: Path, dst: Path) -> Path:
 
 
 @pytest.mark.parametrize("qtype", sorted(KEPT, key=int), ids=lambda t: t.name)
-def test_a_gguf_of_each_type_keeps_its_blocks_and_agrees_with_its_float_model(demo_gguf, text_ids, tmp_path, qtype):
-    path = requantize(demo_gguf, tmp_path / f"demo-{qtype.name}.gguf", qtype)
+def test_a_gguf_of_each_type_keeps_its_blocks_and_agrees_with_its_float_model(demo_f32_gguf, text_ids, tmp_path, qtype):
+    path = requantize(demo_f32_gguf, tmp_path / f"demo-{qtype.name}.gguf", qtype)
     ours = Engine.from_pretrained(str(path), n_ctx=1024, n_seq_max=1, **F32_CACHE)
     kept = [m for m in ours.model.modules() if isinstance(m, BlockLinear | BlockEmbedding)]
     assert not any(isinstance(m, torch.nn.Linear | torch.nn.Embedding) for m in ours.model.modules())
@@ -286,7 +281,7 @@ print(before[0], peak, after, sum(engine.weight_bytes.values()), *(u - b for u, 
 
 
 @pytest.mark.parametrize("mode, layout", [("read", "repack"), ("mmap", "repack"), ("mmap", "file")])
-def test_a_q4_k_m_file_is_resident_at_its_own_size(demo_gguf, tmp_path, mode, layout):
+def test_a_q4_k_m_file_is_resident_at_its_own_size(demo_f32_gguf, tmp_path, mode, layout):
     """Resident weights <= 1.1x the file's tensor bytes; the load's peak <= 1.2x what
     stays resident after it (read tensor by tensor, never a float copy). Mapped and kept
     in the file's layout (--no-repack), the weights are the file's pages: once used,
@@ -295,7 +290,7 @@ def test_a_q4_k_m_file_is_resident_at_its_own_size(demo_gguf, tmp_path, mode, la
     import subprocess
     import sys
 
-    path = q4_k_m_like(demo_gguf, tmp_path / "big-q4_k_m.gguf", hidden=1024, ffn=2816, layers=8)
+    path = q4_k_m_like(demo_f32_gguf, tmp_path / "big-q4_k_m.gguf", hidden=1024, ffn=2816, layers=8)
     file_bytes = GGUFCheckpoint(path).n_bytes
     assert file_bytes > 50e6  # big enough for the measure to mean something
     root = Path(__file__).resolve().parents[1]
@@ -315,11 +310,11 @@ def test_a_q4_k_m_file_is_resident_at_its_own_size(demo_gguf, tmp_path, mode, la
         assert used_anon <= 0.3 * file_bytes, figures  # (llama's q/k rows, permuted, are copies)
 
 
-def test_a_server_reports_its_weights_by_type(demo_gguf, tmp_path):
+def test_a_server_reports_its_weights_by_type(demo_f32_gguf, tmp_path):
     import httpx
     from server_proc import InProcessServer, metric
 
-    path = requantize(demo_gguf, tmp_path / "demo-q4_k.gguf", T.Q4_K)  # Q8_0 where rows of 704 do not fit
+    path = requantize(demo_f32_gguf, tmp_path / "demo-q4_k.gguf", T.Q4_K)  # Q8_0 where rows of 704 do not fit
     with InProcessServer(metrics=True, model=path) as srv:
         r = httpx.post(srv.url + "/completion", json={"prompt": "def add(a, b):", "n_predict": 8, "temperature": 0})
         assert r.status_code == 200 and r.json()["tokens_predicted"] == 8

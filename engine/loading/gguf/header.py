@@ -118,16 +118,15 @@ def _parse(cur: _Cursor, size: int) -> GGUFHeader:
         raise ValueError(f"GGUF version {version} (only {', '.join(map(str, VERSIONS))} are read)")
     n_tensors, n_fields = cur.take("Q"), cur.take("Q")
     fields: dict[str, Any] = {}
-    kinds: dict[str, int] = {}
     for _ in range(n_fields):
         key = cur.string()
         if key is NOT_TEXT or key in fields:
             raise ValueError(f"a metadata key given twice or not UTF-8: {key!r}")
-        kinds[key] = cur.take("I")
-        fields[key] = _plain(cur.value(kinds[key]))
+        kind = cur.take("I")
+        if key == "general.alignment" and kind != 4:
+            raise ValueError("general.alignment is not a u32")
+        fields[key] = _plain(cur.value(kind))
     alignment = fields.get("general.alignment", DEFAULT_ALIGNMENT)
-    if "general.alignment" in fields and kinds["general.alignment"] != 4:
-        raise ValueError("general.alignment is not a u32")
     if alignment <= 0 or alignment & (alignment - 1):
         raise ValueError(f"alignment {alignment} is not a power of two")
     table = [_tensor_info(cur) for _ in range(n_tensors)]
