@@ -48,11 +48,16 @@ def _hook_disk(control: Path) -> None:
     os.write = write
 
 
+def install(control: Path) -> None:
+    """Both hooks, steered through files in ``control``."""
+    _hook_loading(control)
+    _hook_disk(control)
+
+
 def main() -> int:
     control = Path(sys.argv[1])
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-    _hook_loading(control)
-    _hook_disk(control)
+    install(control)
     from server.cli import main as cli_main
 
     return cli_main(sys.argv[2:])

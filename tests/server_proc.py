@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import atexit
+import functools
+import json
 import os
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -30,22 +35,101 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+class ForkedProcess:
+    """A child of the preloaded interpreter (tests/preloaded.py), with the part of
+    ``subprocess.Popen``'s interface the tests use. Its exit code comes from the status
+    file the interpreter writes when it reaps the child."""
+
+    def __init__(self, pid: int, status_dir: Path):
+        self.pid = pid
+        self.returncode: int | None = None
+        self._status = status_dir / str(pid)
+
+    def poll(self) -> int | None:
+        if self.returncode is None and self._status.exists():
+            self.returncode = int(self._status.read_text())
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            if deadline is not None and time.monotonic() > deadline:
+                raise subprocess.TimeoutExpired(f"forked server {self.pid}", timeout)
+            time.sleep(0.01)
+        return self.returncode
+
+    def send_signal(self, sig: int) -> None:
+        if self.poll() is None:  # never a signal to a reaped pid that may be reused
+            os.kill(self.pid, sig)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+
+class Preloaded:
+    """The preloaded interpreter of this test process, started on first use and ended
+    with it (its stdin's end)."""
+
+    def __init__(self) -> None:
+        self.status_dir = Path(tempfile.mkdtemp(prefix="slotserve-forks-"))
+        program = Path(__file__).with_name("preloaded.py")
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        self.proc = subprocess.Popen(
+            [sys.executable, str(program), str(self.status_dir)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        self.lock = threading.Lock()  # one request and its answer at a time
+        atexit.register(self.proc.stdin.close)
+
+    def fork(self, argv: list[str], log: Path | None, hooks: Path | None) -> ForkedProcess | None:
+        """A server child running ``slotserve ARGV``; None when the interpreter cannot fork."""
+        request = {"argv": argv, "log": str(log) if log else None, "hooks": str(hooks) if hooks else None}
+        with self.lock:
+            self.proc.stdin.write(json.dumps(request) + "\n")
+            self.proc.stdin.flush()
+            answer = json.loads(self.proc.stdout.readline() or '{"error": "the preloaded interpreter ended"}')
+        return ForkedProcess(answer["pid"], self.status_dir) if "pid" in answer else None
+
+
+@functools.cache
+def preloaded() -> Preloaded:
+    return Preloaded()
+
+
 class ServerProcess:
     def __init__(
-        self, *args: str, env: dict[str, str] | None = None, log: Path | None = None, hooks: Path | None = None
+        self,
+        *args: str,
+        env: dict[str, str] | None = None,
+        log: Path | None = None,
+        hooks: Path | None = None,
+        fresh: bool = False,
     ):
-        """``hooks``: a control folder; the server then runs with the test hooks of
+        """``slotserve serve ARGS`` in a process of its own, on a free port. It is forked
+        from the preloaded interpreter (tests/preloaded.py: the imports are done once),
+        unless ``fresh`` or ``env`` is given (the environment is read at import, too):
+        then a new interpreter starts it as the console script does. ``hooks``: a
+        control folder; the server then runs with the test hooks of
         tests/hooked_serve.py, steered through files in that folder."""
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        launcher = (
-            ["-m", "server.cli"] if hooks is None else [str(Path(__file__).parent / "hooked_serve.py"), str(hooks)]
-        )
-        cmd = [sys.executable, *launcher, "serve", "--port", str(self.port), *args]
         self.log_path = log
+        argv = ["serve", "--port", str(self.port), *args]
+        forked = None if fresh or env is not None else preloaded().fork(argv, log, hooks)
+        if forked is not None:
+            self.proc = forked
+            return
+        launcher = (
+            ["-m", "server.cli"] if hooks is None else [str(Path(__file__).with_name("hooked_serve.py")), str(hooks)]
+        )
         out = open(log, "wb") if log else subprocess.DEVNULL  # noqa: SIM115
         full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
-        self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=full_env)
+        self.proc = subprocess.Popen(
+            [sys.executable, *launcher, *argv], stdout=out, stderr=subprocess.STDOUT, env=full_env
+        )
 
     def wait_listening(self, timeout: float = 60) -> httpx.Response:
         """Poll /health until the listener answers; returns that first answer."""

@@ -11,7 +11,7 @@ import threading
 
 import httpx
 import pytest
-from server_proc import InProcessServer, ServerProcess
+from server_proc import ForkedProcess, InProcessServer, ServerProcess
 from waiting import wait_for
 
 
@@ -52,6 +52,7 @@ def test_sigterm_drains_in_flight_stream(tmp_path):
     with ServerProcess(
         "--metrics", "-np", "2", "--drain-timeout", "600", log=tmp_path / "log"
     ) as srv:  # a drain that never cuts
+        assert isinstance(srv.proc, ForkedProcess)  # from the preloaded interpreter (tests/preloaded.py)
         srv.wait_ready()
         body = {"prompt": "def f():", "max_tokens": 300, "ignore_eos": True, "stream": True}
         with httpx.stream("POST", srv.url + "/v1/completions", json=body, timeout=60) as r:

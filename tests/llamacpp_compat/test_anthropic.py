@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 
-import anthropic
 import httpx
 import pytest
 from server_proc import InProcessServer
@@ -34,6 +33,8 @@ def srv():
 
 @pytest.fixture(scope="module")
 def client(srv):
+    import anthropic  # here, not at the top: the SDK's import (~1.7 s) is paid by the worker that runs these
+
     return anthropic.Anthropic(base_url=srv.url, api_key=KEY)
 
 
@@ -99,6 +100,8 @@ def test_thinking_settings_are_taken(client):
 
 
 def test_errors_come_in_anthropics_shape(srv, client):
+    import anthropic
+
     image = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "AAAA"}}
     with pytest.raises(anthropic.BadRequestError) as err:
         client.messages.create(model="demo", max_tokens=4, messages=[{"role": "user", "content": [image]}])

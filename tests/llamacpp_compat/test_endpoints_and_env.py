@@ -5,6 +5,7 @@ server as they configure llama-server (SLOTSERVE_* and flags win over them)."""
 from __future__ import annotations
 
 import socket
+import subprocess
 import time
 
 import httpx
@@ -39,6 +40,7 @@ def test_llama_arg_variables_configure_the_server(tmp_path):
         "LLAMA_ARG_HOST": f"127.0.0.1,127.0.0.2,{sock_path}",  # several addresses, one a UNIX socket
     }
     with ServerProcess(env=env, log=tmp_path / "s.log") as srv:
+        assert isinstance(srv.proc, subprocess.Popen)  # a fresh interpreter: the environment is its own
         srv.wait_ready()
         assert httpx.get(srv.url.replace("127.0.0.1", "127.0.0.2") + "/health").status_code == 200
         with httpx.Client(transport=httpx.HTTPTransport(uds=str(sock_path)), timeout=60) as local:
