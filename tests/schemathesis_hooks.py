@@ -95,7 +95,8 @@ def filter_case(context, case) -> bool:
     if str(case.path).startswith("/v1/messages") and isinstance(body, dict) and _positive(case):
         if _media(body) or (not body.get("messages") and not body.get("system")):
             return False  # media: text only; no turn at all: served where the template renders something
-    if not str(case.path).startswith(("/v1/chat/completions", "/chat/completions")) or not isinstance(body, dict):
+    chat = ("/v1/chat/completions", "/chat/completions", "/apply-template")  # the same message rules
+    if not str(case.path).startswith(chat) or not isinstance(body, dict):
         return True
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):

@@ -9,6 +9,7 @@ import dataclasses
 from fastapi import Request as HTTPRequest
 from fastapi.responses import JSONResponse, Response
 
+from server.errors import APIError
 from server.pipeline.generation import LLAMA_DEFAULTS, build_request
 from server.pipeline.native_answer import NativeAnswer
 from server.pipeline.run_batch import run_batch
@@ -16,16 +17,20 @@ from server.pipeline.sse import SSEResponse, sse_frames
 from server.schemas.requests import NativeCompletionRequest
 
 
-async def complete(
-    http: HTTPRequest, body: NativeCompletionRequest, prompts: list[list[int]], batch: bool, n_cmpl: int = 1
-) -> Response:
-    """llama-server's native answer (a list when ``batch``) for prompts given as ids;
-    ``n_cmpl``: each prompt comes that many times in a row, completed as llama-server's
-    child tasks are (a seed given is moved by one per child; no pinned slot). Every
-    prompt is checked before any runs; they are admitted as slots free up
+async def complete(http: HTTPRequest, body: NativeCompletionRequest, prompts: list[list[int]], batch: bool) -> Response:
+    """llama-server's native answer (a list when ``batch``) for prompts given as ids.
+    The body's ``n_cmpl`` (or ``n``; at most the number of slots): each prompt comes
+    that many times in a row, completed as llama-server's child tasks are (a seed given
+    is moved by one per child; no pinned slot), and the answer is a list. Every prompt
+    is checked before any runs; they are admitted as slots free up
     (server/pipeline/run_batch.py), and a stream starts with the first."""
     state = http.app.state.slotserve
     engine = state.require_ready()
+    n_cmpl = body.n_cmpl if body.n_cmpl is not None else body.n
+    if n_cmpl > state.settings.parallel:
+        raise APIError(400, f"n_cmpl: at most the number of slots ({state.settings.parallel})")
+    if n_cmpl > 1:
+        prompts, batch = [p for p in prompts for _ in range(n_cmpl)], True
     reqs = [await _request(state, body, ids, i % n_cmpl) for i, ids in enumerate(prompts)]
     for req in reqs:
         engine.validate(req)

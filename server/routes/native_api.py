@@ -48,12 +48,7 @@ async def completion(body: NativeCompletionRequest, http: HTTPRequest) -> Respon
     engine = state.require_ready()
     prompts, batch = body.prompts()
     ids = [await prompt_ids(engine, p) for p in prompts]
-    n = body.n_cmpl if body.n_cmpl is not None else body.n
-    if n > state.settings.parallel:
-        raise APIError(400, f"n_cmpl: at most the number of slots ({state.settings.parallel})")
-    if n == 1:
-        return await complete(http, body, ids, batch)
-    return await complete(http, body, [p for p in ids for _ in range(n)], True, n)  # each prompt n times in a row
+    return await complete(http, body, ids, batch)
 
 
 @router.post("/tokenize", response_model=None, responses=documented(TokenizeResult, 400, 413, 503))

@@ -192,11 +192,8 @@ class Message(_Body):
     @classmethod
     def _text_only(cls, v):
         """A media part is refused in llama-server's words, not as a shape error."""
-        kind = (
-            next((MEDIA[p["type"]] for p in v if isinstance(p, dict) and p.get("type") in MEDIA), None)
-            if isinstance(v, list)
-            else None
-        )
+        types = [p.get("type") for p in v if isinstance(p, dict)] if isinstance(v, list) else []
+        kind = next((MEDIA[t] for t in types if isinstance(t, str) and t in MEDIA), None)  # a type may be any JSON
         if kind is not None:
             raise PydanticCustomError("media", text_only(kind))
         return v

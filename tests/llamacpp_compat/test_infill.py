@@ -93,3 +93,11 @@ def test_a_model_without_fim_tokens_says_so(demo_server):
     r = httpx.post(demo_server.url + "/infill", json=BODY, timeout=60)
     assert r.status_code == 501 and r.json()["error"]["type"] == "not_supported_error"  # as llama-server
     assert r.json()["error"]["message"].startswith("Infill is not supported by this model: prefix token is missing")
+
+
+def test_infill_completes_n_cmpl_times_up_to_the_slots(fim_server):
+    """``n_cmpl`` as on ``/completion`` (schemathesis found it ignored here: 3 on one slot answered 200)."""
+    too_many = httpx.post(fim_server.url + "/infill", json={**BODY, "n_predict": 2, "n_cmpl": 2}, timeout=60)
+    assert too_many.status_code == 400 and "n_cmpl" in too_many.json()["error"]["message"]
+    one = httpx.post(fim_server.url + "/infill", json={**BODY, "n_predict": 2, "n_cmpl": 1}, timeout=60)
+    assert one.status_code == 200 and one.json()["tokens_predicted"] == 2
