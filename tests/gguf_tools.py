@@ -24,9 +24,9 @@ import numpy as np
 
 PACKAGE = "llama-cpp-python==0.3.36"
 CACHE = Path(os.environ.get("SLOTSERVE_CACHE", Path.home() / ".cache" / "slotserve")) / "llama-cpp-converter"
-WRAPPER = """
+RUNNER = """
 import json, runpy, sys
-tree, jobs = sys.argv[1], json.loads(sys.argv[2])
+tree, runs = sys.argv[1], json.loads(sys.argv[2])
 sys.path[:0] = [tree, tree + "/gguf-py"]
 import conversion.base as base
 known = base.TextModel.get_vocab_base_pre
@@ -36,17 +36,23 @@ def get_vocab_base_pre(self, tokenizer):
     except NotImplementedError:
         return "gpt-2"
 base.TextModel.get_vocab_base_pre = get_vocab_base_pre
-for args in jobs:  # one interpreter for several models: the imports are paid once
-    sys.argv = [tree + "/convert_hf_to_gguf.py", *args]
+for script, args in runs:  # one interpreter for several conversions: the imports are paid once
+    sys.argv = [tree + "/" + script, *args]
     runpy.run_path(sys.argv[0], run_name="__main__")
 """
-LORA_WRAPPER = """
-import runpy, sys
-tree = sys.argv[1]
-sys.path[:0] = [tree, tree + "/gguf-py"]
-sys.argv = [tree + "/convert_lora_to_gguf.py", *sys.argv[2:]]
-runpy.run_path(sys.argv[0], run_name="__main__")
-"""
+
+
+def _run_converters(groups: list[list[tuple[str, list[str]]]]) -> None:
+    """Each group of (script, args) runs in one interpreter, the groups side by side."""
+    tree = converter_tree()
+    running = []
+    for runs in groups:
+        cmd = [sys.executable, "-c", RUNNER, str(tree), json.dumps(runs)]
+        running.append((runs, subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)))
+    for runs, proc in running:
+        _, err = proc.communicate(timeout=600)
+        if proc.returncode != 0:
+            raise RuntimeError(f"{', '.join(sorted({s for s, _ in runs}))} failed: {err[-2000:]}")
 
 
 def converter_tree() -> Path:
@@ -139,29 +145,20 @@ def convert(folder: Path, out: Path, outtype: str = "f32") -> Path:
 
 def convert_many(jobs: list[tuple[Path, Path, str]], processes: int = 2) -> list[Path]:
     """Several conversions, in ``processes`` interpreters side by side."""
-    tree = converter_tree()
-    groups = [jobs[i::processes] for i in range(processes) if jobs[i::processes]]
-    running = []
-    for group in groups:
-        args = json.dumps([["--outfile", str(out), "--outtype", kind, str(folder)] for folder, out, kind in group])
-        cmd = [sys.executable, "-c", WRAPPER, str(tree), args]
-        running.append(subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True))
-    for proc in running:
-        _, err = proc.communicate(timeout=600)
-        if proc.returncode != 0:
-            raise RuntimeError(f"convert_hf_to_gguf.py failed: {err[-2000:]}")
+    runs = [("convert_hf_to_gguf.py", ["--outfile", str(out), "--outtype", t, str(src)]) for src, out, t in jobs]
+    _run_converters([runs[i::processes] for i in range(processes) if runs[i::processes]])
     return [out for _, out, _ in jobs]
 
 
-def convert_lora(adapter: Path, base: Path, out: Path, outtype: str = "f32") -> Path:
-    """``adapter`` (a PEFT folder trained on the Hugging Face checkpoint ``base``) as a
-    GGUF LoRA at ``out``, written by llama.cpp's convert_lora_to_gguf.py."""
-    args = ["--base", str(base), "--outfile", str(out), "--outtype", outtype, str(adapter)]
-    cmd = [sys.executable, "-c", LORA_WRAPPER, str(converter_tree()), *args]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-    if done.returncode != 0:
-        raise RuntimeError(f"convert_lora_to_gguf.py failed: {done.stderr[-2000:]}")
-    return out
+def convert_with_lora(base: Path, adapter: Path, base_out: Path, lora_out: Path) -> tuple[Path, Path]:
+    """``base`` (a Hugging Face checkpoint) and ``adapter`` (a PEFT folder trained on it)
+    as GGUFs, float32, by llama.cpp's convert_hf_to_gguf.py and convert_lora_to_gguf.py,
+    in one interpreter."""
+    hf = ("convert_hf_to_gguf.py", ["--outfile", str(base_out), "--outtype", "f32", str(base)])
+    lora_args = ["--base", str(base), "--outfile", str(lora_out), "--outtype", "f32", str(adapter)]
+    lora = ("convert_lora_to_gguf.py", lora_args)
+    _run_converters([[hf, lora]])
+    return base_out, lora_out
 
 
 def gguf_lora_files(root: Path) -> tuple:
@@ -177,8 +174,8 @@ def gguf_lora_files(root: Path) -> tuple:
         unavailable(f"llama.cpp's converters, the GGUF LoRA tests' oracle, cannot be had: {exc}", "SLOTSERVE_SKIP_GGUF")
     folder = make_checkpoint(root / "base", "llama")
     merged = make_adapter(folder, root / "lora", alpha=8.0)
-    base_gguf = convert(folder, root / "base.gguf")
-    return folder, base_gguf, root / "lora", convert_lora(root / "lora", folder, root / "lora.gguf"), merged
+    base_gguf, lora_gguf = convert_with_lora(folder, root / "lora", root / "base.gguf", root / "lora.gguf")
+    return folder, base_gguf, root / "lora", lora_gguf, merged
 
 
 @functools.lru_cache(maxsize=8)

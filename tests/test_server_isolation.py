@@ -113,6 +113,12 @@ def _healthy(srv) -> list[int]:
     return r.json()["tokens"]
 
 
+@pytest.fixture(scope="module")
+def alone(srv) -> list[int]:
+    """The healthy request's tokens with nothing beside it (greedy: the same every time)."""
+    return _healthy(srv)
+
+
 def _poison_stream(srv, out: dict) -> None:
     body = {"prompt": POISON, "n_predict": 100_000, "ignore_eos": True, "temperature": 0, "stream": True}
     with httpx.stream("POST", srv.url + "/completion", json=body, timeout=120) as r:
@@ -121,8 +127,7 @@ def _poison_stream(srv, out: dict) -> None:
 
 
 @pytest.mark.parametrize("site", ["sampling", "accepting", "planning", "shifting", "dispatching"])
-def test_a_fault_for_one_sequence_fails_its_request_alone(srv, monkeypatch, site):
-    alone = _healthy(srv)
+def test_a_fault_for_one_sequence_fails_its_request_alone(srv, alone, monkeypatch, site):
     n_errors = metric(srv.url, "slotserve_requests_total", finish_reason="error")
     n_faults = metric(srv.url, "slotserve_engine_faults_total")
     trap = Trap()
