@@ -6,6 +6,7 @@ import atexit
 import functools
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -82,7 +83,13 @@ class Preloaded:
             env=env,
         )
         self.lock = threading.Lock()  # one request and its answer at a time
-        atexit.register(self.proc.stdin.close)
+        atexit.register(self.close)
+
+    def close(self) -> None:
+        """End the interpreter (its stdin's end) and remove its status folder."""
+        self.proc.stdin.close()
+        self.proc.wait(30)
+        shutil.rmtree(self.status_dir, ignore_errors=True)
 
     def fork(self, argv: list[str], log: Path | None, hooks: Path | None) -> ForkedProcess | None:
         """A server child running ``slotserve ARGV``; None when the interpreter cannot fork."""
