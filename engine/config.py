@@ -22,7 +22,7 @@ class EngineConfig:
     ``max_batch_tokens``: token budget of one step (``-b``)."""
 
     model: Path = DEMO_MODEL
-    dtype: str = "float32"
+    dtype: str = "auto"  # auto: bfloat16 on CUDA, float32 elsewhere
     device: str = "auto"
     block_size: int = 16
     n_ctx: int = 4096
@@ -53,6 +53,9 @@ class EngineConfig:
     model_draft: Path | None = None  # the draft model's checkpoint (-md), HF folder or GGUF
     special: bool = False  # special tokens are written into the output text (llama-server's -sp)
     lora: tuple[str, ...] = ()  # LoRA adapters (GGUF files or PEFT folders), by index; each sequence says its scales
+    static_decode: bool | None = None  # decode steps through static buffers (core/static_decode.py); None: CUDA
+    enforce_eager: bool = False  # static decode steps run eagerly, never as captured CUDA graphs (vLLM's flag)
+    gpu_memory_utilization: float = 0.9  # share of the GPU's memory weights, cache and activations may take
 
     @property
     def cache_cells(self) -> int:
@@ -61,6 +64,11 @@ class EngineConfig:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "model", Path(self.model))
+        if self.dtype == "auto":
+            cuda = self.torch_device.type == "cuda" and not self.quantization  # blocks run float32 activations
+            object.__setattr__(self, "dtype", "bfloat16" if cuda else "float32")
+        if not 0 < self.gpu_memory_utilization <= 1:
+            raise ValueError("gpu_memory_utilization must be in (0, 1]")
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got '{self.dtype}'")
         for name in ("block_size", "n_ctx", "n_seq_max", "max_batch_tokens"):

@@ -62,6 +62,7 @@ class EngineService:
     def __init__(self, config: EngineConfig, files: SlotFiles | None = None, progress=None):
         """``progress``: see Engine (called from the loading thread)."""
         self._engine = Engine(config, progress)
+        self._device = self._engine.device_report()
         self._files = files
         self._warm_up()
         self._scheduler: Scheduler | None = None
@@ -167,11 +168,22 @@ class EngineService:
         """Resident weight bytes by type ("Q4_K", "Q6_K", "F32", ...), fixed at load."""
         return dict(self._engine.weight_bytes)
 
+    @property
+    def device(self) -> dict:
+        """Device, dtype, KV pool and decode mode (Engine.device_report; fixed once loaded)."""
+        return self._device
+
     def cache_config(self) -> dict[str, str]:
-        """The cache's fixed shape, for /metrics' info series."""
+        """The cache's fixed shape and where it lives, for /metrics' info series."""
         usage = self._engine.memory.usage()
         group = usage.groups[0]
+        device = self._device
         return {
+            "device": device["type"],
+            "device_name": device["name"],
+            "dtype": device["dtype"],
+            "kv_bytes": str(device["kv_bytes"]),
+            "decode": device["decode"],
             "block_size": str(group.block_tokens),
             "num_blocks": str(group.n_blocks_total),
             "slots": str(self.n_slots),

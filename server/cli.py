@@ -56,7 +56,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen = sub.add_parser("generate", help="generate offline for one or more prompts (all batched together)")
     gen.add_argument("prompt", nargs="+")
     gen.add_argument("-m", "--model", default=None, help="Hugging Face checkpoint folder (default: the demo model)")
-    gen.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    gen.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
     gen.add_argument("-n", "--n-predict", type=int, default=128)
     gen.add_argument("--temp", type=float, default=0.7)
     gen.add_argument("--top-k", type=int, default=40)

@@ -51,6 +51,9 @@ class ServerState:
             config = EngineConfig(
                 model=s.model,
                 dtype=s.dtype,
+                device=s.device,
+                enforce_eager=s.enforce_eager,
+                gpu_memory_utilization=s.gpu_memory_utilization,
                 quantization=s.quantization,
                 mmap=s.mmap,
                 repack=s.repack,

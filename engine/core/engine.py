@@ -20,12 +20,15 @@ from engine.config import EngineConfig
 from engine.core.acceptance import TokenAcceptance
 from engine.core.cache_specs import cache_specs, default_cache_type
 from engine.core.context_shift import ContextShift
+from engine.core.cuda_graphs import GraphLadder
+from engine.core.device_memory import gpu_sized
 from engine.core.draft_model import DraftModel
 from engine.core.planner import Chunk, plan_step
 from engine.core.pooling import Pooler, Pooling
 from engine.core.runner import ModelRunner
 from engine.core.sequence import FinishReason, Sequence, StepEvent, TokenLogprob
 from engine.core.speculation import Speculation
+from engine.core.static_decode import StaticDecode, eligible_model
 from engine.errors import StepFailed, check_token_ids
 from engine.kernels.attention import install_decode_attention
 from engine.kernels.block_model import block_modules, pack_block_linears, weight_bytes_by_type
@@ -102,6 +105,9 @@ class Engine(TokenAcceptance, ContextShift):
         default = default_cache_type(self.in_blocks, config.torch_dtype)
         types = (config.cache_type_k or default, config.cache_type_v or default)
         self.layer_specs = cache_specs(self.model.layer_specs(config.torch_dtype), self.n_ctx_seq, *types)
+        if self.device.type == "cuda":  # the pool takes what free GPU memory allows; -c stays a cap
+            self.memory_config = gpu_sized(self.memory_config, self.layer_specs, config, self.device)
+            self.layer_specs = cache_specs(self.model.layer_specs(config.torch_dtype), self.n_ctx_seq, *types)
         self.memory = build_memory(self.layer_specs, self.memory_config, rope_shift=self.model.rope_shift)
         if config.context_shift and not self.memory.can_shift:
             raise ValueError(
@@ -109,6 +115,7 @@ class Engine(TokenAcceptance, ContextShift):
                 "(sliding-window layers: add --swa-full)"
             )
         self.runner = ModelRunner(self.model, self.memory, self.device, self.lora)
+        self.static = self._static_decode()  # decode steps through static buffers (and graphs), or None
         self.running: list[Sequence] = []
         self.last_step_decode_only = False  # whether the last step's plan was one token per sequence
         self.n_checkpoint_restores = 0  # prefix reuses that restarted from a kept checkpoint
@@ -131,6 +138,16 @@ class Engine(TokenAcceptance, ContextShift):
             return Speculation()
         draft = DraftModel(cfg, loaded, self.memory_config) if cfg.model_draft is not None else None
         return Speculation(cfg.spec_draft_max, cfg.spec_ngram_size, draft, cfg.spec_p_min, cfg.spec_draft_min)
+
+    def _static_decode(self) -> StaticDecode | None:
+        cfg = self.config
+        wanted = cfg.static_decode if cfg.static_decode is not None else self.device.type == "cuda"
+        if not wanted or self.in_blocks or not eligible_model(self.model, self.memory, self.lora):
+            return None
+        static = StaticDecode(self.model, self.memory, self.device, cfg.n_seq_max, self.n_ctx_seq)
+        if self.device.type == "cuda" and not cfg.enforce_eager:
+            static.graphs = GraphLadder(static.forward, static.sizes, self.device)
+        return static
 
     def _use_onednn(self) -> bool:
         cfg = self.config
@@ -211,6 +228,24 @@ class Engine(TokenAcceptance, ContextShift):
             self.running.remove(seq)
             seq.finish_reason = seq.finish_reason or FinishReason.ABORT
 
+    def device_report(self) -> dict:
+        """Where and how the model runs (/props, /metrics): device, its name, dtype, the
+        KV pool's bytes and cells, and how decode steps run."""
+        name = torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else "cpu"
+        if self.static is None:
+            decode = "general"
+        else:
+            decode = "cuda_graphs" if self.static.graphs is not None else "static_eager"
+        return {
+            "type": self.device.type,
+            "name": name,
+            "dtype": self.config.dtype,
+            "kv_bytes": self.memory.usage().bytes_total,
+            "kv_cells": self.memory_config.n_ctx,
+            "decode": decode,
+            "graph_batch_sizes": self.static.sizes if self.static is not None and self.static.graphs else [],
+        }
+
     def memory_report(self) -> dict:
         """Usage of the memory and the result of its integrity check (call it from the
         thread that steps the engine)."""
@@ -276,7 +311,8 @@ class Engine(TokenAcceptance, ContextShift):
             self.masker.start([s.matcher for s in constrained], [s.draft for s in constrained]) if constrained else None
         )
         try:
-            logits = self.runner.run(plan)  # [S, V]
+            static = self.static is not None and self.static.serves(plan)
+            logits = self.static.run(plan) if static else self.runner.run(plan)  # [S, V]
         except CacheFull:
             _settle(masks)  # the matchers are free again before anyone retries
             raise

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import torch
 
+from engine.kernels import cuda_ops
+
 try:
     from engine.kernels import _blocks
 except ImportError:  # built by `pip install -e .` where a compiler exists
@@ -14,7 +16,10 @@ except ImportError:  # built by `pip install -e .` where a compiler exists
 
 def fused_silu_mul(gate_up: torch.Tensor) -> torch.Tensor | None:
     """silu(gate_up[:, :F]) * gate_up[:, F:] for a float32 CPU [T, 2F], or None where
-    the compiled kernel cannot take it (the caller runs torch's)."""
+    the compiled kernel cannot take it (the caller runs torch's); a contiguous CUDA one
+    goes to Triton."""
+    if cuda_ops.usable(gate_up):
+        return cuda_ops.ops.silu_mul(gate_up) if gate_up.dim() == 2 and gate_up.is_contiguous() else None
     if _blocks is None or gate_up.dim() != 2 or gate_up.dtype != torch.float32 or gate_up.device.type != "cpu":
         return None
     return _blocks.silu_mul(gate_up)

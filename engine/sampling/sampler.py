@@ -109,6 +109,19 @@ def _groups(rows: list[SampleRow], which: list[int]) -> dict[tuple, list[int]]:
     return out
 
 
+def host_list(tokens: torch.Tensor) -> list[int]:
+    """A device's chosen tokens [S] as a list: one non-blocking copy into pinned memory,
+    then a wait for that copy alone (the step's one device-to-host transfer)."""
+    if tokens.device.type == "cpu":
+        return tokens.tolist()
+    pinned = torch.empty(tokens.shape, dtype=tokens.dtype, pin_memory=True)
+    pinned.copy_(tokens, non_blocking=True)
+    done = torch.cuda.Event()
+    done.record()
+    done.synchronize()
+    return pinned.tolist()
+
+
 def sample(logits: torch.Tensor, rows: list[SampleRow]) -> SampleOutput:
     """logits: [S, V] float32 -> one token per row. The caller's logits change only by
     clamping to finite values (so sampling them again, row by row, gives the same)."""
@@ -133,7 +146,7 @@ def sample(logits: torch.Tensor, rows: list[SampleRow]) -> SampleOutput:
             mu[i] = new_mu[j]
             if rows[i].params.post_sampling_probs:
                 finals[i] = (probs[j], order[j])
-    out.tokens = tokens.tolist()
+    out.tokens = host_list(tokens)
     if any(r.params.mirostat for r in rows):
         out.mu = mu
     if n_top is not None:

@@ -23,6 +23,7 @@ from functools import cached_property
 import torch
 import torch.nn.functional as F
 
+from memory.attention.decode_tables import DecodeTables
 from memory.attention.kv_state import FAR
 from memory.attention.paged_store import PagedStore
 from memory.kv_codec import KVCodec
@@ -271,7 +272,21 @@ class PagedKVView(GroupedKVView):
     def __init__(self, cache: PagedStore, batch: MemoryBatch, slot_mapping: torch.Tensor):
         super().__init__(batch, slot_mapping, cache.device, cache.specs, cache.windows)
         self.cache = cache
+        self.slot_mapping = slot_mapping  # [T] physical cells (CPU)
         self._flat: dict[int, torch.Tensor] = {}  # KV heads -> [T * KVH] flat rows
+
+    def decode_tables(self) -> DecodeTables:
+        """The batch's rows' block tables (memory/attention/decode_tables.py); for a batch
+        of one new token per sequence."""
+        cache, bs, seqs = self.cache, self.cache.block_size, self.batch.seq_ids
+        n_kv_heads = next(iter(cache.k.values())).shape[1]
+        width = max(len(cache.tables[s]) for s in seqs)
+        table = torch.zeros(len(seqs), width, dtype=torch.long)  # [B, n_blocks]
+        for j, seq in enumerate(seqs):
+            table[j, : len(cache.tables[seq])] = torch.tensor(cache.tables[seq], dtype=torch.long)
+        lens = torch.tensor([cache.n[s] for s in seqs], dtype=torch.long)  # [B]
+        write_rows = self.slot_mapping * n_kv_heads  # [B]: cell c, head 0
+        return DecodeTables(table, lens, write_rows, bs, bs * n_kv_heads, 1, n_kv_heads)
 
     def _keys(self, seqs: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
         cache, bs = self.cache, self.cache.block_size

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import torch
 
+from memory.attention.decode_tables import DecodeTables
 from memory.attention.kv_state import FAR, NO_POS, KVRopeShift, kv_state, shift_stored, type_meta, validate_kv_state
 from memory.attention.kv_view import GroupedKVView, store, stream_decode_kernel
 from memory.attention.lazy_zeros import lazy_zeros
@@ -253,6 +254,16 @@ class StreamKVView(GroupedKVView):
             )
             self._flat[n_kv_heads] = rows
         return rows
+
+    def decode_tables(self) -> DecodeTables:
+        """The batch's rows as one-entry block tables (memory/attention/decode_tables.py);
+        for a batch of one new token per sequence."""
+        cache, seqs = self.cache, self.batch.seq_ids
+        n_kv_heads, cells = next(iter(cache.k.values())).shape[1:3]
+        lens = torch.tensor([cache.n[s] for s in seqs], dtype=torch.long)  # [B]
+        table = torch.tensor(seqs, dtype=torch.long)[:, None]  # [B, 1]
+        write_rows = table[:, 0] * n_kv_heads * cells + lens - 1  # [B]
+        return DecodeTables(table, lens, write_rows, cells, n_kv_heads * cells, cells, 1)
 
     def _keys(self, seqs: list[int]) -> tuple[torch.Tensor | slice, torch.Tensor]:
         n_kv = max(self.cache.n_read(s) for s in seqs)

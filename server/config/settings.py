@@ -120,7 +120,25 @@ class ServerSettings(SamplerSettings, LoraSettings):
     )
     block_size: int = setting(16, gt=0, description="KV cells per block", flags=("--block-size",))
     dtype: str = setting(
-        "float32", pattern="^(float32|bfloat16|float16)$", description="weights and activations", flags=("--dtype",)
+        "auto",
+        pattern="^(auto|float32|bfloat16|float16)$",
+        description="weights and activations (auto: bfloat16 on CUDA, float32 on the CPU)",
+        flags=("--dtype",),
+    )
+    device: str = setting(
+        "auto", pattern=r"^(auto|cpu|cuda(:\d+)?)$", description="where the model runs (auto: CUDA when there is one)",
+        flags=("--device",),
+    )  # fmt: skip
+    enforce_eager: bool = setting(
+        False, description="never capture CUDA graphs: decode steps run eagerly (vLLM's)", flags=("--enforce-eager",)
+    )
+    gpu_memory_utilization: float = setting(
+        0.9,
+        gt=0,
+        le=1,
+        description="share of the GPU's memory for weights, KV cache and activations; the KV pool takes what is "
+        "left of it (-c stays a cap)",
+        flags=("--gpu-memory-utilization",),
     )
     quantization: str | None = setting(
         None,

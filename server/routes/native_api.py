@@ -110,6 +110,7 @@ async def props(http: HTTPRequest) -> dict:
         "endpoint_props": state.settings.props,
         "endpoint_metrics": state.settings.metrics,
         "memory": memory,
+        "device": engine.device,
         "weights": {"bytes": sum(engine.weight_bytes.values()), "types": engine.weight_bytes},
         "prompt_cache": engine.prompt_cache() or {"enabled": False},
         "speculative": engine.speculation(),
