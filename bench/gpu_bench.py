@@ -8,8 +8,8 @@ layers, 32/8 heads, FFN 8192, vocab 32000), built on the GPU. For each decode mo
 --prompt random tokens, --new greedy tokens each; decode tok/s is measured from the
 first sampled token to the last (prefill apart). The floor of one decode step: the
 bytes it must read (weights other than the embedding table, plus every row's KV) over
-the measured bandwidth of a device-to-device copy (bytes read + written / time, so
-reading alone is counted at that rate). Also: kernel launches per decode step (the
+the measured bandwidth of a device-to-device copy (bytes read + written / time: the
+issue's floor). Also: kernel launches per decode step (the
 profiler's count), and each static step's profile (written to --out). The "before" mode
 is the engine as issue 40 found it: the general path, torch's small ops.
 """
@@ -173,7 +173,7 @@ def main() -> None:
             decode_run(engine, batch, 32, 4, seed=batch)  # warm-up at this size
             run = decode_run(engine, batch, args.prompt, args.new, seed=batch)
             kv = batch * (args.prompt + args.new / 2) * per_token_kv  # mean KV read per step
-            floor_ms = (weights + kv) / (bandwidth / 2) * 1e3  # reading alone at half the copy's bytes
+            floor_ms = (weights + kv) / bandwidth * 1e3  # read at the copy's rate (its bytes read + written)
             run.update(mode=mode, batch=batch, load_s=load_s, floor_ms=floor_ms, floor_tok_s=batch / floor_ms * 1e3)
             run["x_floor"] = run["step_ms"] / floor_ms
             if batch in (1, max(batches)):

@@ -21,7 +21,7 @@ python3 -c 'import torch, triton; print("torch", torch.__version__, "triton", tr
 
 echo "== 1. tests"
 t0=$(date +%s)
-python3 -m pytest -o addopts="" -p no:cacheprovider -p pytest_timeout --timeout 300 -q -rs \
+python3 -m pytest -o addopts="" -p no:cacheprovider --timeout 300 -q -rs \
   tests/test_cuda.py tests/test_static_decode.py -s 2>&1 | tee "$OUT/tests.log" | grep -E "passed|failed|error|largest|FAIL|Error" | tail -25
 echo "tests: $(( $(date +%s) - t0 )) s"
 

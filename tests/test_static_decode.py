@@ -154,30 +154,37 @@ def _attention_by_rows(q, k_rows, v_rows, table, lens, n_kv_heads, lay, scale):
     return out
 
 
-def _table_case(layout: str, dtype: torch.dtype, seed: int):
+def _table_case(layout: str, dtype: torch.dtype, seed: int, n_rows: int = 3):
+    """A batch as the static step hands it over: lens and table are columns of one int64
+    buffer (strided); lengths from 1 to the table's whole width."""
     gen = torch.Generator().manual_seed(seed)
-    n_rows, n_heads, n_kv_heads, head_dim = 3, 8, 2, 32
+    n_heads, n_kv_heads, head_dim = 8, 2, 32
     if layout == "paged":
-        bs, n_blocks = 16, 40
+        bs, width = 16, 7
+        n_blocks = n_rows * width + 3
         k = torch.randn(n_blocks * bs, n_kv_heads, head_dim, generator=gen)
         lay = TableLayout(bs, bs * n_kv_heads, 1, n_kv_heads)
-        table = torch.randperm(n_blocks, generator=gen)[: n_rows * 7].view(n_rows, 7)
-        lens = torch.tensor([1, 50, 112])
+        table = torch.randperm(n_blocks, generator=gen)[: n_rows * width].view(n_rows, width)
     else:
-        cells, streams = 128, 4
-        k = torch.randn(streams, n_kv_heads, cells, head_dim, generator=gen)
-        lay = TableLayout(cells, n_kv_heads * cells, cells, 1)
-        table = torch.tensor([[2], [0], [3]])
-        lens = torch.tensor([7, 128, 65])
+        bs, width = 128, 1
+        k = torch.randn(n_rows + 1, n_kv_heads, bs, head_dim, generator=gen)
+        lay = TableLayout(bs, n_kv_heads * bs, bs, 1)
+        table = torch.randperm(n_rows + 1, generator=gen)[:n_rows, None]
+    buf = torch.zeros(n_rows, 4 + width, dtype=torch.long)  # as static_decode.py's step buffer
+    buf[:, 2] = torch.randint(1, width * bs + 1, (n_rows,), generator=gen)
+    buf[0, 2], buf[-1, 2] = 1, width * bs
+    buf[:, 4:] = table
+    lens, table = buf[:, 2], buf[:, 4:]
     v = torch.randn(k.shape, generator=gen)
     q = torch.randn(n_rows, n_heads, head_dim, generator=gen)
     k_rows, v_rows = k.view(-1, head_dim).to(dtype), v.view(-1, head_dim).to(dtype)
     return q.to(dtype), k_rows, v_rows, table, lens, n_kv_heads, lay, head_dim**-0.5
 
 
+@pytest.mark.parametrize("n_rows", [3, 8])
 @pytest.mark.parametrize("layout", ["paged", "stream"])
-def test_table_attention_is_attention_over_each_rows_cells(layout):
-    case = _table_case(layout, torch.float32, seed=1)
+def test_table_attention_is_attention_over_each_rows_cells(layout, n_rows):
+    case = _table_case(layout, torch.float32, seed=n_rows, n_rows=n_rows)
     out = reference_table_attention(*case)
     expect = _attention_by_rows(*case)
     assert (out.double() - expect).abs().max() < 1e-5
@@ -188,9 +195,9 @@ import torch, sys
 sys.path.insert(0, "tests")
 from test_static_decode import _table_case, _attention_by_rows
 from engine.kernels.triton_decode import triton_decode_attention
-for layout in ("paged", "stream"):
+for layout, n_rows in (("paged", 3), ("stream", 3), ("paged", 8), ("stream", 8)):  # 32 splits; 17 (not a power of 2)
     for dtype, tol in ((torch.float32, 1e-5), (torch.float16, 2e-3)):
-        case = _table_case(layout, dtype, seed=2)
+        case = _table_case(layout, dtype, seed=2, n_rows=n_rows)
         out = triton_decode_attention(*case)
         err = (out.double() - _attention_by_rows(*case)).abs().max().item()
         assert out.dtype == dtype and err < tol, (layout, dtype, err)

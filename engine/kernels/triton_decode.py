@@ -23,13 +23,13 @@ MAX_SPLITS = 32
 @triton.jit
 def _split_kernel(
     q_ptr, k_ptr, v_ptr, table_ptr, lens_ptr, acc_ptr, ml_ptr,
-    stride_table, n_splits, scale, n_heads,
+    stride_table, stride_lens, n_splits, scale, n_heads,
     stride_block, stride_head, stride_cell,
     BLOCK: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, D: tl.constexpr, DP: tl.constexpr,
     N: tl.constexpr, SP: tl.constexpr,
 ):  # fmt: skip
     b, kvh, sp = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    n_keys = tl.load(lens_ptr + b).to(tl.int32)
+    n_keys = tl.load(lens_ptr + b * stride_lens).to(tl.int32)
     chunk = tl.cdiv(tl.cdiv(n_keys, n_splits), N) * N  # keys per split, whole steps
     lo = sp * chunk
     hi = tl.minimum(lo + chunk, n_keys)
@@ -88,7 +88,8 @@ def n_splits_for(n_rows: int, n_kv_heads: int) -> int:
 
 
 def triton_decode_attention(q, k_rows, v_rows, table, lens, n_kv_heads, lay, scale) -> torch.Tensor:
-    """engine/kernels/table_attention.py's ``table_attention`` (its arguments), in two launches."""
+    """engine/kernels/table_attention.py's ``table_attention`` (its arguments), in two
+    launches; ``table`` and ``lens`` may be strided (columns of the static step buffer)."""
     n_rows, n_heads, head_dim = q.shape
     group = n_heads // n_kv_heads
     splits = n_splits_for(n_rows, n_kv_heads)
@@ -99,7 +100,7 @@ def triton_decode_attention(q, k_rows, v_rows, table, lens, n_kv_heads, lay, sca
     ml = torch.empty(n_rows * n_heads * sp, 2, dtype=torch.float32, device=q.device)  # (max, sum) per split
     _split_kernel[(n_rows, n_kv_heads, splits)](
         q, k_rows, v_rows, table, lens, acc, ml,
-        table.stride(0), splits, scale, n_heads,
+        table.stride(0), lens.stride(0), splits, scale, n_heads,
         lay.stride_block, lay.stride_head, lay.stride_cell,
         BLOCK=lay.block, G=group, GP=gp, D=head_dim, DP=dp, N=KEYS_PER_STEP, SP=sp,
     )  # fmt: skip
