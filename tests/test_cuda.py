@@ -88,11 +88,14 @@ def test_float32_greedy_tokens_are_transformers_generate(folders):
 
 
 def test_graphs_give_the_eager_steps_tokens_in_a_mixed_batch(folders):
+    """float32: a captured graph runs Triton's small ops where the eager step runs
+    torch's (engine/kernels/cuda_ops.py), and cuBLAS may pick other kernels under
+    capture; in bfloat16 that rounding alone flips near-tied tokens of a random model."""
     runs = []
     for eager in (False, True):
         engine = Engine.from_pretrained(
             str(folders["llama"]), n_ctx=1024, n_seq_max=5, block_size=4, max_batch_tokens=8, device="cuda",
-            enforce_eager=eager,
+            dtype="float32", enforce_eager=eager,
         )  # fmt: skip
         assert (engine.static.graphs is None) == eager
         runs.append(staggered(engine))

@@ -61,7 +61,7 @@ def test_static_steps_give_the_general_paths_tokens(folders, arch, unified):
     for static in (False, True):
         engine = Engine.from_pretrained(
             str(folders[arch]), n_ctx=512, n_seq_max=5, kv_unified=unified, block_size=4, max_batch_tokens=8,
-            static_decode=static,
+            static_decode=static, device="cpu",
         )  # fmt: skip
         assert (engine.static is not None) == static
         runs[static] = staggered(engine)
@@ -77,7 +77,13 @@ def test_a_padded_batch_writes_nothing_of_its_own(folders, unified):
     outs = []
     for static in (False, True):
         engine = Engine.from_pretrained(
-            str(folders["llama"]), n_ctx=512, n_seq_max=5, kv_unified=unified, block_size=4, static_decode=static
+            str(folders["llama"]),
+            n_ctx=512,
+            n_seq_max=5,
+            kv_unified=unified,
+            block_size=4,
+            static_decode=static,
+            device="cpu",
         )
         outs.append([g.token_ids for g in engine.generate(PROMPTS[1:4], PARAMS[1:4])])
     assert engine.static.size_for(3) == 4 and engine.static.n_steps >= 8
@@ -90,7 +96,13 @@ def test_a_shifted_context_reads_its_cells_not_its_positions(folders):
     outs = []
     for static in (False, True):
         engine = Engine.from_pretrained(
-            str(folders["llama"]), n_ctx=64, n_seq_max=2, kv_unified=False, context_shift=True, static_decode=static
+            str(folders["llama"]),
+            n_ctx=64,
+            n_seq_max=2,
+            kv_unified=False,
+            context_shift=True,
+            static_decode=static,
+            device="cpu",
         )
         params = SamplingParams(temperature=0.0, max_tokens=80, ignore_eos=True)
         outs.append(engine.generate([[1, 2, 3, 4], [8, 9]], params))
@@ -99,7 +111,7 @@ def test_a_shifted_context_reads_its_cells_not_its_positions(folders):
 
 
 def test_a_failed_static_step_leaves_memory_as_it_was(folders, monkeypatch):
-    engine = Engine.from_pretrained(str(folders["llama"]), n_ctx=256, n_seq_max=3, static_decode=True)
+    engine = Engine.from_pretrained(str(folders["llama"]), n_ctx=256, n_seq_max=3, static_decode=True, device="cpu")
     for i in range(2):
         engine.add_sequence([3, 4, 5 + i], SamplingParams(temperature=0.0, max_tokens=8), i)
     engine.step()  # the prompts: the general path
@@ -116,11 +128,15 @@ def test_a_failed_static_step_leaves_memory_as_it_was(folders, monkeypatch):
 
 
 def test_models_the_static_step_cannot_serve_keep_the_general_path(folders):
-    gemma = Engine.from_pretrained(str(folders["gemma2"]), n_ctx=256, n_seq_max=2, static_decode=True)
+    gemma = Engine.from_pretrained(str(folders["gemma2"]), n_ctx=256, n_seq_max=2, static_decode=True, device="cpu")
     assert gemma.static is None  # soft-capped scores and sliding windows
-    quantized = Engine.from_pretrained(str(folders["llama"]), n_ctx=256, quantization="q8_0", static_decode=True)
+    quantized = Engine.from_pretrained(
+        str(folders["llama"]), n_ctx=256, quantization="q8_0", static_decode=True, device="cpu"
+    )
     assert quantized.static is None
-    f16_keys = Engine.from_pretrained(str(folders["llama"]), n_ctx=256, cache_type_k="f16", static_decode=True)
+    f16_keys = Engine.from_pretrained(
+        str(folders["llama"]), n_ctx=256, cache_type_k="f16", static_decode=True, device="cpu"
+    )
     assert f16_keys.static is None  # keys stored in another type than the model computes in
     out = gemma.generate([[4, 5, 6]], SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True))
     assert len(out[0].token_ids) == 4

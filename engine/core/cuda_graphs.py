@@ -16,6 +16,8 @@ from collections.abc import Callable
 
 import torch
 
+from engine.kernels import cuda_ops
+
 log = logging.getLogger("slotserve.engine")
 
 
@@ -25,7 +27,7 @@ class GraphLadder:
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.outputs: dict[int, torch.Tensor] = {}
         t0 = time.perf_counter()
-        with torch.inference_mode():  # as the steps that replay them
+        with torch.inference_mode(), cuda_ops.in_graphs():  # as the steps that replay them; Triton's small ops
             self._capture(forward, sizes, device)
         self.seconds = time.perf_counter() - t0
         log.info("captured %d decode graphs (batch 1..%d) in %.1f s", len(sizes), max(sizes), self.seconds)
