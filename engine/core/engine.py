@@ -68,6 +68,8 @@ class Engine(TokenAcceptance, ContextShift):
         self.config = config
         if config.n_threads:
             torch.set_num_threads(config.n_threads)
+        elif config.torch_device.type == "cuda":  # the host's tensors are bookkeeping: no OpenMP pool to wake
+            torch.set_num_threads(1)
         self.device = config.torch_device
         loaded = load(config, progress)
         self.model_config, self.tokenizer, self.model = loaded.model_config, loaded.tokenizer, loaded.model

@@ -143,9 +143,14 @@ class GroupedKVView(ForwardView):
         sliding window, for layers that attend through one."""
         self.batch = batch
         self.device = device
-        self.write_rows = write_rows.to(device)  # [T] rows of the flat [cells, KVH, D] storage
+        self.write_rows_cpu = write_rows  # [T] rows of the flat [cells, KVH, D] storage
         self.codecs = {layer: (s.k_codec, s.v_codec) for layer, s in specs.items()}  # memory/kv_codec.py
         self.windows = windows or {}
+
+    @cached_property
+    def write_rows(self) -> torch.Tensor:
+        """``write_rows`` on the device (copied on first use: a static decode step never uses it)."""
+        return self.write_rows_cpu.to(self.device)
 
     @abstractmethod
     def _keys(self, seqs: list[int]) -> tuple[torch.Tensor | slice, torch.Tensor]:
@@ -245,7 +250,7 @@ class GroupedKVView(ForwardView):
             n_kv_heads = k4.shape[1]
             qg = q4.reshape(n_seqs, n_kv_heads, n_heads // n_kv_heads, head_dim)  # [B, KVH, G, D]
             out = F.scaled_dot_product_attention(qg, k4, v4, attn_mask=mask, scale=scale)  # [B, KVH, G, D]
-            out = out.view(n_seqs, n_heads, 1, head_dim)  # head h reads KV head h // G, as with enable_gqa
+            out = out.reshape(n_seqs, n_heads, 1, head_dim)  # head h reads KV head h // G (CUDA float32 SDPA: strided)
         elif softcap is None:
             out = F.scaled_dot_product_attention(q4, k4, v4, attn_mask=mask, scale=scale, enable_gqa=True)
         else:

@@ -98,8 +98,15 @@ class StreamKVCache(MemoryKind):
                 raise CacheFull(
                     f"sequence {seq} needs {self.n[seq] + n_new} cells; its stream holds {self.stream_cells}"
                 )
-        rows, start = [], 0
         positions = batch.positions.cpu()
+        if all(n_new == 1 for n_new in batch.n_tokens):  # one token each (decode): in three tensor ops
+            seqs = torch.tensor(batch.seq_ids, dtype=torch.long)
+            cells = torch.tensor([self.n[s] for s in batch.seq_ids], dtype=torch.long)  # [B]
+            self.cell_pos[seqs, cells] = positions
+            for seq in batch.seq_ids:
+                self.n[seq] += 1
+            return StreamKVView(self, batch, seqs * self.stream_cells + cells)
+        rows, start = [], 0
         for seq, n_new in zip(batch.seq_ids, batch.n_tokens):
             n = self.n[seq]
             rows.append(torch.arange(n, n + n_new) + seq * self.stream_cells)
@@ -216,7 +223,6 @@ class StreamKVView(GroupedKVView):
         super().__init__(batch, write_rows, cache.device, cache.specs, cache.windows)
         self.cache = cache
         self.n_cells = next(iter(cache.k.values())).shape[2] if cache.k else 1
-        self.write_seq, self.write_cell = self.write_rows // self.n_cells, self.write_rows % self.n_cells  # [T] each
         self._flat: dict[int, torch.Tensor] = {}  # KV heads -> [T * KVH] rows of the flat [S * KVH * C, D] cache
 
     def _store_and_attend(self, layer, q, k, v, scale, softcap) -> torch.Tensor | None:
@@ -249,9 +255,8 @@ class StreamKVView(GroupedKVView):
         rows = self._flat.get(n_kv_heads)
         if rows is None:
             heads = torch.arange(n_kv_heads, device=self.device)
-            rows = ((self.write_seq[:, None] * n_kv_heads + heads) * self.n_cells + self.write_cell[:, None]).reshape(
-                -1
-            )
+            seq, cell = self.write_rows // self.n_cells, self.write_rows % self.n_cells  # [T] each
+            rows = ((seq[:, None] * n_kv_heads + heads) * self.n_cells + cell[:, None]).reshape(-1)
             self._flat[n_kv_heads] = rows
         return rows
 
