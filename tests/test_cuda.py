@@ -138,3 +138,35 @@ def test_a_slot_saved_on_the_gpu_continues_on_the_cpu_and_back(folders, tmp_path
     back = _steps(gpu, held2 + [on_cpu[-1]], len(held2), SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True))
     mine = _steps(cpu, held2 + [on_cpu[-1]], len(held2), SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True))
     assert back == mine
+
+
+SAMPLERS = [  # each row: the parameters of one sampled request (seeded: the draw is a pure function)
+    dict(temperature=0.8),
+    dict(temperature=0.9, top_k=12, top_p=0.8),
+    dict(temperature=1.1, min_p=0.05, repetition_penalty=1.3, presence_penalty=0.4, frequency_penalty=0.2),
+    dict(temperature=0.7, typical_p=0.6, top_n_sigma=1.5),
+    dict(temperature=1.0, xtc_probability=0.9, xtc_threshold=0.05),
+    dict(temperature=1.2, dynatemp_range=0.5),
+    dict(temperature=0.9, mirostat=2),
+    dict(temperature=0.9, mirostat=1),
+    dict(temperature=0.0, logit_bias={3: 5.0}),
+    dict(temperature=0.8, dry_multiplier=0.8, logprobs=3),
+]
+
+
+def test_sampling_on_the_device_draws_the_cpus_tokens():
+    """Every stage of the chain runs where the logits are: the same seeded draws from the
+    same logits on CUDA as on the CPU (float32: the same order and probabilities)."""
+    from engine.sampling.sampler import SampleRow, sample
+
+    gen = torch.Generator().manual_seed(0)
+    history = [5, 6, 7, 5, 6, 7, 5, 6]
+    for step in range(6):
+        logits = torch.randn(len(SAMPLERS), 300, generator=gen) * 3  # [R, V]
+        rows = [
+            SampleRow(SamplingParams(seed=100 + i, **kw), 100 + i, [1, 2, 3], history + [step] * step)
+            for i, kw in enumerate(SAMPLERS)
+        ]
+        on_cpu, on_gpu = sample(logits.clone(), rows), sample(logits.cuda(), rows)
+        assert on_gpu.tokens == on_cpu.tokens
+        assert on_gpu.logprobs == pytest.approx(on_cpu.logprobs, abs=1e-4)

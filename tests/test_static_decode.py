@@ -48,7 +48,8 @@ def staggered(engine: Engine) -> tuple[list[list[int]], int]:
             i = t // 3
             engine.memory.seq_rm(i)
             seqs.append(engine.add_sequence(PROMPTS[i], PARAMS[i], i))
-        engine.step()
+        faults = [e.error for e in engine.step() if e.error is not None]
+        assert not faults, faults  # every sequence runs to its max_tokens
         t += 1
     static = engine.static.n_steps if engine.static is not None else 0
     return [s.output_ids for s in seqs], static
