@@ -101,8 +101,9 @@ def test_a_slot_is_saved_listed_erased_and_restored(page, server):
     page.wait_for_function("document.querySelector('#stop').disabled && document.querySelector('.msg.assistant')")
     row = page.locator("#slots tr[data-slot='1']")
     row.locator("text=save").wait_for()
+    cached = "document.querySelector(\"#slots tr[data-slot='1'] td:nth-child(3)\").textContent"
+    page.wait_for_function(f"Number({cached}) > 0")  # the table refreshes on its own clock: wait for it
     n_cached = int(row.locator("td").nth(2).text_content())
-    assert n_cached > 0
     row.locator("input").fill("from-page.slot")
     row.locator("button", has_text="save").click()
     page.locator("#files tr[data-file='from-page.slot']").wait_for()
