@@ -40,11 +40,15 @@ class MemoryBatch:
 
     ``seq_ids[i]`` contributes ``n_tokens[i]`` consecutive rows of the flat batch;
     ``positions`` ([T], int64) holds each row's position. A sequence appears once.
+    ``visible``: where a row sees past its own position, the last position it sees (the
+    tokens of one image attend to each other both ways: Gemma 3); a sliding window still
+    counts back from the row's own position.
     """
 
     seq_ids: list[int]
     n_tokens: list[int]
     positions: torch.Tensor  # [T] int64
+    visible: torch.Tensor | None = None  # [T] int64: the last position each row sees (None: its own)
 
     @property
     def n_total(self) -> int:
@@ -56,6 +60,8 @@ class MemoryBatch:
             raise ValueError("a sequence appears twice in the batch")
         if self.positions.numel() != self.n_total:
             raise ValueError("positions do not match n_tokens")
+        if self.visible is not None and self.visible.shape != self.positions.shape:
+            raise ValueError("visible does not match positions")
 
 
 @dataclass(frozen=True)

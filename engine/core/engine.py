@@ -23,6 +23,7 @@ from engine.core.context_shift import ContextShift
 from engine.core.cuda_graphs import GraphLadder
 from engine.core.device_memory import gpu_sized
 from engine.core.draft_model import DraftModel
+from engine.core.media import MediaItem
 from engine.core.planner import Chunk, plan_step
 from engine.core.pooling import Pooler, Pooling
 from engine.core.runner import ModelRunner
@@ -178,6 +179,7 @@ class Engine(TokenAcceptance, ContextShift):
         n_keep: int = 0,
         pooling: Pooling | None = None,
         lora: tuple[float, ...] = (),
+        media: list[MediaItem] | None = None,
     ) -> Sequence:
         """Start generating for ``prompt_ids`` in memory sequence ``seq_id``.
 
@@ -186,8 +188,10 @@ class Engine(TokenAcceptance, ContextShift):
         prompt token is recomputed so it yields logits. ``pooling``: an embedding, which
         ends once the prompt is computed, with its pooled hidden states (pooling other
         than ``last`` recomputes the whole prompt). ``lora``: each loaded adapter's scale
-        for this sequence (missing ones: 0). Raises ValueError on an empty or too long
-        prompt, a busy ``seq_id`` or a token outside the vocabulary.
+        for this sequence (missing ones: 0). ``media``: the prompt's images (engine/core/media.py),
+        whose placeholders ``prompt_ids`` holds; a cached prefix never ends inside one. Raises
+        ValueError on an empty or too long prompt, a busy ``seq_id``, a token outside the
+        vocabulary, or media on a model without an image encoder or off their placeholders.
         """
         if not prompt_ids:
             raise ValueError("the prompt is empty")
@@ -196,6 +200,10 @@ class Engine(TokenAcceptance, ContextShift):
         if any(s.seq_id == seq_id for s in self.running):
             raise ValueError(f"sequence {seq_id} is busy")
         check_token_ids(prompt_ids, self.model_config.vocab_size)
+        media = sorted(media or [], key=lambda m: m.start)
+        if media:
+            self._check_media(prompt_ids, media)
+            n_cached = min([n_cached] + [m.start for m in media if m.start < n_cached < m.end])
         pooler = Pooler(pooling, len(prompt_ids)) if pooling is not None else None
         if pooler is not None and pooler.needs_whole_prompt:
             n_cached = 0
@@ -221,9 +229,23 @@ class Engine(TokenAcceptance, ContextShift):
             matcher=self.grammars.matcher(params.constraint) if params.constraint else None,
             pooler=pooler,
             lora=tuple(lora),
+            media=media,
         )
         self.running.append(seq)
         return seq
+
+    def _check_media(self, prompt_ids: list[int], media: list[MediaItem]) -> None:
+        """ValueError unless the model encodes images and each item covers its placeholders."""
+        spec = self.model_config.media
+        if spec is None or not hasattr(self.model, "encode_images"):
+            raise ValueError(f"this model ({self.model_config.architecture}) takes no images")
+        end = 0
+        for m in media:
+            if m.start < end or m.end > len(prompt_ids) or m.n_tokens != spec.tokens_per_image:
+                raise ValueError(f"an image at {m.start} does not fit its prompt ({spec.tokens_per_image} positions)")
+            if any(t != spec.image_token_id for t in prompt_ids[m.start : m.end]):
+                raise ValueError(f"the prompt holds no image placeholders at {m.start}..{m.end - 1}")
+            end = m.end
 
     def abort(self, seq: Sequence) -> None:
         if seq in self.running:

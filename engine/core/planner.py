@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+from engine.core.media import split_point
 from engine.core.sequence import Sequence
 
 
@@ -34,6 +35,8 @@ def plan_step(running: list[Sequence], budget: int, align: int | None = None) ->
             n = min(seq.n_pending, budget)
             if align:
                 n = min(n, align - seq.n_computed % align)
+            if seq.media:  # an image's positions run in one forward (engine/core/media.py)
+                n = split_point(seq.media, seq.n_computed, n)
             plan.append(_chunk(seq, n))
             budget -= n
     return plan

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import torch
 
+from engine.core.media import encode_pending
 from engine.core.planner import Chunk
 from engine.kernels.lora_linear import LoRAState
 from engine.models.base import DecoderLM
@@ -38,16 +39,20 @@ class ModelRunner:
             if chunk.samples:  # a proposal's chunk: a row per position (the verification)
                 logit_rows += range(row - 1 - len(seq.draft), row) if seq.draft else [row - 1]
         pos = torch.cat(positions)  # [T]
-        batch = MemoryBatch([c.seq.seq_id for c in plan], [c.n_tokens for c in plan], pos)
+        media = self._media(plan)  # (rows, their tokens, visible) or None
+        visible = media[2] if media is not None else None
+        batch = MemoryBatch([c.seq.seq_id for c in plan], [c.n_tokens for c in plan], pos, visible)
         view = self.memory.prepare(batch)
         rows = logit_rows + [r for pooled in pooled_rows for r in pooled]
         self._set_lora(plan, len(ids))
         try:
+            extra = {"media": (media[0].to(self.device), media[1])} if media is not None else {}
             hidden = self.model.hidden(
                 torch.tensor(ids, device=self.device),
                 pos.to(self.device),
                 view,
                 torch.tensor(rows, dtype=torch.long, device=self.device),
+                **extra,
             )  # [S + P, hidden]
             logits = self.model.project(hidden[: len(logit_rows)])  # [S, V]
         except BaseException:
@@ -70,6 +75,27 @@ class ModelRunner:
             elif every and c.seq.n_computed % every == 0:  # a spaced checkpoint
                 self.memory.checkpoint(c.seq.seq_id)
         return logits
+
+    def _media(self, plan: list[Chunk]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+        """The images this step computes (encoded first, in one batch): their rows of the
+        flat batch [M], their tokens [M, hidden], and every row's last visible position [T]
+        (an image's rows see its last position: bidirectional within the image)."""
+        items, row = [], 0
+        for chunk in plan:
+            start = chunk.seq.n_computed
+            for m in chunk.seq.media:
+                if start <= m.start and m.end <= start + chunk.n_tokens:
+                    items.append((row + m.start - start, m))
+            row += chunk.n_tokens
+        if not items:
+            return None
+        encode_pending(self.model, [m for _, m in items], self.device, next(self.model.parameters()).dtype)
+        visible = torch.cat([torch.arange(c.seq.n_computed, c.seq.n_computed + c.n_tokens) for c in plan])  # [T]
+        rows = []
+        for first, m in items:
+            visible[first : first + m.n_tokens] = m.end - 1
+            rows.append(torch.arange(first, first + m.n_tokens))
+        return torch.cat(rows), torch.cat([m.features for _, m in items]), visible
 
     def _set_lora(self, plan: list[Chunk], n_rows: int) -> None:
         """Each row's adapter scales for this forward (its sequence's; none: cleared)."""

@@ -57,6 +57,7 @@ class Sequence:
     indent: IndentLimit | None = None  # the request's n_indent (None: none)
     budget: ReasoningBudget | None = None  # the request's reasoning budget (None: none)
     first_token_at: float | None = None  # when the first token was accepted (acceptance.clock)
+    media: list = field(default_factory=list)  # MediaItem (engine/core/media.py) of the prompt's images, in order
 
     def __post_init__(self) -> None:
         if not self.tokens:

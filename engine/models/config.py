@@ -7,6 +7,7 @@ the same frozen ``ModelConfig``.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 from dataclasses import dataclass, field
@@ -35,6 +36,19 @@ class RopeConfig:
 
 
 @dataclass(frozen=True)
+class MediaConfig:
+    """What a vision-language checkpoint (``text_config`` + ``vision_config``) says of its
+    images: the encoder's config as written, the placeholder token each image position
+    holds in the prompt, the tokens around an image and how many positions one takes."""
+
+    vision: dict[str, Any] = field(compare=False)
+    image_token_id: int = 0
+    boi_token_id: int | None = None  # begin of image
+    eoi_token_id: int | None = None  # end of image
+    tokens_per_image: int = 256
+
+
+@dataclass(frozen=True)
 class ModelConfig:
     architecture: str
     model_type: str
@@ -58,6 +72,7 @@ class ModelConfig:
     layer_types: tuple[str, ...]  # per layer: "full_attention" | "sliding_attention" | "recurrent"
     rope_local: RopeConfig | None  # sliding layers' own rope (Gemma 3), else None: the same as ``rope``
     raw: dict[str, Any] = field(repr=False, compare=False, default_factory=dict)
+    media: MediaConfig | None = None  # a vision-language checkpoint's encoder and placeholders, else None
 
     @property
     def fingerprint(self) -> str:
@@ -154,9 +169,32 @@ def _ffn(value: Any) -> int:
     return max(int(v) for v in value) if isinstance(value, list) else int(value)
 
 
+def _media_config(raw: dict, path: Path) -> ModelConfig:
+    """A vision-language checkpoint: its language model's config (``text_config``, with
+    the outer architecture, ties and ids where the inner one is silent) plus MediaConfig."""
+    text = raw["text_config"]
+    if not isinstance(text, dict) or not isinstance(raw["vision_config"], dict):
+        raise CheckpointError(f"{path}: fields 'text_config' and 'vision_config' must be JSON objects")
+    inner = {k: raw[k] for k in ("tie_word_embeddings", "eos_token_id", "bos_token_id") if k in raw} | text
+    inner["architectures"] = raw.get("architectures") or [str(raw.get("model_type", ""))]
+    cfg = parse_model_config(inner, path)
+    media = MediaConfig(
+        vision=raw["vision_config"],
+        image_token_id=int(raw.get("image_token_id", raw.get("image_token_index", 0))),
+        boi_token_id=raw.get("boi_token_id", raw.get("boi_token_index")),
+        eoi_token_id=raw.get("eoi_token_id", raw.get("eoi_token_index")),
+        tokens_per_image=int(raw.get("mm_tokens_per_image", 256)),
+    )
+    merged = {k: v for k, v in raw.items() if k != "text_config"} | text  # the model reads text fields from raw
+    merged["architectures"], merged["model_type"] = inner["architectures"], raw.get("model_type", "")
+    return dataclasses.replace(cfg, model_type=str(raw.get("model_type", "")), raw=merged, media=media)
+
+
 def parse_model_config(raw: dict, path: Path) -> ModelConfig:
     if not isinstance(raw, dict):
         raise CheckpointError(f"{path}: expected a JSON object")
+    if "text_config" in raw and "vision_config" in raw:
+        return _media_config(raw, path)
     archs = raw.get("architectures") or []
     arch = archs[0] if archs else str(raw.get("model_type", ""))
     recurrent = raw.get("model_type") in RECURRENT_MODEL_TYPES

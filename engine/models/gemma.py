@@ -130,11 +130,14 @@ class GemmaLM(DecoderLM):
         return rotate(k.float(), cos, sin).to(k.dtype)
 
     def hidden(
-        self, input_ids: torch.Tensor, positions: torch.Tensor, view: ForwardView, rows: torch.Tensor
+        self, input_ids: torch.Tensor, positions: torch.Tensor, view: ForwardView, rows: torch.Tensor, media=None
     ) -> torch.Tensor:
-        """input_ids, positions: [T]; rows: [S] -> final hidden states [S, hidden]."""
+        """input_ids, positions: [T]; rows: [S] -> final hidden states [S, hidden]. ``media``:
+        (rows [M], image tokens [M, hidden]) that replace those rows' scaled embeddings."""
         x = self.model.embed_tokens(input_ids)  # [T, hidden]
         x = x * torch.tensor(self.embed_scale, dtype=x.dtype)
+        if media is not None:
+            x = x.index_copy(0, media[0], media[1].to(x.dtype))
         rope = {False: self.rotary.cos_sin(positions)}  # [T, 1, D] each
         if self.rotary_local is not None:
             rope[True] = self.rotary_local.cos_sin(positions)

@@ -6,6 +6,7 @@ from engine.errors import UnsupportedArchitecture
 from engine.models.base import DecoderLM
 from engine.models.falcon_h1 import FalconH1ForCausalLM
 from engine.models.gemma import Gemma2ForCausalLM, Gemma3ForCausalLM
+from engine.models.gemma3_vision import Gemma3ForConditionalGeneration
 from engine.models.gemma3n import Gemma3nForCausalLM
 from engine.models.granite_hybrid import GraniteMoeHybridForCausalLM
 from engine.models.jamba import JambaForCausalLM
@@ -24,6 +25,7 @@ MODELS: dict[str, type[DecoderLM]] = {
         MistralForCausalLM,
         Gemma2ForCausalLM,
         Gemma3ForCausalLM,
+        Gemma3ForConditionalGeneration,
         Gemma3nForCausalLM,
         Mamba2ForCausalLM,
         GraniteMoeHybridForCausalLM,

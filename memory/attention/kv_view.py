@@ -102,6 +102,7 @@ class AttentionLayout:
     q_pos: torch.Tensor  # [B_g, Q] position of each query (CPU; FAR for padding)
     q_rows: torch.Tensor | None  # [T_g] row of each token in the flattened [B_g * Q]; None when Q == 1
     device: torch.device
+    q_vis: torch.Tensor | None = None  # [B_g, Q] the last position each query sees (None: q_pos)
     masks: dict = field(default_factory=dict)  # (window, dtype) -> [B_g, 1, Q, L] additive mask on the device
 
     @cached_property
@@ -120,7 +121,8 @@ class AttentionLayout:
         window and dtype, shared by the layers (a bool mask would be converted to this
         by SDPA in every layer)."""
         if (window, dtype) not in self.masks:
-            allowed = self.kv_pos[:, None, :] <= self.q_pos[:, :, None]  # [B_g, Q, L]
+            last = self.q_pos if self.q_vis is None else self.q_vis
+            allowed = self.kv_pos[:, None, :] <= last[:, :, None]  # [B_g, Q, L]
             if window is not None:
                 allowed &= self.kv_pos[:, None, :] > self.q_pos[:, :, None] - window
             additive = torch.zeros(allowed.shape, dtype=dtype).masked_fill_(~allowed, float("-inf"))
@@ -193,12 +195,15 @@ class GroupedKVView(ForwardView):
         keys, kv_pos = self._keys([batch.seq_ids[i] for i in members])  # kv_pos: [B, L]
         n_seqs, n_q = len(members), max(n_new)
         q_pos = torch.full((n_seqs, n_q), FAR, dtype=torch.long)
+        q_vis = q_pos.clone() if batch.visible is not None else None
         q_rows = []
         for j, i in enumerate(members):
             q_pos[j, : n_new[j]] = batch.positions[starts[i] : starts[i] + n_new[j]]
+            if q_vis is not None:
+                q_vis[j, : n_new[j]] = batch.visible[starts[i] : starts[i] + n_new[j]]
             q_rows.append(torch.arange(n_new[j]) + j * n_q)
         rows = torch.cat(q_rows).to(self.device) if n_q > 1 else None
-        return AttentionLayout(tokens, keys, kv_pos, q_pos, rows, self.device)
+        return AttentionLayout(tokens, keys, kv_pos, q_pos, rows, self.device, q_vis=q_vis)
 
     def attend(
         self,

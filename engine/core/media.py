@@ -1,0 +1,58 @@
+"""Images in a sequence: which prompt positions an image's tokens hold, its content hash,
+and its encoder output once computed.
+
+A prompt holds an image as ``n_tokens`` placeholder tokens (the model's image token id)
+at positions ``start .. start + n_tokens - 1``; the model's input embeddings there are
+the image's encoded tokens instead. The positions of one image are computed in one
+forward (the planner never splits them: engine/core/planner.py) and see each other both
+ways (``visible``: the last position of their image), as Gemma 3 attends. The digest
+(sha256 of the preprocessed pixels) names the image wherever prompts are compared."""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class MediaItem:
+    start: int  # position of the first placeholder
+    n_tokens: int
+    digest: str
+    pixels: torch.Tensor | None  # [C, H, W] preprocessed, until encoded
+    features: torch.Tensor | None = None  # [n_tokens, hidden] once encoded
+
+    @classmethod
+    def image(cls, start: int, n_tokens: int, pixels: torch.Tensor) -> MediaItem:
+        digest = hashlib.sha256(pixels.detach().float().cpu().contiguous().numpy().tobytes()).hexdigest()
+        return cls(start, n_tokens, digest, pixels)
+
+    @property
+    def end(self) -> int:
+        """One past the last placeholder position."""
+        return self.start + self.n_tokens
+
+
+def encode_pending(model, items: list[MediaItem], device: torch.device, dtype: torch.dtype) -> None:
+    """Encode every item without features, in one batch (images of one size)."""
+    todo = [m for m in items if m.features is None]
+    if not todo:
+        return
+    pixels = torch.stack([m.pixels for m in todo]).to(device, dtype)  # [N, C, H, W]
+    tokens = model.encode_images(pixels)  # [N, n_tokens, hidden]
+    for m, t in zip(todo, tokens):
+        if t.shape[0] != m.n_tokens:
+            raise ValueError(f"the image encodes to {t.shape[0]} tokens, its placeholders are {m.n_tokens}")
+        m.features, m.pixels = t, None
+
+
+def split_point(items: list[MediaItem], start: int, n: int) -> int:
+    """Tokens of a chunk [start, start + n) to compute so that no image is cut: the chunk
+    ends before an image it would cut, unless that image starts the chunk (it then runs
+    whole, past the budget)."""
+    for m in items:
+        if start < m.end and m.start < start + n < m.end:  # the chunk's end falls inside m
+            return m.end - start if m.start <= start else m.start - start
+    return n

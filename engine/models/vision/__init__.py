@@ -1,0 +1,1 @@
+"""Vision encoders and their projectors into a language model's embedding space."""

@@ -1,0 +1,113 @@
+"""SigLIP's vision transformer (Gemma 3's and SmolVLM's image encoder), as transformers'
+``SiglipVisionModel`` without its pooling head: patch embedding (a strided conv),
+learned position embeddings, pre-norm encoder layers with bidirectional attention and
+a tanh-GELU MLP, a final LayerNorm. Module names follow the checkpoints'
+(``embeddings.patch_embedding``, ``encoder.layers.N.self_attn.q_proj``, ...)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from engine.models.layers import embedding
+
+
+@dataclass(frozen=True)
+class VisionConfig:
+    hidden_size: int
+    intermediate_size: int
+    n_layers: int
+    n_heads: int
+    image_size: int
+    patch_size: int
+    n_channels: int = 3
+    eps: float = 1e-6
+
+    @classmethod
+    def from_hf(cls, raw: dict) -> VisionConfig:
+        """transformers' ``vision_config`` (SiglipVisionConfig's defaults where absent)."""
+        return cls(
+            hidden_size=raw.get("hidden_size", 768),
+            intermediate_size=raw.get("intermediate_size", 3072),
+            n_layers=raw.get("num_hidden_layers", 12),
+            n_heads=raw.get("num_attention_heads", 12),
+            image_size=raw.get("image_size", 224),
+            patch_size=raw.get("patch_size", 16),
+            n_channels=raw.get("num_channels", 3),
+            eps=raw.get("layer_norm_eps", 1e-6),
+        )
+
+    @property
+    def patches_per_side(self) -> int:
+        return self.image_size // self.patch_size
+
+
+class _Embeddings(nn.Module):
+    def __init__(self, c: VisionConfig):
+        super().__init__()
+        self.patch_embedding = nn.Conv2d(c.n_channels, c.hidden_size, c.patch_size, stride=c.patch_size)
+        self.position_embedding = embedding(c.patches_per_side**2, c.hidden_size)
+
+    def forward(self, pixels: torch.Tensor) -> torch.Tensor:
+        """pixels [N, C, H, W] -> [N, P, hidden] (P = patches, row-major)."""
+        patches = self.patch_embedding(pixels.to(self.patch_embedding.weight.dtype))  # [N, hidden, H/p, W/p]
+        return patches.flatten(2).transpose(1, 2) + self.position_embedding.weight  # [N, P, hidden]
+
+
+class _Attention(nn.Module):
+    def __init__(self, c: VisionConfig):
+        super().__init__()
+        self.n_heads = c.n_heads
+        self.q_proj = nn.Linear(c.hidden_size, c.hidden_size)
+        self.k_proj = nn.Linear(c.hidden_size, c.hidden_size)
+        self.v_proj = nn.Linear(c.hidden_size, c.hidden_size)
+        self.out_proj = nn.Linear(c.hidden_size, c.hidden_size)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        n, p, d = x.shape
+        heads = lambda t: t.view(n, p, self.n_heads, d // self.n_heads).transpose(1, 2)  # noqa: E731  [N, H, P, D/H]
+        out = F.scaled_dot_product_attention(heads(self.q_proj(x)), heads(self.k_proj(x)), heads(self.v_proj(x)))
+        return self.out_proj(out.transpose(1, 2).reshape(n, p, d))  # [N, P, hidden]
+
+
+class _MLP(nn.Module):
+    def __init__(self, c: VisionConfig):
+        super().__init__()
+        self.fc1 = nn.Linear(c.hidden_size, c.intermediate_size)
+        self.fc2 = nn.Linear(c.intermediate_size, c.hidden_size)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(F.gelu(self.fc1(x), approximate="tanh"))
+
+
+class _Layer(nn.Module):
+    def __init__(self, c: VisionConfig):
+        super().__init__()
+        self.layer_norm1 = nn.LayerNorm(c.hidden_size, eps=c.eps)
+        self.self_attn = _Attention(c)
+        self.layer_norm2 = nn.LayerNorm(c.hidden_size, eps=c.eps)
+        self.mlp = _MLP(c)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.self_attn(self.layer_norm1(x))
+        return x + self.mlp(self.layer_norm2(x))
+
+
+class SiglipVision(nn.Module):
+    def __init__(self, c: VisionConfig):
+        super().__init__()
+        self.config = c
+        self.embeddings = _Embeddings(c)
+        self.encoder = nn.Module()
+        self.encoder.layers = nn.ModuleList(_Layer(c) for _ in range(c.n_layers))
+        self.post_layernorm = nn.LayerNorm(c.hidden_size, eps=c.eps)
+
+    def forward(self, pixels: torch.Tensor) -> torch.Tensor:
+        """pixels [N, C, image_size, image_size] -> last hidden states [N, P, hidden]."""
+        x = self.embeddings(pixels)
+        for layer in self.encoder.layers:
+            x = layer(x)
+        return self.post_layernorm(x)

@@ -1,0 +1,147 @@
+"""Images in the prompt, in the engine (issue 38, first step): a tiny random Gemma 3
+vision-language checkpoint built by transformers is the oracle. Greedy tokens identical
+and logits within 1e-4 in float32, for one image, two images, and an image after a
+cached prefix; the image's tokens attend to each other both ways (transformers'
+``token_type_ids`` mask), so a chunk never cuts an image."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from checkpoints import write_byte_tokenizer
+
+from engine import Engine, SamplingParams
+from engine.core.media import MediaItem, split_point
+
+IMAGE, BOI, EOI = 300, 301, 302
+PER_IMAGE = 4  # tokens one image takes in the prompt (mm_tokens_per_image)
+N_NEW = 12
+
+
+@pytest.fixture(scope="module")
+def gemma3(tmp_path_factory):
+    import transformers
+
+    text = dict(
+        vocab_size=320, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=16, max_position_embeddings=512, sliding_window=8,
+        layer_types=["sliding_attention", "full_attention"],
+    )  # fmt: skip
+    vision = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2, image_size=28,
+                  patch_size=7)  # fmt: skip  # 4 x 4 patches, pooled to 2 x 2 = PER_IMAGE tokens
+    config = transformers.Gemma3Config(
+        text_config=text, vision_config=vision, mm_tokens_per_image=PER_IMAGE, image_token_index=IMAGE,
+        boi_token_index=BOI, eoi_token_index=EOI,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    model = transformers.Gemma3ForConditionalGeneration(config)
+    with torch.no_grad():  # every parameter matters (norms, projector, biases)
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.1)
+    folder = tmp_path_factory.mktemp("gemma3") / "m"
+    model.save_pretrained(folder)
+    write_byte_tokenizer(folder)
+    return folder, model.eval()
+
+
+def prompt(*parts) -> tuple[list[int], list[int]]:
+    """Text parts (lists of ids) and images (None) -> (ids, each image's first placeholder)."""
+    ids, starts = [], []
+    for part in parts:
+        if part is None:
+            ids.append(BOI)
+            starts.append(len(ids))
+            ids += [IMAGE] * PER_IMAGE + [EOI]
+        else:
+            ids += part
+    return ids, starts
+
+
+def reference(model, ids: list[int], pixels: torch.Tensor) -> tuple[list[int], torch.Tensor]:
+    """transformers' greedy continuation (tokens, logits [N_NEW, V]), image tokens marked
+    in token_type_ids (what its processor does: the bidirectional mask)."""
+    input_ids = torch.tensor([ids])
+    out = model.generate(
+        input_ids, pixel_values=pixels, token_type_ids=(input_ids == IMAGE).long(), max_new_tokens=N_NEW,
+        do_sample=False, output_logits=True, return_dict_in_generate=True, pad_token_id=0,
+    )  # fmt: skip
+    return out.sequences[0, len(ids) :].tolist(), torch.stack(out.logits)[:, 0]
+
+
+def ours(engine: Engine, ids, starts, pixels, seq_id: int = 0, n_cached: int = 0) -> tuple[list[int], torch.Tensor]:
+    media = [MediaItem.image(s, PER_IMAGE, p) for s, p in zip(starts, pixels)]
+    params = SamplingParams(temperature=0.0, max_tokens=N_NEW, ignore_eos=True)
+    seq = engine.add_sequence(ids, params, seq_id, n_cached=n_cached, media=media)
+    logits = []
+    while engine.has_work:
+        logits += [e.logits for e in engine.step(keep_logits=True) if e.token_id is not None]
+    return seq.output_ids, torch.stack(logits)
+
+
+@pytest.fixture(scope="module")
+def engine(gemma3):
+    return Engine.from_pretrained(str(gemma3[0]), n_ctx=512, n_seq_max=2, max_batch_tokens=6)
+
+
+def test_one_image_matches_transformers(gemma3, engine):
+    ids, starts = prompt(list(range(10, 16)), None, list(range(20, 31)))  # past the window of 8
+    pixels = torch.randn(1, 3, 28, 28, generator=torch.Generator().manual_seed(1))
+    expect, expect_logits = reference(gemma3[1], ids, pixels)
+    tokens, logits = ours(engine, ids, starts, pixels)
+    assert tokens == expect
+    assert (logits - expect_logits).abs().max() < 1e-4
+
+
+def test_two_images_match_transformers(gemma3, engine):
+    ids, starts = prompt([40, 41], None, [42, 43, 44], None, [45])
+    pixels = torch.randn(2, 3, 28, 28, generator=torch.Generator().manual_seed(2))
+    expect, expect_logits = reference(gemma3[1], ids, pixels)
+    engine.memory.seq_rm(0)
+    tokens, logits = ours(engine, ids, starts, pixels)
+    assert tokens == expect
+    assert (logits - expect_logits).abs().max() < 1e-4
+
+
+def test_an_image_after_a_cached_prefix(gemma3, engine):
+    """The text before the image is cached by an earlier request; the image and what
+    follows are computed on top of it (a cut inside the image falls back to its start)."""
+    head = list(range(50, 59))
+    ids, starts = prompt(head, None, [60, 61])
+    pixels = torch.randn(1, 3, 28, 28, generator=torch.Generator().manual_seed(3))
+    expect, expect_logits = reference(gemma3[1], ids, pixels)
+    engine.memory.seq_rm(1)
+    engine.add_sequence(head, SamplingParams(temperature=0.0, max_tokens=1), 1)
+    while engine.has_work:
+        engine.step()
+    tokens, logits = ours(engine, ids, starts, pixels, seq_id=1, n_cached=len(head) + 2)  # inside the image
+    assert tokens == expect
+    assert (logits - expect_logits).abs().max() < 1e-4
+
+
+def test_the_image_block_is_bidirectional(gemma3, engine):
+    """Without transformers' token_type_ids the image is causal: a different answer (so the
+    comparisons above do test the bidirectional mask)."""
+    ids, starts = prompt([7, 8], None, [9])
+    pixels = torch.randn(1, 3, 28, 28, generator=torch.Generator().manual_seed(4))
+    causal = gemma3[1](torch.tensor([ids]), pixel_values=pixels).logits[0, -1]
+    both_ways = gemma3[1](torch.tensor([ids]), pixel_values=pixels, token_type_ids=torch.tensor([ids]).eq(IMAGE).long())
+    engine.memory.seq_rm(0)
+    _, logits = ours(engine, ids, starts, pixels)
+    assert (logits[0] - both_ways.logits[0, -1]).abs().max() < 1e-4
+    assert (causal - both_ways.logits[0, -1]).abs().max() > 1e-3
+
+
+def test_a_chunk_never_cuts_an_image():
+    item = MediaItem(start=4, n_tokens=4, digest="x", pixels=None)
+    assert split_point([item], 0, 6) == 4  # ends before the image
+    assert split_point([item], 4, 2) == 4  # starts it: the whole image, past the budget
+    assert split_point([item], 0, 8) == 8  # holds it whole
+    assert split_point([item], 8, 3) == 3  # after it
+
+
+def test_images_on_a_text_model_are_refused(tmp_path):
+    from checkpoints import make_checkpoint
+
+    engine = Engine.from_pretrained(str(make_checkpoint(tmp_path / "m", "llama")), n_ctx=128)
+    with pytest.raises(ValueError, match="takes no images"):
+        engine.add_sequence([1, 2, 3, 4], SamplingParams(), 0, media=[MediaItem(1, 2, "x", torch.zeros(3, 2, 2))])
