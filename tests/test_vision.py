@@ -103,17 +103,19 @@ def test_two_images_match_transformers(gemma3, engine):
 
 
 def test_an_image_after_a_cached_prefix(gemma3, engine):
-    """The text before the image is cached by an earlier request; the image and what
-    follows are computed on top of it (a cut inside the image falls back to its start)."""
+    """The text before the image is cached by an earlier request, and two of the image's
+    placeholders too (as plain tokens): a cached prefix that ends inside an image falls
+    back to the image's start, so the image is computed whole on top of the text."""
     head = list(range(50, 59))
     ids, starts = prompt(head, None, [60, 61])
     pixels = torch.randn(1, 3, 28, 28, generator=torch.Generator().manual_seed(3))
     expect, expect_logits = reference(gemma3[1], ids, pixels)
     engine.memory.seq_rm(1)
-    engine.add_sequence(head, SamplingParams(temperature=0.0, max_tokens=1), 1)
+    engine.add_sequence(ids[: starts[0] + 3], SamplingParams(temperature=0.0, max_tokens=1), 1)
     while engine.has_work:
         engine.step()
-    tokens, logits = ours(engine, ids, starts, pixels, seq_id=1, n_cached=len(head) + 2)  # inside the image
+    assert engine.memory.seq_pos_max(1) == starts[0] + 2  # the cache ends inside the image
+    tokens, logits = ours(engine, ids, starts, pixels, seq_id=1, n_cached=starts[0] + 3)
     assert tokens == expect
     assert (logits - expect_logits).abs().max() < 1e-4
 

@@ -203,11 +203,11 @@ class Engine(TokenAcceptance, ContextShift):
         media = sorted(media or [], key=lambda m: m.start)
         if media:
             self._check_media(prompt_ids, media)
-            n_cached = min([n_cached] + [m.start for m in media if m.start < n_cached < m.end])
         pooler = Pooler(pooling, len(prompt_ids)) if pooling is not None else None
         if pooler is not None and pooler.needs_whole_prompt:
             n_cached = 0
         n_cached = max(0, min(n_cached, len(prompt_ids) - 1, self.memory.seq_pos_max(seq_id) + 1))
+        n_cached = min([n_cached] + [m.start for m in media if m.start < n_cached < m.end])  # an image runs whole
         n_cached = self.memory.seq_cut_point(seq_id, n_cached)
         restores = 0 < n_cached <= self.memory.seq_pos_max(seq_id) and n_cached in self.memory.checkpoints(seq_id)
         if not self.memory.seq_rm(seq_id, n_cached):
