@@ -147,3 +147,30 @@ def test_images_on_a_text_model_are_refused(tmp_path):
     engine = Engine.from_pretrained(str(make_checkpoint(tmp_path / "m", "llama")), n_ctx=128)
     with pytest.raises(ValueError, match="takes no images"):
         engine.add_sequence([1, 2, 3, 4], SamplingParams(), 0, media=[MediaItem(1, 2, "x", torch.zeros(3, 2, 2))])
+
+
+def test_preprocessing_gives_transformers_pixels():
+    """engine/text/images.py against transformers' PIL image processor for Gemma 3, on an
+    image of another size and shape than the encoder's, sent as PNG bytes."""
+    import io
+
+    import numpy as np
+    from PIL import Image
+    from transformers.models.gemma3.image_processing_pil_gemma3 import Gemma3ImageProcessorPil
+
+    from engine.text.images import ImageSettings, decode_image, pixels
+
+    image = Image.fromarray(np.random.default_rng(0).integers(0, 256, (37, 53, 3), dtype=np.uint8))
+    processor = Gemma3ImageProcessorPil(size={"height": 28, "width": 28}, image_mean=[0.5] * 3, image_std=[0.5] * 3)
+    expect = processor(images=image, return_tensors="pt")["pixel_values"][0]  # [3, 28, 28]
+    png = io.BytesIO()
+    image.save(png, format="PNG")
+    got = pixels(decode_image(png.getvalue()), ImageSettings(28, 28))
+    assert got.shape == expect.shape and (got - expect).abs().max() < 1e-6
+
+
+def test_bytes_that_are_no_image_are_refused():
+    from engine.text.images import BadImage, decode_image
+
+    with pytest.raises(BadImage, match="not an image"):
+        decode_image(b"GIF89a but not really")

@@ -1,0 +1,71 @@
+"""Images into a model's pixel tensors, with Pillow: decode (any format Pillow reads),
+RGB, resize to the encoder's square with the checkpoint's resampling, rescale, normalize,
+channels first. The settings come from the checkpoint's ``preprocessor_config.json``
+(transformers' image processor fields), defaulting to the encoder's size and SigLIP's
+mean and std of 0.5; the arithmetic follows transformers' PIL image processors, so the
+pixels equal theirs (tests/test_vision.py)."""
+
+from __future__ import annotations
+
+import io
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+MAX_PIXELS = 64_000_000  # a larger decoded image is refused (Pillow's decompression-bomb limit is ~89M)
+
+
+class BadImage(ValueError):
+    """The bytes are no image Pillow reads, or one too large."""
+
+
+@dataclass(frozen=True)
+class ImageSettings:
+    height: int
+    width: int
+    resample: int = 2  # PIL's BILINEAR
+    rescale: float = 1 / 255
+    mean: tuple[float, ...] = (0.5, 0.5, 0.5)
+    std: tuple[float, ...] = (0.5, 0.5, 0.5)
+
+    @classmethod
+    def of_checkpoint(cls, folder: Path | None, image_size: int) -> ImageSettings:
+        """The folder's preprocessor_config.json where it has one, else the encoder's size."""
+        raw = {}
+        path = folder / "preprocessor_config.json" if folder is not None and folder.is_dir() else None
+        if path is not None and path.is_file():
+            raw = json.loads(path.read_text(encoding="utf-8"))
+        size = raw.get("size") or {}
+        return cls(
+            height=int(size.get("height", image_size)),
+            width=int(size.get("width", image_size)),
+            resample=int(raw.get("resample", 2)),
+            rescale=float(raw.get("rescale_factor", 1 / 255)) if raw.get("do_rescale", True) else 1.0,
+            mean=tuple(raw.get("image_mean", (0.5, 0.5, 0.5))) if raw.get("do_normalize", True) else (0.0,) * 3,
+            std=tuple(raw.get("image_std", (0.5, 0.5, 0.5))) if raw.get("do_normalize", True) else (1.0,) * 3,
+        )
+
+
+def decode_image(data: bytes):
+    """Bytes -> an RGB PIL image; BadImage when Pillow cannot read them or they are too big."""
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        image = Image.open(io.BytesIO(data))
+        if image.width * image.height > MAX_PIXELS:
+            raise BadImage(f"the image is {image.width}x{image.height}: more than {MAX_PIXELS} pixels")
+        image.load()
+    except (UnidentifiedImageError, OSError, Image.DecompressionBombError) as exc:
+        raise BadImage(f"not an image Pillow can read: {exc}") from None
+    return image.convert("RGB")
+
+
+def pixels(image, settings: ImageSettings) -> torch.Tensor:
+    """An RGB PIL image -> [3, height, width] float32, as the model's processor makes it."""
+    resized = image.resize((settings.width, settings.height), resample=settings.resample)
+    x = np.asarray(resized, dtype=np.float32) * np.float32(settings.rescale)  # [H, W, 3]
+    x = (x - np.asarray(settings.mean, dtype=np.float32)) / np.asarray(settings.std, dtype=np.float32)
+    return torch.from_numpy(np.ascontiguousarray(x.transpose(2, 0, 1)))  # [3, H, W]
