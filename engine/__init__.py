@@ -35,9 +35,11 @@ from engine.service import EngineService, SlotInfo
 from engine.slot_files import MAX_NAME_CHARS, NAME_PATTERN, SlotFiles
 from engine.text.chat_template import ChatTemplate, ChatTemplateError
 from engine.text.fim import FimTokens, infill_prompt
+from engine.text.images import BadImage
 from engine.text.tokenizer import TokenizeError
 
 __all__ = [
+    "BadImage",
     "ANY_JSON_OBJECT",
     "DEMO_MODEL",
     "GREEDY",

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from engine.config import EngineConfig
 from engine.core.engine import Engine
+from engine.core.media import MediaItem
 from engine.errors import BadSlotFile, NoRoom, SlotError, SlotFilesOff
 from engine.prompt_cache.disk_tier import DiskTier
 from engine.prompt_cache.ram_tier import MIB, PromptCache
@@ -29,6 +30,8 @@ from engine.scheduling.request import Request, RequestEnd
 from engine.scheduling.scheduler import Scheduler, SlotInfo
 from engine.scheduling.task_board import Sink
 from engine.slot_files import SlotFiles, lora_scales
+from engine.text.images import BadImage, ImageSettings, decode_image, image_text, placeholder_starts
+from engine.text.images import pixels as image_pixels
 from engine.text.tokenizer import Tokenizer
 from memory import CacheFull, MemoryUsage, StateMismatch
 
@@ -167,6 +170,41 @@ class EngineService:
     def weight_bytes(self) -> dict[str, int]:
         """Resident weight bytes by type ("Q4_K", "Q6_K", "F32", ...), fixed at load."""
         return dict(self._engine.weight_bytes)
+
+    @property
+    def takes_images(self) -> bool:
+        return self._engine.model_config.media is not None and hasattr(self._engine.model, "encode_images")
+
+    def media_prompt(self, text: str, images: list[bytes], marker: str) -> tuple[list[int], list[MediaItem]]:
+        """A rendered prompt whose images stand at ``marker`` -> (token ids, MediaItem per
+        image): each marker becomes the model's image text (engine/text/images.py), the
+        whole prompt is tokenized once, each image decoded and preprocessed. Raises
+        BadImage naming the image (by its index) and ValueError for a marker count that
+        is not the image count. Call it off the event loop (it decodes images)."""
+        spec = self._engine.model_config.media
+        if text.count(marker) != len(images):
+            raise ValueError(f"the template placed {text.count(marker)} of the request's {len(images)} images")
+        settings = self._image_settings
+        pixels = []
+        for i, data in enumerate(images):
+            try:
+                pixels.append(image_pixels(decode_image(data), settings))
+            except BadImage as exc:
+                raise BadImage(f"image {i}: {exc}") from None
+        expanded = image_text(
+            self._engine.tokenizer.hf, spec.image_token_id, spec.boi_token_id, spec.eoi_token_id, spec.tokens_per_image
+        )
+        ids = self._engine.tokenizer.encode(text.replace(marker, expanded), add_special=True)
+        starts = placeholder_starts(ids, spec.image_token_id, spec.tokens_per_image)
+        if len(starts) != len(images):
+            raise ValueError("the prompt's text holds image tokens of its own")
+        return ids, [MediaItem.image(s, spec.tokens_per_image, p) for s, p in zip(starts, pixels)]
+
+    @functools.cached_property
+    def _image_settings(self) -> ImageSettings:
+        vision = self._engine.model_config.media.vision
+        folder = self._engine.config.model
+        return ImageSettings.of_checkpoint(folder if folder.is_dir() else None, int(vision.get("image_size", 224)))
 
     @property
     def device(self) -> dict:

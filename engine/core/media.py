@@ -56,3 +56,16 @@ def split_point(items: list[MediaItem], start: int, n: int) -> int:
         if start < m.end and m.start < start + n < m.end:  # the chunk's end falls inside m
             return m.end - start if m.start <= start else m.start - start
     return n
+
+
+def media_keys(tokens: list[int], media: list[MediaItem]) -> list[int]:
+    """``tokens`` as prompts are compared (prefix reuse, the prompt cache, shared blocks):
+    each image's placeholders replaced by a negative id drawn from its digest, so two
+    prompts share a prefix through an image only when it is the same image. Without
+    media: ``tokens`` itself."""
+    if not media:
+        return tokens
+    keys = list(tokens)
+    for m in media:
+        keys[m.start : min(m.end, len(keys))] = [-1 - int(m.digest[:15], 16)] * (min(m.end, len(keys)) - m.start)
+    return keys

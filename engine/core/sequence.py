@@ -5,6 +5,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
+from engine.core.media import media_keys
 from engine.core.pooling import Pooler
 from engine.sampling.params import SamplingParams
 from engine.sampling.reasoning_budget import ReasoningBudget
@@ -58,6 +59,11 @@ class Sequence:
     budget: ReasoningBudget | None = None  # the request's reasoning budget (None: none)
     first_token_at: float | None = None  # when the first token was accepted (acceptance.clock)
     media: list = field(default_factory=list)  # MediaItem (engine/core/media.py) of the prompt's images, in order
+
+    @property
+    def keys(self) -> list[int]:
+        """``tokens`` as prompts are compared (engine/core/media.py: images by their digest)."""
+        return media_keys(self.tokens, self.media)
 
     def __post_init__(self) -> None:
         if not self.tokens:

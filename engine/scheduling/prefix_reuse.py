@@ -17,7 +17,7 @@ class PrefixReuse:
         """Tokens of the prompt the slot holds after keeping its own prefix or copying a
         longer one from another slot (busy or idle) computed with the same LoRA scales
         (``key``); the pool and the prompt cache hold base-model caches only."""
-        prompt, memory = req.prompt_ids, self.engine.memory
+        prompt, memory = req.keys, self.engine.memory
         slot.restored = None
         own = memory.seq_cut_point(slot.id, common_prefix(slot.cached, prompt)) if slot.lora == key else 0
         best, n_best = None, own

@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+from engine.core.media import media_keys
 from engine.core.sequence import TokenLogprob
 from engine.sampling.params import SamplingParams
 
@@ -24,8 +25,14 @@ class Request:
     progress: bool = False  # send Progress events while the prompt is computed
     pooling: str | None = None  # an embedding (engine/core/pooling.py): n is 1, nothing is sampled
     lora: tuple[float, ...] = ()  # each loaded LoRA adapter's scale (missing: 0)
+    media: list = field(default_factory=list)  # the prompt's images (engine/core/media.py MediaItem), in order
     t_arrival: float = field(default_factory=time.monotonic)
     id: int = -1  # set by the scheduler
+
+    @property
+    def keys(self) -> list[int]:
+        """The prompt as prompts are compared: images by their digest (engine/core/media.py)."""
+        return media_keys(self.prompt_ids, self.media)
 
 
 @dataclass

@@ -71,9 +71,9 @@ class TaskBoard(PrefixReuse):
 
     def _choose(self, task: Task) -> list[Slot] | None:
         req = task.req
-        if req.cache_prompt and self._shared_start_in_flight(req.prompt_ids):
+        if req.cache_prompt and self._shared_start_in_flight(req.keys):
             return None  # wait: it will be copied from that slot instead of computed twice
-        first = self.table.choose(req.prompt_ids, req.id_slot)
+        first = self.table.choose(req.keys, req.id_slot)
         if first is None or not self._cache_ready(req):
             return None
         others = [s for s in sorted(self.table.idle, key=lambda s: s.last_used) if s is not first.slot]
@@ -93,8 +93,8 @@ class TaskBoard(PrefixReuse):
             or req.pooling not in (None, "last")
         ):
             return True
-        n_have = max(shared_prefix(self.cached_tokens(slot), req.prompt_ids) for slot in self.table.slots)
-        return cache.ready(req.prompt_ids, n_have, self.engine.memory.cuts_anywhere)
+        n_have = max(shared_prefix(self.cached_tokens(slot), req.keys) for slot in self.table.slots)
+        return cache.ready(req.keys, n_have, self.engine.memory.cuts_anywhere)
 
     def _shared_start_in_flight(self, prompt: list[int]) -> bool:
         """Whether a running prompt's prefill is computing a start this prompt shares,
@@ -102,7 +102,7 @@ class TaskBoard(PrefixReuse):
         arriving together with one system prompt: the first computes it, the others
         copy it; without the wait each slot would compute it at once)."""
         running = [self.seq_of(slot) for slot in self.table.slots if slot.busy]
-        prefilling = [task.req.prompt_ids for task, seq in running if seq is not None and seq.n_pending > 1]
+        prefilling = [task.req.keys for task, seq in running if seq is not None and seq.n_pending > 1]
         computing = max((shared_prefix(p, prompt) for p in prefilling), default=0)
         if computing < WAIT_FOR_SHARED:  # (the usual case: no compare against every slot's cache)
             return False
@@ -125,7 +125,7 @@ class TaskBoard(PrefixReuse):
         req, key = task.req, lora_key(task.req.lora)
         for i, slot in enumerate(slots):
             same = slot.lora == key  # a cache computed with other LoRA scales is nobody's prefix
-            keeps = common_prefix(slot.cached, req.prompt_ids) if i == 0 and req.cache_prompt and same else 0
+            keeps = common_prefix(slot.cached, req.keys) if i == 0 and req.cache_prompt and same else 0
             if keeps < len(slot.cached):  # what the slot holds past the shared prefix is about to go
                 self._save_idle(slot)
             self.table.take(slot, req.id)
@@ -136,7 +136,7 @@ class TaskBoard(PrefixReuse):
         for slot in slots:
             slot.lora = key
         try:
-            args = (req.n_keep, req.pooling, req.lora)
+            args = (req.n_keep, req.pooling, req.lora, req.media)
             seq = self.engine.add_sequence(req.prompt_ids, req.params, slots[0].id, n_cached, *args)
         except ValueError as exc:  # validated before queueing; kept as a guard
             self.fail(task, Failed(str(exc), "invalid_request_error", 400))
@@ -156,7 +156,7 @@ class TaskBoard(PrefixReuse):
         if not slot.busy:
             return slot.cached
         _, seq = self.seq_of(slot)
-        return seq.tokens[: seq.n_computed] if seq else []
+        return seq.keys[: seq.n_computed] if seq else []
 
     def _track(self, task: Task, index: int, seq: Sequence) -> None:
         task.seqs[index] = seq
@@ -237,7 +237,9 @@ class TaskBoard(PrefixReuse):
             self.engine.memory.seq_cp(first.seq_id, slot.id, 0, n_prompt)
             seed = None if req.params.seed is None else req.params.seed + i
             params = dataclasses.replace(req.params, seed=seed)
-            seq = self.engine.add_sequence(req.prompt_ids, params, slot.id, n_prompt - 1, req.n_keep, lora=req.lora)
+            seq = self.engine.add_sequence(
+                req.prompt_ids, params, slot.id, n_prompt - 1, req.n_keep, lora=req.lora, media=req.media
+            )
             self._track(task, i, seq)
 
     def _end_choice(self, task: Task, index: int) -> None:
@@ -248,7 +250,7 @@ class TaskBoard(PrefixReuse):
             self.active.pop(task.req.id, None)
             self._report(task, _outcome(task))
         slot = task.slots[index]
-        self.table.release(slot, seq.tokens[: seq.n_computed])
+        self.table.release(slot, seq.keys[: seq.n_computed])
         if not slot.lora:  # its whole blocks outlive the slot's cache (base-model caches only: keyed by tokens)
             self.engine.memory.publish_prefix(slot.id, slot.cached)
 
@@ -303,7 +305,7 @@ class TaskBoard(PrefixReuse):
                 continue  # this choice already ended and released its slot
             self.engine.abort(seq)
             self._by_seq.pop(seq, None)
-            self.table.release(slot, seq.tokens[: seq.n_computed])
+            self.table.release(slot, seq.keys[: seq.n_computed])
         self.active.pop(task.req.id, None)
 
     def fail_seqs(self, seqs: list[Sequence], failure: Failed) -> None:

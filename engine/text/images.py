@@ -69,3 +69,33 @@ def pixels(image, settings: ImageSettings) -> torch.Tensor:
     x = np.asarray(resized, dtype=np.float32) * np.float32(settings.rescale)  # [H, W, 3]
     x = (x - np.asarray(settings.mean, dtype=np.float32)) / np.asarray(settings.std, dtype=np.float32)
     return torch.from_numpy(np.ascontiguousarray(x.transpose(2, 0, 1)))  # [3, H, W]
+
+
+def image_text(hf_tokenizer, image_token_id: int, boi_id: int | None, eoi_id: int | None, n_tokens: int) -> str:
+    """What one image becomes in the prompt's text before tokenizing, as Gemma 3's
+    processor writes it: a blank line, begin-of-image, ``n_tokens`` image tokens,
+    end-of-image, a blank line (the tokens' own texts, so one tokenization of the whole
+    prompt gives transformers' ids)."""
+    piece = hf_tokenizer.id_to_token
+    image = piece(image_token_id) * n_tokens
+    begin = piece(boi_id) if boi_id is not None else ""
+    end = piece(eoi_id) if eoi_id is not None else ""
+    return f"\n\n{begin}{image}{end}\n\n"
+
+
+def placeholder_starts(ids: list[int], image_token_id: int, n_tokens: int) -> list[int]:
+    """The first position of each run of ``n_tokens`` image tokens in ``ids`` (ValueError
+    when a run has another length: the text held an image token of its own)."""
+    starts, i = [], 0
+    while i < len(ids):
+        if ids[i] != image_token_id:
+            i += 1
+            continue
+        j = i
+        while j < len(ids) and ids[j] == image_token_id:
+            j += 1
+        if (j - i) % n_tokens:
+            raise ValueError("the prompt's text holds image tokens of its own")
+        starts += range(i, j, n_tokens)
+        i = j
+    return starts

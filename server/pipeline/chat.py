@@ -16,6 +16,7 @@ from server.errors import APIError
 from server.pipeline.chat_output import ChatAnswer
 from server.pipeline.chat_prompt import chat_template, render_chat, uses_tools
 from server.pipeline.generation import check_text_fits, encode
+from server.pipeline.media import media_prompt
 from server.pipeline.openai_run import chunks, header, piece, start_run
 from server.pipeline.reasoning import opens_thinking
 from server.pipeline.run import Run
@@ -32,13 +33,16 @@ def chat_logprob(engine: Engine, lp: TokenLogprob) -> dict:
     return {**entry(lp.token_id, lp.logprob), "top_logprobs": [entry(t, v) for t, v in lp.top]}
 
 
-async def chat_prompt(state, engine, body: ChatCompletionRequest) -> tuple[str, list[int]]:
-    """The rendered prompt and its token ids."""
+async def chat_prompt(state, engine, body: ChatCompletionRequest) -> tuple[str, list[int], list]:
+    """The rendered prompt, its token ids and its images (engine MediaItems)."""
     check_text_fits(engine, sum(len(m.text()) for m in body.messages))
     if body.continue_final_message and "add_generation_prompt" in body.model_fields_set and body.add_generation_prompt:
         raise APIError(400, "continue_final_message and add_generation_prompt cannot both be true")
     prompt = await render_chat(engine, body, state.settings.template_kwargs, state.settings.prefill_assistant)
-    return prompt, await encode(engine, prompt, add_special=True)  # BOS where the tokenizer adds it
+    urls = [(i, url) for i, m in enumerate(body.messages) for url in m.images()]
+    if urls:
+        return prompt, *await media_prompt(engine, prompt, urls)
+    return prompt, await encode(engine, prompt, add_special=True), []  # BOS where the tokenizer adds it
 
 
 def chat_max_tokens(body: ChatCompletionRequest) -> int | None:
@@ -91,9 +95,10 @@ async def open_chat(http: HTTPRequest, body: ChatCompletionRequest) -> ChatRun |
     Refusals raise APIError (the route's error shape answers them)."""
     state = http.app.state.slotserve
     engine = state.require_ready()
-    prompt, ids = await chat_prompt(state, engine, body)
+    prompt, ids, media = await chat_prompt(state, engine, body)
     budget = budget_spec(state, engine, body, prompt)
-    run = await start_run(http, body, ids, chat_max_tokens(body), chat_top(body), forced_call(engine, body), budget)
+    forced = forced_call(engine, body)
+    run = await start_run(http, body, ids, chat_max_tokens(body), chat_top(body), forced, budget, media)
     if run is None:
         return None
     tool_format = family(chat_template(engine).source) if uses_tools(body) else None

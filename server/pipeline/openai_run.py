@@ -26,12 +26,14 @@ def piece(engine: Engine, token_id: int) -> str:
 
 
 async def start_run(
-    http: HTTPRequest, body: OpenAIFields, ids: list[int], max_tokens, logprobs, forced=None, budget=None
+    http: HTTPRequest, body: OpenAIFields, ids: list[int], max_tokens, logprobs, forced=None, budget=None, media=()
 ) -> Run | None:
-    """The body's run, admitted (refusals raise APIError); None when the client left."""
+    """The body's run, admitted (refusals raise APIError); None when the client left.
+    ``media``: the prompt's images (engine MediaItems)."""
     state = http.app.state.slotserve
     engine = state.require_ready()
     req = await build_request(state, body, ids, max_tokens, logprobs, OPENAI_DEFAULTS, forced, budget)
+    req.media = list(media)
     run = Run(state, http, req)
     run.req_timings = body.timings_per_token
     if body.sse_ping_interval is not None:

@@ -299,5 +299,5 @@ async def count_tokens(body: MessagesFields, http: HTTPRequest) -> dict:
     """The prompt's tokens as the template renders it (Anthropic's ``input_tokens``),
     however many: counting is not running, so a prompt longer than a slot is counted."""
     state = http.app.state.slotserve
-    _, ids = await chat_prompt(state, state.require_ready(), to_chat(body))
+    _, ids, _ = await chat_prompt(state, state.require_ready(), to_chat(body))
     return {"input_tokens": len(ids)}

@@ -166,6 +166,19 @@ class ContentPart(_Body):
     text: str
 
 
+MEDIA_MARKER = "<__media__>"  # where an image goes in a flattened message (llama-server's marker)
+
+
+class ImageURL(_Body):
+    url: str = Field(description="a data: URL (base64) of the image")
+    detail: str | None = None
+
+
+class ImagePart(_Body):
+    type: Literal["image_url"]
+    image_url: ImageURL | None = None  # checked where the model is known (a text model refuses any image part)
+
+
 class FunctionCall(_Body):
     name: str
     arguments: str | dict = "{}"
@@ -177,12 +190,12 @@ class MessageToolCall(_Body):
     function: FunctionCall
 
 
-MEDIA = {"image_url": "image", "input_audio": "audio", "audio_url": "audio", "video_url": "video", "file": "file"}
+MEDIA = {"input_audio": "audio", "audio_url": "audio", "video_url": "video", "file": "file"}  # (images: ImagePart)
 
 
 class Message(_Body):
     role: Literal["system", "user", "assistant", "tool", "developer"]
-    content: str | list[ContentPart] | None = None
+    content: str | list[ContentPart | ImagePart] | None = None
     name: str | None = None
     tool_calls: list[MessageToolCall] | None = None
     tool_call_id: str | None = None
@@ -199,9 +212,15 @@ class Message(_Body):
         return v
 
     def text(self) -> str:
+        """The content as text, each image part a ``MEDIA_MARKER``."""
         if isinstance(self.content, list):
-            return "".join(p.text for p in self.content)
+            return "".join(p.text if isinstance(p, ContentPart) else MEDIA_MARKER for p in self.content)
         return self.content or ""
+
+    def images(self) -> list[str | None]:
+        """The URLs of the content's image parts, in order (None: a part without one)."""
+        parts = self.content if isinstance(self.content, list) else []
+        return [p.image_url.url if p.image_url else None for p in parts if isinstance(p, ImagePart)]
 
 
 ToolName = Annotated[str, Field(min_length=1, max_length=64, pattern="^[A-Za-z0-9_.-]+$")]

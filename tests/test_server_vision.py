@@ -1,0 +1,146 @@
+"""Images through the OpenAI chat route (issue 38, first step): a real server on a tiny
+Gemma 3 vision-language checkpoint, asked with the ``openai`` client and a data: URL;
+transformers is the oracle on the prompt its Gemma 3 processor would build (the template's
+text with the begin-of-image marker replaced by blank line, begin, image tokens, end,
+blank line; the image through its PIL image processor). A follow-up about the same
+image reuses its cache; another image does not."""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+
+import numpy as np
+import pytest
+import torch
+from checkpoints import write_byte_tokenizer
+from server_proc import ServerProcess
+
+PER_IMAGE = 4
+TEMPLATE = "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}assistant:"
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    import transformers
+    from tokenizers import Tokenizer
+
+    folder = tmp_path_factory.mktemp("gemma3") / "m"
+    folder.mkdir()
+    write_byte_tokenizer(folder)
+    tok = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    tok.add_special_tokens(["<start_of_image>", "<image_soft_token>", "<end_of_image>", "<pad1>", "<pad2>"])
+    tok.save(str(folder / "tokenizer.json"))
+    (folder / "tokenizer_config.json").write_text(json.dumps({"chat_template": TEMPLATE}))
+    boi, image, eoi = (tok.token_to_id(t) for t in ("<start_of_image>", "<image_soft_token>", "<end_of_image>"))
+    text = dict(
+        vocab_size=tok.get_vocab_size(), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=512, sliding_window=16,
+        layer_types=["sliding_attention", "full_attention"], eos_token_id=None, bos_token_id=None, pad_token_id=0,
+    )  # fmt: skip
+    vision = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2, image_size=28,
+                  patch_size=7)  # fmt: skip
+    config = transformers.Gemma3Config(
+        text_config=text, vision_config=vision, mm_tokens_per_image=PER_IMAGE, image_token_index=image,
+        boi_token_index=boi, eoi_token_index=eoi,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    model = transformers.Gemma3ForConditionalGeneration(config)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.1)
+    model.save_pretrained(folder)
+    return folder, model.eval(), tok
+
+
+@pytest.fixture(scope="module")
+def server(checkpoint):
+    with ServerProcess("-m", str(checkpoint[0]), "-np", "2", "-c", "1024", "--no-webui") as srv:
+        srv.wait_ready()
+        yield srv
+
+
+def png(seed: int):
+    from PIL import Image
+
+    image = Image.fromarray(np.random.default_rng(seed).integers(0, 256, (33, 41, 3), dtype=np.uint8))
+    out = io.BytesIO()
+    image.save(out, format="PNG")
+    return image, "data:image/png;base64," + base64.b64encode(out.getvalue()).decode()
+
+
+def expected(checkpoint, question: str, image, n: int) -> tuple[str, list[float]]:
+    """transformers' greedy answer for a user turn of ``question`` then the image: its
+    text and each chosen token's log probability."""
+    import jinja2
+    from transformers.models.gemma3.image_processing_pil_gemma3 import Gemma3ImageProcessorPil
+
+    _, model, tok = checkpoint
+    text = jinja2.Template(TEMPLATE).render(messages=[{"role": "user", "content": question + "<start_of_image>"}])
+    full = "\n\n<start_of_image>" + "<image_soft_token>" * PER_IMAGE + "<end_of_image>\n\n"  # Gemma3Processor's
+    ids = tok.encode(text.replace("<start_of_image>", full)).ids
+    processor = Gemma3ImageProcessorPil(size={"height": 28, "width": 28}, image_mean=[0.5] * 3, image_std=[0.5] * 3)
+    pixels = processor(images=image, return_tensors="pt")["pixel_values"]
+    input_ids = torch.tensor([ids])
+    image_id = tok.token_to_id("<image_soft_token>")
+    out = model.generate(
+        input_ids, pixel_values=pixels, token_type_ids=(input_ids == image_id).long(), max_new_tokens=n,
+        do_sample=False, pad_token_id=0, output_logits=True, return_dict_in_generate=True,
+    )  # fmt: skip
+    chosen = out.sequences[0, len(ids) :]
+    logprobs = torch.stack(out.logits)[:, 0].log_softmax(-1).gather(1, chosen[:, None])[:, 0]
+    return tok.decode(chosen.tolist(), skip_special_tokens=True), logprobs.tolist()
+
+
+def ask(server, question: str, url: str, n: int = 10) -> tuple[str, int, list[float]]:
+    """The answer's text, how many prompt tokens came from the cache, each token's logprob."""
+    from openai import OpenAI
+
+    client = OpenAI(base_url=server.url + "/v1", api_key="none")
+    content = [{"type": "text", "text": question}, {"type": "image_url", "image_url": {"url": url}}]
+    answer = client.chat.completions.create(
+        model="m", messages=[{"role": "user", "content": content}], max_tokens=n, temperature=0, logprobs=True
+    )
+    assert answer.usage.completion_tokens == n
+    logprobs = [t.logprob for t in answer.choices[0].logprobs.content]
+    return answer.choices[0].message.content, answer.usage.prompt_tokens_details.cached_tokens, logprobs
+
+
+def test_an_image_in_a_chat_message_is_answered_as_transformers_does(checkpoint, server):
+    image, url = png(1)
+    text, _, logprobs = ask(server, "what is this? ", url)
+    expect_text, expect_logprobs = expected(checkpoint, "what is this? ", image, 10)
+    assert text == expect_text
+    assert logprobs == pytest.approx(expect_logprobs, abs=1e-4)
+    _, other = png(7)
+    other_logprobs = ask(server, "what is this? ", other)[2]
+    assert max(abs(a - b) for a, b in zip(other_logprobs, logprobs)) > 1e-3  # the answer depends on the image
+
+
+def test_the_same_image_again_comes_from_the_cache_another_does_not(server):
+    _, url = png(2)
+    _, other = png(3)
+    ask(server, "describe: ", url)
+    cached = ask(server, "describe: ", url)[1]  # the same prompt: all but the last token reused
+    assert cached > 20
+    cached_other = ask(server, "describe: ", other)[1]
+    assert cached_other < 20  # up to the image at most (the question's text before it)
+
+
+def test_bad_images_are_refused_with_the_part_named(server):
+    import httpx
+
+    def post(url: str) -> httpx.Response:
+        content = [{"type": "text", "text": "hi"}, {"type": "image_url", "image_url": {"url": url}}]
+        body = {"messages": [{"role": "user", "content": content}]}
+        return httpx.post(server.url + "/v1/chat/completions", json=body)
+
+    for url, says in (
+        ("data:image/png;base64," + base64.b64encode(b"not a png").decode(), "image 0: not an image"),
+        ("data:image/png;base64,@@@", "not valid base64"),
+        ("https://example.com/cat.png", "only data: URLs"),
+    ):
+        r = post(url)
+        assert r.status_code == 400 and says in r.json()["error"]["message"], r.text
+    assert httpx.get(server.url + "/health").status_code == 200
