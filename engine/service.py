@@ -18,7 +18,7 @@ from pathlib import Path
 
 from engine.config import EngineConfig
 from engine.core.engine import Engine
-from engine.core.media import MediaItem
+from engine.core.media import KEY_MIN, MediaItem
 from engine.errors import BadSlotFile, NoRoom, SlotError, SlotFilesOff
 from engine.prompt_cache.disk_tier import DiskTier
 from engine.prompt_cache.ram_tier import MIB, PromptCache
@@ -101,6 +101,7 @@ class EngineService:
             engine = self._engine
             limit = None if cache_disk_mib == -1 else cache_disk_mib * MIB
             disk = DiskTier(Path(cache_disk), limit, engine.fingerprint, self.vocab_size, self.n_ctx)
+            disk.lowest = self._lowest_token
         cache = PromptCache.from_mib(cache_ram_mib, limit_tokens=self._engine.config.n_ctx, disk=disk)
         cache.close_timeout = cache_close_s
         self._scheduler = Scheduler(
@@ -199,6 +200,12 @@ class EngineService:
         if len(starts) != len(images):
             raise ValueError("the prompt's text holds image tokens of its own")
         return ids, [MediaItem.image(s, spec.tokens_per_image, p) for s, p in zip(starts, pixels)]
+
+    @property
+    def _lowest_token(self) -> int:
+        """The lowest token id a slot file or disk entry may hold: an image model's slots
+        hold their images as negative keys (engine/core/media.py)."""
+        return KEY_MIN if self.takes_images else 0
 
     @functools.cached_property
     def _image_settings(self) -> ImageSettings:
@@ -321,7 +328,7 @@ class EngineService:
         """Read and check the whole file in a worker thread, then load it into the idle
         slot (waiting for it unless ``nowait``). All or nothing."""
         files, slot = self.files(), self.check_slot(id_slot)
-        args = (filename, self.fingerprint, self.vocab_size, self.n_ctx, progress)
+        args = (filename, self.fingerprint, self.vocab_size, self.n_ctx, progress, self._lowest_token)
         file, n_read = await asyncio.to_thread(files.read, *args)
         lora = lora_scales(file, self.fingerprint)  # checked by files.read
         sched = self._sched

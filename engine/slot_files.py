@@ -76,9 +76,11 @@ class SlotFiles:
             raise SlotWriteFailed(f"writing the slot file failed: {exc.strerror}") from None
 
     def read(
-        self, filename: str, fingerprint: dict[str, str], vocab_size: int, n_ctx: int, progress=None
+        self, filename: str, fingerprint: dict[str, str], vocab_size: int, n_ctx: int, progress=None, lowest: int = 0
     ) -> tuple[SlotFile, int]:
-        """The whole file, checked against the model; returns it and its size in bytes."""
+        """The whole file, checked against the model; returns it and its size in bytes.
+        ``lowest``: the lowest token id the file may hold (below 0: a model that takes
+        images, whose slots hold their images as keys: engine/core/media.py)."""
         try:
             data = self.directory.read(filename, progress)
             file = decode(data)
@@ -92,7 +94,7 @@ class SlotFiles:
         reason = fingerprint_mismatch(file.fingerprint, {**fingerprint, **taken})
         if reason:
             raise BadSlotFile(reason, code="model_mismatch")
-        if file.tokens and (min(file.tokens) < 0 or max(file.tokens) >= vocab_size):
+        if file.tokens and (min(file.tokens) < lowest or max(file.tokens) >= vocab_size):
             raise BadSlotFile(f"the file holds token ids outside the vocabulary [0, {vocab_size})")
         lora_scales(file, fingerprint)
         if len(file.tokens) > n_ctx:

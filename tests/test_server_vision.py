@@ -55,8 +55,10 @@ def checkpoint(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def server(checkpoint):
-    with ServerProcess("-m", str(checkpoint[0]), "-np", "2", "-c", "1024", "--no-webui") as srv:
+def server(checkpoint, tmp_path_factory):
+    slots = tmp_path_factory.mktemp("slots")
+    flags = ("-np", "2", "-c", "1024", "--no-webui", "--slot-save-path", str(slots))
+    with ServerProcess("-m", str(checkpoint[0]), *flags) as srv:
         srv.wait_ready()
         yield srv
 
@@ -93,15 +95,16 @@ def expected(checkpoint, question: str, image, n: int) -> tuple[str, list[float]
     return tok.decode(chosen.tolist(), skip_special_tokens=True), logprobs.tolist()
 
 
-def ask(server, question: str, url: str, n: int = 10) -> tuple[str, int, list[float]]:
+def ask(server, question: str, url: str, n: int = 10, slot: int = -1) -> tuple[str, int, list[float]]:
     """The answer's text, how many prompt tokens came from the cache, each token's logprob."""
     from openai import OpenAI
 
     client = OpenAI(base_url=server.url + "/v1", api_key="none")
     content = [{"type": "text", "text": question}, {"type": "image_url", "image_url": {"url": url}}]
     answer = client.chat.completions.create(
-        model="m", messages=[{"role": "user", "content": content}], max_tokens=n, temperature=0, logprobs=True
-    )
+        model="m", messages=[{"role": "user", "content": content}], max_tokens=n, temperature=0, logprobs=True,
+        extra_body={"id_slot": slot},
+    )  # fmt: skip
     assert answer.usage.completion_tokens == n
     logprobs = [t.logprob for t in answer.choices[0].logprobs.content]
     return answer.choices[0].message.content, answer.usage.prompt_tokens_details.cached_tokens, logprobs
@@ -144,3 +147,47 @@ def test_bad_images_are_refused_with_the_part_named(server):
         r = post(url)
         assert r.status_code == 400 and says in r.json()["error"]["message"], r.text
     assert httpx.get(server.url + "/health").status_code == 200
+
+
+def test_anthropic_and_responses_take_images_as_the_chat_route(server):
+    """An Anthropic image block (base64 source) and a Responses input_image reach the
+    model as the chat route's image part does: the same greedy answer, and the prompt
+    counts the image's positions."""
+    import httpx
+
+    _, url = png(5)
+    data = url.split(",", 1)[1]
+    chat_text = ask(server, "see: ", url, n=8)[0]
+    blocks = [{"type": "text", "text": "see: "}, {"type": "image", "source": {"type": "base64",
+              "media_type": "image/png", "data": data}}]  # fmt: skip
+    body = {"model": "m", "max_tokens": 8, "temperature": 0, "messages": [{"role": "user", "content": blocks}]}
+    r = httpx.post(server.url + "/v1/messages", json=body)
+    assert r.status_code == 200, r.text
+    assert r.json()["content"][0]["text"] == chat_text
+    parts = [{"type": "input_text", "text": "see: "}, {"type": "input_image", "image_url": url}]
+    r = httpx.post(server.url + "/v1/responses", json={"model": "m", "max_output_tokens": 8, "temperature": 0,
+                                                       "input": [{"role": "user", "content": parts}]})  # fmt: skip
+    assert r.status_code == 200, r.text
+    assert r.json()["output"][-1]["content"][0]["text"] == chat_text
+    with_image = httpx.post(server.url + "/v1/messages/count_tokens", json=body).json()["input_tokens"]
+    body["messages"][0]["content"] = blocks[:1]
+    without = httpx.post(server.url + "/v1/messages/count_tokens", json=body).json()["input_tokens"]
+    assert with_image - without >= PER_IMAGE + 2  # the image tokens, begin and end
+
+
+def test_a_slot_with_an_image_is_saved_and_restored(server):
+    """Beyond llama-server (which refuses multimodal slot saves): the file holds the
+    image as its key; restored into the emptied slot, the same question about the same
+    image computes only its last token, and the answer is the one before."""
+    import httpx
+
+    _, url = png(11)
+    first = ask(server, "keep: ", url, slot=1)
+    slot = lambda action, **body: httpx.post(f"{server.url}/slots/1", params={"action": action}, json=body)  # noqa: E731
+    assert slot("save", filename="image.slot").status_code == 200
+    assert slot("erase").json()["n_erased"] > 20
+    restored = slot("restore", filename="image.slot")
+    assert restored.status_code == 200, restored.text
+    again = ask(server, "keep: ", url, slot=1)
+    assert again[1] > 20 and again[0] == first[0]
+    assert again[2] == pytest.approx(first[2], abs=1e-4)

@@ -58,6 +58,9 @@ def split_point(items: list[MediaItem], start: int, n: int) -> int:
     return n
 
 
+KEY_MIN = -(16**15)  # the lowest key an image's placeholders get (slot files and disk entries may hold keys)
+
+
 def media_keys(tokens: list[int], media: list[MediaItem]) -> list[int]:
     """``tokens`` as prompts are compared (prefix reuse, the prompt cache, shared blocks):
     each image's placeholders replaced by a negative id drawn from its digest, so two

@@ -83,6 +83,7 @@ class DiskTier:
     vocab_size: int
     n_ctx: int
     rescan_s: float = 1.0
+    lowest: int = 0  # the lowest token id an entry may hold (below 0: images as keys, engine/core/media.py)
     counters: DiskCounters = field(default_factory=DiskCounters)
     on_ready: Callable[[], None] | None = None  # told (on the reader thread) when a prefetch is done
 
@@ -229,7 +230,7 @@ class DiskTier:
             reason = "its tokens changed since the index read them"
         if reason is None and len(file.tokens) > self.n_ctx:
             reason = f"it holds {len(file.tokens)} tokens, more than a slot's context ({self.n_ctx})"
-        if reason is None and file.tokens and (min(file.tokens) < 0 or max(file.tokens) >= self.vocab_size):
+        if reason is None and file.tokens and (min(file.tokens) < self.lowest or max(file.tokens) >= self.vocab_size):
             reason = "it holds token ids outside the vocabulary"
         if reason:
             return self._drop(entry, reason, skip=True)

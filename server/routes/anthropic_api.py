@@ -109,6 +109,19 @@ def _text(content: str | list) -> str:
     return "".join(b.text for b in content if isinstance(b, TextBlock))
 
 
+def _chat_part(block: TextBlock | ImageBlock) -> dict:
+    """A text or image block as a chat content part (an image: a data: URL of its base64
+    source; a URL source goes as it is, and the chat route says what it takes)."""
+    if isinstance(block, TextBlock):
+        return {"type": "text", "text": block.text}
+    source = block.source or {}
+    if source.get("type") == "base64":
+        url = f"data:{source.get('media_type', 'image/png')};base64,{source.get('data', '')}"
+    else:
+        url = source.get("url")
+    return {"type": "image_url", "image_url": {"url": url} if isinstance(url, str) else None}
+
+
 def to_chat(body: MessagesFields, extra: dict | None = None) -> ChatCompletionRequest:
     """The chat completion request an Anthropic request means."""
     messages: list[dict] = []
@@ -119,9 +132,11 @@ def to_chat(body: MessagesFields, extra: dict | None = None) -> ChatCompletionRe
         nested = [
             c for b in blocks if isinstance(b, ToolResultBlock) and isinstance(b.content, list) for c in b.content
         ]
-        media = next((b for b in [*blocks, *nested] if isinstance(b, ImageBlock)), None)
+        media = next((b for b in nested if isinstance(b, ImageBlock)), None)  # in a tool result
+        media = media or next((b for b in blocks if isinstance(b, ImageBlock) and b.type != "image"), None)
         if media is not None:
             raise APIError(400, text_only(media.type))
+        images = [b for b in blocks if isinstance(b, ImageBlock)]
         for b in blocks:
             if isinstance(b, ToolResultBlock):
                 messages.append({"role": "tool", "tool_call_id": b.tool_use_id, "content": _text(b.content)})
@@ -134,7 +149,10 @@ def to_chat(body: MessagesFields, extra: dict | None = None) -> ChatCompletionRe
         ]
         only_results = blocks and all(isinstance(b, ToolResultBlock) for b in blocks)
         if not only_results:
-            msg: dict[str, Any] = {"role": m.role, "content": text}
+            content: str | list[dict] = text
+            if images:  # the text and images in their order (the chat route takes them)
+                content = [_chat_part(b) for b in blocks if isinstance(b, TextBlock | ImageBlock)]
+            msg: dict[str, Any] = {"role": m.role, "content": content}
             if calls:
                 msg["tool_calls"] = calls
             if thinking:

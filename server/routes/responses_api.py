@@ -37,6 +37,7 @@ class Part(_Body):
     type: Literal["input_text", "output_text", "refusal", "input_image", "input_file", "reasoning_text"]
     text: str | None = None
     refusal: str | None = None
+    image_url: str | None = None  # input_image: a data: URL (base64)
 
 
 class MessageItem(_Body):
@@ -136,6 +137,21 @@ def _text(content: str | list[Part], where: str) -> str:
     return "".join(p.text or p.refusal or "" for p in content)
 
 
+def _user_content(content: str | list[Part], where: str) -> str | list[dict]:
+    """A user's (or system's) content: its text, or with images the chat parts in order."""
+    if isinstance(content, str) or not any(p.type == "input_image" for p in content):
+        return _text(content, where)
+    parts = []
+    for p in content:
+        if p.type == "input_file":
+            raise APIError(400, f"{where}: {text_only('file')}")
+        if p.type == "input_image":
+            parts.append({"type": "image_url", "image_url": {"url": p.image_url} if p.image_url else None})
+        else:
+            parts.append({"type": "text", "text": p.text or p.refusal or ""})
+    return parts
+
+
 def _messages(body: ResponsesFields) -> list[dict]:
     """The chat messages of ``instructions`` and ``input`` (an assistant's message, calls
     and reasoning that follow each other are one assistant turn, as in llama-server)."""
@@ -153,7 +169,7 @@ def _messages(body: ResponsesFields) -> list[dict]:
     for i, item in enumerate(body.input):
         where = f"input[{i}]"
         if isinstance(item, MessageItem) and item.role != "assistant":
-            out.append({"role": item.role, "content": _text(item.content, where)})
+            out.append({"role": item.role, "content": _user_content(item.content, where)})
         elif isinstance(item, MessageItem):
             turn = assistant()
             turn["content"] += _text(item.content, where)
