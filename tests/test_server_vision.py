@@ -191,3 +191,30 @@ def test_a_slot_with_an_image_is_saved_and_restored(server):
     again = ask(server, "keep: ", url, slot=1)
     assert again[1] > 20 and again[0] == first[0]
     assert again[2] == pytest.approx(first[2], abs=1e-4)
+
+
+def test_completion_takes_multimodal_data_at_its_markers(checkpoint, server):
+    """llama-server's /completion: a prompt object whose text holds <__media__> and whose
+    multimodal_data holds the image (base64): the greedy tokens transformers gives on
+    the prompt Gemma 3's processor makes of that text."""
+    import httpx
+    from transformers.models.gemma3.image_processing_pil_gemma3 import Gemma3ImageProcessorPil
+
+    _, model, tok = checkpoint
+    image, url = png(13)
+    text = "look<__media__>then"
+    full = "\n\n<start_of_image>" + "<image_soft_token>" * PER_IMAGE + "<end_of_image>\n\n"
+    ids = tok.encode(text.replace("<__media__>", full)).ids
+    processor = Gemma3ImageProcessorPil(size={"height": 28, "width": 28}, image_mean=[0.5] * 3, image_std=[0.5] * 3)
+    input_ids = torch.tensor([ids])
+    image_id = tok.token_to_id("<image_soft_token>")
+    out = model.generate(
+        input_ids, pixel_values=processor(images=image, return_tensors="pt")["pixel_values"],
+        token_type_ids=(input_ids == image_id).long(), max_new_tokens=8, do_sample=False, pad_token_id=0,
+    )  # fmt: skip
+    prompt = {"prompt_string": text, "multimodal_data": [url.split(",", 1)[1]]}
+    body = {"prompt": prompt, "n_predict": 8, "temperature": 0, "return_tokens": True}
+    r = httpx.post(server.url + "/completion", json=body)
+    assert r.status_code == 200, r.text
+    assert r.json()["tokens"] == out[0, len(ids) :].tolist()
+    assert r.json()["tokens_evaluated"] == len(ids)

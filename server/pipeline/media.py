@@ -32,18 +32,18 @@ def image_bytes(url: str, where: str) -> bytes:
         raise APIError(400, f"{where}: the data: URL is not valid base64") from None
 
 
-async def media_prompt(engine: EngineService, prompt: str, urls: list[tuple[int, str | None]]) -> tuple[list, list]:
-    """The rendered prompt's token ids and its images (MediaItem), the images where the
-    template put the markers; ``urls``: (message index, URL) per image part. A model
-    without an image encoder: llama-server's 400, naming the message."""
+async def media_prompt(engine: EngineService, prompt: str, urls: list[str | None], where: str) -> tuple[list, list]:
+    """The prompt's token ids and its images (MediaItem), each image where the prompt
+    holds a marker; ``urls``: one per image (None: a part without one). A model without
+    an image encoder: llama-server's 400, naming ``where`` the first image came."""
     if not engine.takes_images:
-        raise APIError(400, f"messages.{urls[0][0]}.content: {text_only('image')}")
+        raise APIError(400, f"{where}: {text_only('image')}")
     if len(urls) > MAX_IMAGES:
         raise APIError(400, f"at most {MAX_IMAGES} images a request, got {len(urls)}")
     images = []
-    for i, (message, url) in enumerate(urls):
+    for i, url in enumerate(urls):
         if url is None:
-            raise APIError(400, f"messages.{message}.content: image {i} has no image_url.url")
+            raise APIError(400, f"{where}: image {i} has no image_url.url")
         images.append(image_bytes(url, f"image {i}"))
     try:
         return await asyncio.to_thread(engine.media_prompt, prompt, images, MEDIA_MARKER)

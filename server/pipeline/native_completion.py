@@ -17,8 +17,11 @@ from server.pipeline.sse import SSEResponse, sse_frames
 from server.schemas.requests import NativeCompletionRequest
 
 
-async def complete(http: HTTPRequest, body: NativeCompletionRequest, prompts: list[list[int]], batch: bool) -> Response:
-    """llama-server's native answer (a list when ``batch``) for prompts given as ids.
+async def complete(
+    http: HTTPRequest, body: NativeCompletionRequest, prompts: list[list[int]], batch: bool, media: list | None = None
+) -> Response:
+    """llama-server's native answer (a list when ``batch``) for prompts given as ids
+    (``media``: each prompt's images, engine MediaItems).
     The body's ``n_cmpl`` (or ``n``; at most the number of slots): each prompt comes
     that many times in a row, completed as llama-server's child tasks are (a seed given
     is moved by one per child; no pinned slot), and the answer is a list. Every prompt
@@ -29,9 +32,13 @@ async def complete(http: HTTPRequest, body: NativeCompletionRequest, prompts: li
     n_cmpl = body.n_cmpl if body.n_cmpl is not None else body.n
     if n_cmpl > state.settings.parallel:
         raise APIError(400, f"n_cmpl: at most the number of slots ({state.settings.parallel})")
+    media = media or [[] for _ in prompts]
     if n_cmpl > 1:
         prompts, batch = [p for p in prompts for _ in range(n_cmpl)], True
+        media = [m for m in media for _ in range(n_cmpl)]
     reqs = [await _request(state, body, ids, i % n_cmpl) for i, ids in enumerate(prompts)]
+    for req, items in zip(reqs, media):
+        req.media = list(items)
     for req in reqs:
         engine.validate(req)
     runs = run_batch(state, http, reqs, engine.n_slots)

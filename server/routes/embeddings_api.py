@@ -27,6 +27,7 @@ from server.errors import APIError
 from server.pipeline.generation import prompt_ids
 from server.pipeline.run_batch import run_batch
 from server.schemas.answers import EmbeddingList, NativeEmbedding, documented
+from server.schemas.fields import text_only
 from server.schemas.requests import EmbedSize, Int, PromptObject, TokenId, _Body
 
 router = APIRouter()
@@ -89,6 +90,8 @@ def normalize(vec: list[float], norm: int) -> list[float]:
 
 async def _ids(engine, entry: Entry) -> list[int]:
     if isinstance(entry, PromptObject):
+        if entry.multimodal_data:
+            raise APIError(400, f"multimodal_data: {text_only('image')} (embeddings take text)")
         entry = entry.prompt_string
     elif isinstance(entry, ContentObject):
         entry = "".join(p.text for p in entry.content)

@@ -19,6 +19,7 @@ from server.pipeline.generation import (
     encode,
     prompt_ids,
 )
+from server.pipeline.media import media_prompt
 from server.pipeline.native_answer import generation_settings
 from server.pipeline.native_completion import complete
 from server.schemas.answers import (
@@ -31,7 +32,13 @@ from server.schemas.answers import (
     TokenizeResult,
     documented,
 )
-from server.schemas.requests import ApplyTemplateRequest, DetokenizeRequest, NativeCompletionRequest, TokenizeRequest
+from server.schemas.requests import (
+    ApplyTemplateRequest,
+    DetokenizeRequest,
+    NativeCompletionRequest,
+    PromptObject,
+    TokenizeRequest,
+)
 from server.schemas.sampler_fields import sampler_order
 
 router = APIRouter()
@@ -47,8 +54,16 @@ async def completion(body: NativeCompletionRequest, http: HTTPRequest) -> Respon
     state = http.app.state.slotserve
     engine = state.require_ready()
     prompts, batch = body.prompts()
-    ids = [await prompt_ids(engine, p) for p in prompts]
-    return await complete(http, body, ids, batch)
+    ids, media = [], []
+    for p in prompts:
+        if isinstance(p, PromptObject):  # text with images at its markers
+            urls = ["data:image;base64," + data for data in p.multimodal_data]
+            p_ids, p_media = await media_prompt(engine, p.prompt_string, urls, "prompt.multimodal_data")
+        else:
+            p_ids, p_media = await prompt_ids(engine, p), []
+        ids.append(p_ids)
+        media.append(p_media)
+    return await complete(http, body, ids, batch, media)
 
 
 @router.post("/tokenize", response_model=None, responses=documented(TokenizeResult, 400, 413, 503))

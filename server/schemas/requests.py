@@ -286,10 +286,11 @@ class ChatCompletionRequest(OpenAIFields, ChatFields):
 
 
 class PromptObject(_Body):
-    """llama-server's JSON-object prompt (multimodal data is not served)."""
+    """llama-server's JSON-object prompt: text, and images (base64) that go where the text
+    holds ``MEDIA_MARKER``s, in order (a model that takes images; others refuse)."""
 
     prompt_string: NonEmpty
-    multimodal_data: Annotated[list[str], Field(max_length=0)] | None = None
+    multimodal_data: Annotated[list[str], Field(max_length=16)] | None = None
 
 
 MixedPrompt = Annotated[list[TokenId | NonEmpty], Field(min_length=1)]
@@ -310,16 +311,22 @@ class NativeCompletionRequest(SamplingFields):
     n_cmpl: Int(ge=1, le=2**31 - 1, **_limit("n_slots")) | None = None  # completions of each prompt (<= slots)
     n: Int(ge=1, **_limit("n_slots")) = 1  # n_cmpl's other name (llama-server's alias)
 
-    def prompts(self) -> tuple[list[str | list], bool]:
-        """(prompts, batch): each prompt as text or a list of ids and text pieces."""
+    def prompts(self) -> tuple[list[str | list | PromptObject], bool]:
+        """(prompts, batch): each prompt as text, a list of ids and text pieces, or an
+        object with images (``multimodal_data``)."""
         p = self.prompt
         if isinstance(p, PromptObject):
-            return [p.prompt_string], False
+            return [p if p.multimodal_data else p.prompt_string], False
         if isinstance(p, str):
             return [p], False
         if all(isinstance(x, int | str) for x in p) and any(isinstance(x, int) for x in p):
             return [p], False  # ids, perhaps with text pieces: one prompt
-        one = lambda x: x.prompt_string if isinstance(x, PromptObject) else [x] if isinstance(x, int) else x  # noqa: E731
+
+        def one(x):
+            if isinstance(x, PromptObject):
+                return x if x.multimodal_data else x.prompt_string
+            return [x] if isinstance(x, int) else x
+
         return [one(x) for x in p], True
 
 
