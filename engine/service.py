@@ -172,6 +172,11 @@ class EngineService:
         """Resident weight bytes by type ("Q4_K", "Q6_K", "F32", ...), fixed at load."""
         return dict(self._engine.weight_bytes)
 
+    def image_stats(self) -> tuple[int, float]:
+        """Images encoded since start, and the seconds the encoder took (a racy read)."""
+        runner = self._engine.runner
+        return runner.n_images_encoded, runner.encode_seconds
+
     @property
     def takes_images(self) -> bool:
         return self._engine.model_config.media is not None and hasattr(self._engine.model, "encode_images")

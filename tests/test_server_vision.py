@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import torch
 from checkpoints import write_byte_tokenizer
-from server_proc import ServerProcess
+from server_proc import ServerProcess, metric
 
 PER_IMAGE = 4
 TEMPLATE = "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}assistant:"
@@ -57,7 +57,7 @@ def checkpoint(tmp_path_factory):
 @pytest.fixture(scope="module")
 def server(checkpoint, tmp_path_factory):
     slots = tmp_path_factory.mktemp("slots")
-    flags = ("-np", "2", "-c", "1024", "--no-webui", "--slot-save-path", str(slots))
+    flags = ("-np", "2", "-c", "1024", "--no-webui", "--slot-save-path", str(slots), "--metrics")
     with ServerProcess("-m", str(checkpoint[0]), *flags) as srv:
         srv.wait_ready()
         yield srv
@@ -218,3 +218,11 @@ def test_completion_takes_multimodal_data_at_its_markers(checkpoint, server):
     assert r.status_code == 200, r.text
     assert r.json()["tokens"] == out[0, len(ids) :].tolist()
     assert r.json()["tokens_evaluated"] == len(ids)
+
+
+def test_the_encoders_work_is_counted_in_metrics(server):
+    before = metric(server.url, "slotserve_images_encoded_total")
+    seconds = metric(server.url, "slotserve_image_encode_seconds_total")
+    ask(server, "count: ", png(17)[1], n=2)
+    assert metric(server.url, "slotserve_images_encoded_total") == before + 1
+    assert metric(server.url, "slotserve_image_encode_seconds_total") > seconds

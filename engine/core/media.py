@@ -35,17 +35,19 @@ class MediaItem:
         return self.start + self.n_tokens
 
 
-def encode_pending(model, items: list[MediaItem], device: torch.device, dtype: torch.dtype) -> None:
-    """Encode every item without features, in one batch (images of one size)."""
+def encode_pending(model, items: list[MediaItem], device: torch.device, dtype: torch.dtype) -> int:
+    """Encode every item without features, in one batch (images of one size); returns
+    how many it encoded."""
     todo = [m for m in items if m.features is None]
     if not todo:
-        return
+        return 0
     pixels = torch.stack([m.pixels for m in todo]).to(device, dtype)  # [N, C, H, W]
     tokens = model.encode_images(pixels)  # [N, n_tokens, hidden]
     for m, t in zip(todo, tokens):
         if t.shape[0] != m.n_tokens:
             raise ValueError(f"the image encodes to {t.shape[0]} tokens, its placeholders are {m.n_tokens}")
         m.features, m.pixels = t, None
+    return len(todo)
 
 
 def split_point(items: list[MediaItem], start: int, n: int) -> int:

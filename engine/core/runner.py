@@ -3,6 +3,8 @@ the hidden states embedding sequences pool, engine/core/pooling.py)."""
 
 from __future__ import annotations
 
+import time
+
 import torch
 
 from engine.core.media import encode_pending
@@ -18,6 +20,7 @@ class ModelRunner:
         self.memory = memory
         self.device = device
         self.lora = lora
+        self.n_images_encoded, self.encode_seconds = 0, 0.0  # the image encoder's work (/metrics)
 
     @torch.inference_mode()
     def run(self, plan: list[Chunk]) -> torch.Tensor:
@@ -89,7 +92,13 @@ class ModelRunner:
             row += chunk.n_tokens
         if not items:
             return None
-        encode_pending(self.model, [m for _, m in items], self.device, next(self.model.parameters()).dtype)
+        t0 = time.perf_counter()
+        n = encode_pending(self.model, [m for _, m in items], self.device, next(self.model.parameters()).dtype)
+        if n:
+            self.n_images_encoded, self.encode_seconds = (
+                self.n_images_encoded + n,
+                self.encode_seconds + time.perf_counter() - t0,
+            )
         visible = torch.cat([torch.arange(c.seq.n_computed, c.seq.n_computed + c.n_tokens) for c in plan])  # [T]
         rows = []
         for first, m in items:

@@ -131,6 +131,7 @@ class _LiveCollector(Collector):
             return
         health, stats = engine.health(), engine.cache_stats()
         yield from _step_families(health)
+        yield from _image_families(engine)
         yield from _slot_families(health, stats)
         yield from _cache_families(stats)
         yield from _prompt_cache_families(stats.prompt_cache)
@@ -159,6 +160,15 @@ def _step_families(health) -> Iterable:
         "Engine thread CPU time in those steps (wall - cpu: waiting for the GIL or preempted)",
         value=steps.cpu_s,
     )
+
+
+def _image_families(engine) -> Iterable:
+    """The image encoder's work (vision-language models: engine/core/media.py)."""
+    if not engine.takes_images:
+        return
+    n, seconds = engine.image_stats()
+    yield CounterMetricFamily("slotserve_images_encoded", "Images the vision encoder encoded", value=n)
+    yield CounterMetricFamily("slotserve_image_encode_seconds", "Seconds the vision encoder took", value=seconds)
 
 
 def _slot_families(health, stats) -> Iterable:
