@@ -174,3 +174,21 @@ def test_bytes_that_are_no_image_are_refused():
 
     with pytest.raises(BadImage, match="not an image"):
         decode_image(b"GIF89a but not really")
+
+
+def test_a_sequence_with_an_image_ends_at_its_context_instead_of_shifting(gemma3):
+    """--context-shift does not move a sequence with images (a cut could halve one): it
+    ends with "length" where its context is full, as without the flag; a text sequence
+    beside it shifts and goes on."""
+    engine = Engine.from_pretrained(
+        str(gemma3[0]), n_ctx=64, n_seq_max=2, context_shift=True, swa_full=True, kv_unified=False
+    )  # a stream of 32 cells each
+    ids, starts = prompt([5, 6], None, [7])
+    params = SamplingParams(temperature=0.0, max_tokens=60, ignore_eos=True)
+    image = [MediaItem.image(starts[0], PER_IMAGE, torch.zeros(3, 28, 28))]
+    with_image = engine.add_sequence(ids, params, 0, media=image)
+    text = engine.add_sequence([5, 6, 7, 8], params, 1)
+    while engine.has_work:
+        assert all(e.error is None for e in engine.step())
+    assert with_image.finish_reason.value == "length" and len(with_image.tokens) == engine.n_ctx_seq
+    assert len(text.output_ids) == 60 and text.n_shifted > 0

@@ -13,8 +13,10 @@ class ContextShift:
     ``_fault(seq, exc)``."""
 
     def _n_discard(self, seq: Sequence) -> int:
-        """Tokens a context shift of ``seq`` would drop; 0 when shifting is off or impossible."""
-        if not self.config.context_shift or not self.memory.can_shift:
+        """Tokens a context shift of ``seq`` would drop; 0 when shifting is off or impossible
+        (a sequence with images never shifts: a cut could halve an image, and its
+        positions would move under it; it ends at its context as without a shift)."""
+        if not self.config.context_shift or not self.memory.can_shift or seq.media:
             return 0
         n_keep = min(seq.n_keep, seq.n_computed - 2)
         return (seq.n_computed - n_keep) // 2 if n_keep >= 0 else 0
