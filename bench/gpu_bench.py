@@ -26,20 +26,11 @@ from pathlib import Path
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
+sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "bench")]
 
-SHAPE = dict(
-    vocab_size=32000,
-    hidden_size=2048,
-    intermediate_size=8192,
-    num_hidden_layers=16,
-    num_attention_heads=32,
-    num_key_value_heads=8,
-    max_position_embeddings=2048,
-    bos_token_id=None,
-    eos_token_id=None,
-    pad_token_id=0,
-)
+from engine_bench import ONE_B  # noqa: E402
+
+SHAPE = dict(ONE_B, vocab_size=32000)  # engine_bench's ~1B Llama shape with issue 40's vocabulary
 MODES = {  # name -> (engine overrides, the small ops in Triton: engine/kernels/cuda_ops.py)
     "graphs": (dict(static_decode=True, enforce_eager=False), True),
     "graphs_torch": (dict(static_decode=True, enforce_eager=False), False),  # graphs of torch's small ops

@@ -192,6 +192,33 @@ def make_checkpoint(
     return folder
 
 
+def make_gemma3_vision(folder: Path, image: int, boi: int, eoi: int, per_image: int = 4, **text):
+    """A tiny random Gemma 3 vision-language model (transformers' Gemma3ForConditionalGeneration:
+    SigLIP on 28 x 28 images in 4 x 4 patches, pooled to ``per_image`` tokens; a 2-layer
+    Gemma 3 with a sliding and a global layer), every parameter moved off its init, saved
+    to ``folder``; returns the model (eval). ``text``: text_config fields over the defaults."""
+    import transformers
+
+    text = dict(
+        vocab_size=320, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=16, max_position_embeddings=512, sliding_window=8,
+        layer_types=["sliding_attention", "full_attention"],
+    ) | text  # fmt: skip
+    vision = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2, image_size=28,
+                  patch_size=7)  # fmt: skip
+    config = transformers.Gemma3Config(
+        text_config=text, vision_config=vision, mm_tokens_per_image=per_image, image_token_index=image,
+        boi_token_index=boi, eoi_token_index=eoi,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    model = transformers.Gemma3ForConditionalGeneration(config)
+    with torch.no_grad():  # every parameter matters (norms, projector, biases)
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.1)
+    model.save_pretrained(folder)
+    return model.eval()
+
+
 FIM_TOKENS = ["<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>", "<|repo_name|>", "<|file_sep|>"]
 
 

@@ -14,7 +14,7 @@ import json
 import numpy as np
 import pytest
 import torch
-from checkpoints import write_byte_tokenizer
+from checkpoints import make_gemma3_vision, write_byte_tokenizer
 from server_proc import ServerProcess, metric
 
 PER_IMAGE = 4
@@ -23,7 +23,6 @@ TEMPLATE = "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfo
 
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory):
-    import transformers
     from tokenizers import Tokenizer
 
     folder = tmp_path_factory.mktemp("gemma3") / "m"
@@ -34,24 +33,11 @@ def checkpoint(tmp_path_factory):
     tok.save(str(folder / "tokenizer.json"))
     (folder / "tokenizer_config.json").write_text(json.dumps({"chat_template": TEMPLATE}))
     boi, image, eoi = (tok.token_to_id(t) for t in ("<start_of_image>", "<image_soft_token>", "<end_of_image>"))
-    text = dict(
-        vocab_size=tok.get_vocab_size(), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=512, sliding_window=16,
-        layer_types=["sliding_attention", "full_attention"], eos_token_id=None, bos_token_id=None, pad_token_id=0,
+    model = make_gemma3_vision(
+        folder, image, boi, eoi, PER_IMAGE, vocab_size=tok.get_vocab_size(), sliding_window=16, eos_token_id=None,
+        bos_token_id=None, pad_token_id=0,
     )  # fmt: skip
-    vision = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2, image_size=28,
-                  patch_size=7)  # fmt: skip
-    config = transformers.Gemma3Config(
-        text_config=text, vision_config=vision, mm_tokens_per_image=PER_IMAGE, image_token_index=image,
-        boi_token_index=boi, eoi_token_index=eoi,
-    )  # fmt: skip
-    torch.manual_seed(0)
-    model = transformers.Gemma3ForConditionalGeneration(config)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(torch.randn_like(p) * 0.1)
-    model.save_pretrained(folder)
-    return folder, model.eval(), tok
+    return folder, model, tok
 
 
 @pytest.fixture(scope="module")

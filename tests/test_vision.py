@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from checkpoints import write_byte_tokenizer
+from checkpoints import make_gemma3_vision, write_byte_tokenizer
 
 from engine import Engine, SamplingParams
 from engine.core.media import MediaItem, split_point
@@ -20,28 +20,10 @@ N_NEW = 12
 
 @pytest.fixture(scope="module")
 def gemma3(tmp_path_factory):
-    import transformers
-
-    text = dict(
-        vocab_size=320, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, head_dim=16, max_position_embeddings=512, sliding_window=8,
-        layer_types=["sliding_attention", "full_attention"],
-    )  # fmt: skip
-    vision = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2, image_size=28,
-                  patch_size=7)  # fmt: skip  # 4 x 4 patches, pooled to 2 x 2 = PER_IMAGE tokens
-    config = transformers.Gemma3Config(
-        text_config=text, vision_config=vision, mm_tokens_per_image=PER_IMAGE, image_token_index=IMAGE,
-        boi_token_index=BOI, eoi_token_index=EOI,
-    )  # fmt: skip
-    torch.manual_seed(0)
-    model = transformers.Gemma3ForConditionalGeneration(config)
-    with torch.no_grad():  # every parameter matters (norms, projector, biases)
-        for p in model.parameters():
-            p.add_(torch.randn_like(p) * 0.1)
     folder = tmp_path_factory.mktemp("gemma3") / "m"
-    model.save_pretrained(folder)
+    model = make_gemma3_vision(folder, IMAGE, BOI, EOI, PER_IMAGE)
     write_byte_tokenizer(folder)
-    return folder, model.eval()
+    return folder, model
 
 
 def prompt(*parts) -> tuple[list[int], list[int]]:
