@@ -128,7 +128,7 @@ def test_bad_images_are_refused_with_the_part_named(server):
     for url, says in (
         ("data:image/png;base64," + base64.b64encode(b"not a png").decode(), "image 0: not an image"),
         ("data:image/png;base64,@@@", "not valid base64"),
-        ("https://example.com/cat.png", "only data: URLs"),
+        ("https://example.com/cat.png", "start with --media-urls to fetch"),
     ):
         r = post(url)
         assert r.status_code == 400 and says in r.json()["error"]["message"], r.text
@@ -212,3 +212,33 @@ def test_the_encoders_work_is_counted_in_metrics(server):
     ask(server, "count: ", png(17)[1], n=2)
     assert metric(server.url, "slotserve_images_encoded_total") == before + 1
     assert metric(server.url, "slotserve_image_encode_seconds_total") > seconds
+
+
+def test_an_image_url_is_fetched_with_media_urls(checkpoint, tmp_path):
+    """--media-urls fetches http(s) image URLs (here from this machine, so with
+    --media-urls-private too): the same answer as the image's data: URL; a URL that
+    answers 404 is a 400 naming the image."""
+    import functools
+    import http.server
+    import threading
+
+    image, url = png(19)
+    (tmp_path / "cat.png").write_bytes(base64.b64decode(url.split(",", 1)[1]))
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(tmp_path))
+    files = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=files.serve_forever, daemon=True).start()
+    base = f"http://127.0.0.1:{files.server_address[1]}"
+    try:
+        flags = ("-np", "1", "-c", "512", "--no-webui", "--media-urls", "--media-urls-private")
+        with ServerProcess("-m", str(checkpoint[0]), *flags) as srv:
+            srv.wait_ready()
+            fetched = ask(srv, "what is this? ", base + "/cat.png")
+            inline = ask(srv, "what is this? ", url)
+            assert fetched[0] == inline[0] and fetched[2] == pytest.approx(inline[2], abs=1e-4)
+            import httpx
+
+            content = [{"type": "image_url", "image_url": {"url": base + "/missing.png"}}]
+            r = httpx.post(srv.url + "/v1/chat/completions", json={"messages": [{"role": "user", "content": content}]})
+            assert r.status_code == 400 and "image 0" in r.json()["error"]["message"] and "404" in r.text
+    finally:
+        files.shutdown()

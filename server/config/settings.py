@@ -368,6 +368,18 @@ class ServerSettings(SamplerSettings, LoraSettings):
         flags=("--ui-mcp-proxy-private",),
         off=("--no-ui-mcp-proxy-private",),
     )
+    media_urls: bool = setting(
+        False,
+        description="fetch http(s) image URLs of requests (public addresses; 20 MiB, 30 s each); off: data: URLs only",
+        flags=("--media-urls",),
+        off=("--no-media-urls",),
+    )
+    media_urls_private: bool = setting(
+        False,
+        description="let image URLs reach loopback, link-local and private addresses (a media server on the LAN)",
+        flags=("--media-urls-private",),
+        off=("--no-media-urls-private",),
+    )
     verbose: bool = setting(
         False,
         description="tracebacks with errors (a model that fails to load, for one), and __verbose in OpenAI answers "

@@ -41,7 +41,8 @@ async def chat_prompt(state, engine, body: ChatCompletionRequest) -> tuple[str, 
     prompt = await render_chat(engine, body, state.settings.template_kwargs, state.settings.prefill_assistant)
     urls = [(i, url) for i, m in enumerate(body.messages) for url in m.images()]
     if urls:
-        return prompt, *await media_prompt(engine, prompt, [u for _, u in urls], f"messages.{urls[0][0]}.content")
+        where = f"messages.{urls[0][0]}.content"
+        return prompt, *await media_prompt(engine, prompt, [u for _, u in urls], where, state.settings)
     return prompt, await encode(engine, prompt, add_special=True), []  # BOS where the tokenizer adds it
 
 

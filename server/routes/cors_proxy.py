@@ -22,12 +22,9 @@ headers.
 
 from __future__ import annotations
 
-import asyncio
-import ipaddress
 import logging
-import socket
 from collections.abc import AsyncIterator
-from urllib.parse import urljoin, urlsplit
+from urllib.parse import urljoin
 
 import httpx
 from fastapi import APIRouter, Query
@@ -36,6 +33,7 @@ from fastapi.responses import StreamingResponse
 from starlette.background import BackgroundTask
 
 from server.errors import APIError
+from server.pipeline.outbound import MAX_REDIRECTS, REDIRECTS, pinned
 
 log = logging.getLogger("slotserve")
 PREFIX = "x-llama-server-proxy-header-"
@@ -43,56 +41,8 @@ DROPPED = frozenset({"server", "transfer-encoding", "content-length", "keep-aliv
 NOT_FORWARDED = frozenset({"host", "content-length", "transfer-encoding", "connection", "keep-alive", "upgrade"})
 TIMEOUT = httpx.Timeout(120.0, connect=10.0)  # 2 minutes without a byte ends it (llama-server: 10)
 MAX_ANSWER_BYTES = 64 << 20
-MAX_REDIRECTS = 5
-REDIRECTS = frozenset({301, 302, 303, 307, 308})
 
 router = APIRouter()
-
-
-def _target(url: str) -> str:
-    parts = urlsplit(url)
-    if parts.scheme not in ("http", "https"):
-        raise APIError(400, f"unsupported URL scheme in target URL: {parts.scheme or '(none)'}")
-    if not parts.hostname:
-        raise APIError(400, "invalid target URL: missing host")
-    if parts.password is not None or parts.username is not None:
-        raise APIError(400, "authentication in target URL is not supported")
-    return url
-
-
-def forbidden(ip: ipaddress.IPv4Address | ipaddress.IPv6Address) -> str | None:
-    """Why the proxy does not go to ``ip`` by default (None: a public address)."""
-    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
-        ip = ip.ipv4_mapped
-    for why in ("unspecified", "loopback", "link_local", "multicast", "private", "reserved"):
-        if getattr(ip, f"is_{why}"):
-            return why.replace("_", "-")
-    return None if ip.is_global else "non-global"  # shared (100.64/10) and the like
-
-
-async def _pinned(url: str, allow_private: bool) -> tuple[str, dict, dict]:
-    """``url`` with its host replaced by the address it resolves to (checked), the
-    ``Host`` header and the TLS name that go with it."""
-    parts = urlsplit(_target(url))
-    host, port = parts.hostname, parts.port or (443 if parts.scheme == "https" else 80)
-    try:
-        infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
-    except OSError as exc:
-        raise APIError(502, f"the proxied server's name cannot be resolved: {host}", "server_error") from exc
-    addresses = [ipaddress.ip_address(info[4][0].split("%")[0]) for info in infos]
-    for ip in addresses:
-        why = forbidden(ip)
-        if why and not allow_private:
-            raise APIError(
-                403,
-                f"the proxy does not reach {why} addresses ({host} is {ip}): start with --ui-mcp-proxy-private",
-                "permission_error",
-            )
-    ip = addresses[0]
-    netloc = f"[{ip}]" if ip.version == 6 else str(ip)
-    pinned = parts._replace(netloc=f"{netloc}:{port}").geturl()
-    host_header = host if parts.port is None else f"{host}:{parts.port}"
-    return pinned, {"Host": host_header}, ({"sni_hostname": host} if parts.scheme == "https" else {})
 
 
 def _outgoing(http: HTTPRequest) -> dict[str, str]:
@@ -112,8 +62,8 @@ async def _open(client: httpx.AsyncClient, http: HTTPRequest, method: str, url: 
     body = await http.body() if method == "POST" else None
     headers = _outgoing(http)
     for _ in range(MAX_REDIRECTS + 1):
-        pinned, host, tls = await _pinned(url, allow_private)
-        request = client.build_request(method, pinned, headers={**headers, **host}, content=body, extensions=tls)
+        address, host, tls = await pinned(url, allow_private, "the proxy", "--ui-mcp-proxy-private")
+        request = client.build_request(method, address, headers={**headers, **host}, content=body, extensions=tls)
         try:
             upstream = await client.send(request, stream=True)
         except httpx.HTTPError as exc:

@@ -58,7 +58,8 @@ async def completion(body: NativeCompletionRequest, http: HTTPRequest) -> Respon
     for p in prompts:
         if isinstance(p, PromptObject):  # text with images at its markers
             urls = ["data:image;base64," + data for data in p.multimodal_data]
-            p_ids, p_media = await media_prompt(engine, p.prompt_string, urls, "prompt.multimodal_data")
+            where = "prompt.multimodal_data"
+            p_ids, p_media = await media_prompt(engine, p.prompt_string, urls, where, http.app.state.slotserve.settings)
         else:
             p_ids, p_media = await prompt_ids(engine, p), []
         ids.append(p_ids)

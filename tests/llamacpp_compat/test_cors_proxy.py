@@ -14,6 +14,7 @@ import pytest
 from server_proc import InProcessServer, free_port
 from waiting import wait_for
 
+from server.pipeline import outbound
 from server.routes import cors_proxy
 
 KEY = "sk-proxy"
@@ -203,8 +204,8 @@ def test_private_targets_are_refused_by_default(strict, upstream, host, why):
 
 
 def test_a_redirect_to_a_private_target_is_refused(strict, upstream, public_upstream, monkeypatch):
-    real = cors_proxy.forbidden
-    monkeypatch.setattr(cors_proxy, "forbidden", lambda ip: None if str(ip) == "127.0.0.2" else real(ip))
+    real = outbound.forbidden
+    monkeypatch.setattr(outbound, "forbidden", lambda ip: None if str(ip) == "127.0.0.2" else real(ip))
     public = f"http://127.0.0.2:{public_upstream.server_port}"
     assert httpx.get(strict.url + "/cors-proxy", params={"url": public + "/capture"}).text == "ok"
     inside = f"http://127.0.0.1:{upstream.server_port}/capture"
