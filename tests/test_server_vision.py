@@ -43,7 +43,7 @@ def checkpoint(tmp_path_factory):
 @pytest.fixture(scope="module")
 def server(checkpoint, tmp_path_factory):
     slots = tmp_path_factory.mktemp("slots")
-    flags = ("-np", "2", "-c", "1024", "--no-webui", "--slot-save-path", str(slots), "--metrics")
+    flags = ("-np", "2", "-c", "1024", "--slot-save-path", str(slots), "--metrics")
     with ServerProcess("-m", str(checkpoint[0]), *flags) as srv:
         srv.wait_ready()
         yield srv
@@ -242,3 +242,33 @@ def test_an_image_url_is_fetched_with_media_urls(checkpoint, tmp_path):
             assert r.status_code == 400 and "image 0" in r.json()["error"]["message"] and "404" in r.text
     finally:
         files.shutdown()
+
+
+def test_the_web_page_attaches_an_image(server, tmp_path):
+    """The chat page shows the image control for a model that takes images (/props'
+    modalities), sends the chosen file with the message and shows it."""
+    import shutil
+
+    from playwright.sync_api import sync_playwright
+
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    if chromium is None:
+        from unavailable import unavailable
+
+        unavailable("Debian's chromium is not installed (.ci/run installs it)", "SLOTSERVE_SKIP_BROWSER")
+    _, url = png(23)
+    (tmp_path / "dog.png").write_bytes(base64.b64decode(url.split(",", 1)[1]))
+    before = metric(server.url, "slotserve_images_encoded_total")
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=chromium, args=["--no-sandbox"])
+        page = browser.new_page()
+        page.goto(server.url + "/")
+        page.locator("#attach").wait_for()  # shown: this model takes images
+        page.set_input_files("#image", str(tmp_path / "dog.png"))
+        page.fill("#prompt", "what is it?")
+        page.fill("#max-tokens", "4")
+        page.click("#send")
+        page.wait_for_function("document.querySelector('#stop').disabled && document.querySelector('.msg.assistant')")
+        assert page.locator(".msg.user img.attached").count() == 1
+        browser.close()
+    assert metric(server.url, "slotserve_images_encoded_total") == before + 1

@@ -152,3 +152,9 @@ def test_no_webui_turns_it_off():
     with InProcessServer(parallel=1, webui=False) as srv:
         assert httpx.get(srv.url + "/").status_code == 404
         assert httpx.get(srv.url + "/ui/app.js").status_code == 404
+
+
+def test_a_text_model_shows_no_image_control(page):
+    use_key(page, KEY)
+    page.wait_for_function("document.querySelector('#model').textContent.includes('slots')")  # /props read
+    assert page.locator("#attach").is_hidden()

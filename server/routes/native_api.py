@@ -126,6 +126,7 @@ async def props(http: HTTPRequest) -> dict:
         "endpoint_props": state.settings.props,
         "endpoint_metrics": state.settings.metrics,
         "memory": memory,
+        "modalities": {"vision": engine.takes_images, "audio": False},  # llama-server's field
         "device": engine.device,
         "weights": {"bytes": sum(engine.weight_bytes.values()), "types": engine.weight_bytes},
         "prompt_cache": engine.prompt_cache() or {"enabled": False},

@@ -239,6 +239,8 @@ class Props(_Out):
     endpoint_props: bool  # --props (POST /props)
     endpoint_metrics: bool  # --metrics
     memory: dict[str, Any]
+    modalities: dict[str, bool]  # {"vision": the model takes images, "audio": false} (llama-server's)
+    device: dict[str, Any]  # where the model runs: type, name, dtype, KV bytes and cells, decode mode
     weights: dict[str, Any]  # {"bytes": resident weight bytes, "types": bytes by stored type}
     prompt_cache: dict[str, Any]  # the prompt cache: limits, entries, bytes, hits, restores; its disk tier
     speculative: dict[str, Any]  # speculative decoding: type (null: off), n_max, ngram_size, ...

@@ -35,14 +35,33 @@ async function api(path, options = {}) {
   return r;
 }
 
-function addMessage(role, text) {
+function addMessage(role, text, image) {
   const div = document.createElement("div");
   div.className = "msg " + role;
   div.dataset.role = role;
   div.textContent = text;
+  if (image) {  // the attached image, small, under the text
+    const img = document.createElement("img");
+    img.src = image;
+    img.alt = "attached image";
+    img.className = "attached";
+    div.appendChild(img);
+  }
   $("messages").appendChild(div);
   $("messages").scrollTop = $("messages").scrollHeight;
   return div;
+}
+
+// The chosen image file as a data: URL (null: none chosen).
+function attachedImage() {
+  const file = $("image").files[0];
+  if (!file) return Promise.resolve(null);
+  return new Promise((resolve, reject) => {
+    const reader = new FileReader();
+    reader.onload = () => resolve(reader.result);
+    reader.onerror = () => reject(reader.error);
+    reader.readAsDataURL(file);
+  });
 }
 
 async function send(event) {
@@ -50,8 +69,11 @@ async function send(event) {
   const text = $("prompt").value.trim();
   if (!text || state.controller) return;
   $("prompt").value = "";
-  state.history.push({ role: "user", content: text });
-  addMessage("user", text);
+  const image = await attachedImage();
+  $("image").value = "";
+  const content = image ? [{ type: "text", text }, { type: "image_url", image_url: { url: image } }] : text;
+  state.history.push({ role: "user", content });  // follow-ups send the image again: its cache is reused
+  addMessage("user", text, image);
   const out = addMessage("assistant", "");
   const body = {
     messages: state.history,
@@ -200,6 +222,7 @@ async function describe() {
   try {
     const props = await (await api("props")).json();
     $("model").textContent = props.model_alias + " · context " + props.default_generation_settings.n_ctx + " per slot · " + props.total_slots + " slots";
+    $("attach").hidden = !(props.modalities && props.modalities.vision);  // images for a model that takes them
   } catch (_) { /* notice shown */ }
 }
 
