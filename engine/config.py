@@ -51,6 +51,7 @@ class EngineConfig:
     spec_p_min: float = 0.0  # a draft model's guess below this probability ends its proposal (--spec-draft-p-min)
     spec_ngram_size: int = 12  # tokens of the n-gram looked up (--spec-ngram-simple-size-n)
     model_draft: Path | None = None  # the draft model's checkpoint (-md), HF folder or GGUF
+    mmproj: Path | None = None  # a GGUF model's multimodal projector file (llama-server's -mm)
     special: bool = False  # special tokens are written into the output text (llama-server's -sp)
     lora: tuple[str, ...] = ()  # LoRA adapters (GGUF files or PEFT folders), by index; each sequence says its scales
     static_decode: bool | None = None  # decode steps through static buffers (core/static_decode.py); None: CUDA
@@ -64,6 +65,8 @@ class EngineConfig:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "model", Path(self.model))
+        if self.mmproj is not None:
+            object.__setattr__(self, "mmproj", Path(self.mmproj))
         if self.dtype == "auto":
             cuda = self.torch_device.type == "cuda" and not self.quantization  # blocks run float32 activations
             object.__setattr__(self, "dtype", "bfloat16" if cuda else "float32")

@@ -11,6 +11,7 @@ event loop. What reads or changes memory runs on the engine thread between two s
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -216,7 +217,10 @@ class EngineService:
     def _image_settings(self) -> ImageSettings:
         vision = self._engine.model_config.media.vision
         folder = self._engine.config.model
-        return ImageSettings.of_checkpoint(folder if folder.is_dir() else None, int(vision.get("image_size", 224)))
+        settings = ImageSettings.of_checkpoint(folder if folder.is_dir() else None, int(vision.get("image_size", 224)))
+        if "image_mean" in vision:  # a GGUF projector's own (a folder's are in its preprocessor_config.json)
+            settings = dataclasses.replace(settings, mean=tuple(vision["image_mean"]), std=tuple(vision["image_std"]))
+        return settings
 
     @property
     def device(self) -> dict:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -81,22 +82,29 @@ def load_model(
     device: torch.device,
     gguf: GGUFCheckpoint | None = None,
     progress: Progress | None = None,
+    mmproj=None,
 ) -> DecoderLM:
     """Build the registered class for ``cfg`` on ``device`` and fill it from ``folder``
     (a Hugging Face folder), or from ``gguf`` (the tensors the model names, read one at a
     time: those of layers kept in blocks as the file's bytes, the others dequantized).
-    ``progress`` hears of each tensor copied."""
+    ``progress`` hears of each tensor copied. ``mmproj``: a GGUF model's projector file
+    (engine/loading/gguf/mmproj.py), which holds the image encoder's weights."""
     cls = model_class(cfg.architecture, str(folder if gguf else folder / "config.json"))
     with torch.device("meta"):
         model = cls(cfg)
     names = model.checkpoint_names()
+    vision = [n for n in names if n.startswith(("vision_tower.", "multi_modal_projector."))] if mmproj else []
+    names = [n for n in names if n not in set(vision)]
+    shapes = {n: p.shape for n, p in model.named_parameters() if n in set(vision)}
     plan = plan_blocks(model, gguf, names) if gguf is not None and device.type == "cpu" else BlockPlan()
     model = model.to_empty(device=device).to(dtype)
     model.tie_weights()
     model.init_buffers(device)  # computed, not loaded: the meta-device build left them empty
     with torch.no_grad():
         if gguf is not None:
-            tensors, total = gguf.iter_hf_tensors(names, plan.keep), (len(names), gguf.n_bytes)
+            tensors, total = gguf.iter_hf_tensors(names, plan.keep), (len(names) + len(vision), gguf.n_bytes)
+            if vision:
+                tensors = itertools.chain(tensors, mmproj.iter_weights(vision, shapes))
         else:
             files = weight_files(folder)
             tensors, total = iter_tensors(files), tensor_totals(files) if progress else (0, 0)

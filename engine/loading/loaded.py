@@ -3,13 +3,16 @@ Face folder or a GGUF file, with ``--chat-template`` applied."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from dataclasses import dataclass
 
 from engine.config import EngineConfig
+from engine.errors import CheckpointError
 from engine.loading.checkpoint import Progress, load_model
 from engine.loading.fingerprint import model_fingerprint
 from engine.loading.gguf.checkpoint import GGUFCheckpoint, is_gguf
+from engine.loading.gguf.mmproj import MmprojFile
 from engine.loading.gguf.tokenizer import gguf_tokenizer
 from engine.loading.pooling_hint import checkpoint_pooling
 from engine.models.base import DecoderLM
@@ -18,6 +21,7 @@ from engine.text.chat_template import resolve_template
 from engine.text.tokenizer import Tokenizer
 
 log = logging.getLogger("slotserve.engine")
+VISION_ARCHS = {"Gemma3ForCausalLM": "Gemma3ForConditionalGeneration"}  # a GGUF language model + its --mmproj
 
 
 @dataclass
@@ -33,9 +37,17 @@ def load(config: EngineConfig, progress: Progress | None = None) -> LoadedModel:
     """Raises CheckpointError (or UnsupportedArchitecture) naming the file and field;
     ValueError for a ``--chat-template`` that is neither a built-in name nor a template."""
     gguf = GGUFCheckpoint(config.model, mmap=config.mmap) if is_gguf(config.model) else None
+    mmproj = None
     if gguf is not None:
         model_config = parse_model_config(gguf.hf_config(), config.model)
         tokenizer = gguf_tokenizer(gguf)
+        if config.mmproj is not None:
+            mmproj = MmprojFile(config.mmproj)
+            media = mmproj.media_config(tokenizer.hf.token_to_id)
+            arch = VISION_ARCHS.get(model_config.architecture)
+            if arch is None:
+                raise CheckpointError(f"{config.mmproj}: a projector for a {model_config.architecture} is not served")
+            model_config = dataclasses.replace(model_config, architecture=arch, media=media)
     else:
         model_config = load_model_config(config.model)
         tokenizer = Tokenizer.from_folder(config.model, model_config.eos_token_ids)
@@ -44,7 +56,11 @@ def load(config: EngineConfig, progress: Progress | None = None) -> LoadedModel:
     elif tokenizer.chat_template is None:  # llama-server's fallback
         tokenizer.use_chat_template(*resolve_template("chatml"))
         log.info("the model has no chat template: chat requests use chatml (as llama-server; --chat-template sets one)")
-    model = load_model(config.model, model_config, config.torch_dtype, config.torch_device, gguf, progress)
+    if config.mmproj is not None and gguf is None:
+        raise CheckpointError(
+            f"{config.mmproj}: --mmproj goes with a GGUF model (a Hugging Face folder has its encoder)"
+        )
+    model = load_model(config.model, model_config, config.torch_dtype, config.torch_device, gguf, progress, mmproj)
     fingerprint = model_fingerprint(model_config, model, config.dtype)
     pooling = checkpoint_pooling(config.model, gguf.fields if gguf is not None else None)
     return LoadedModel(model_config, tokenizer, model, fingerprint, pooling)

@@ -228,6 +228,19 @@ class ServerSettings(SamplerSettings, LoraSettings):
         description="draft model for speculative decoding (HF folder or GGUF with the model's vocabulary)",
         flags=("-md", "--model-draft", "--spec-draft-model"),
     )
+    mmproj: Path | None = setting(
+        None,
+        description="a GGUF model's multimodal projector (convert_hf_to_gguf.py --mmproj): images in prompts",
+        flags=("-mm", "--mmproj"),
+        llama_env="LLAMA_ARG_MMPROJ",
+    )
+    mmproj_offload: bool = setting(
+        True,
+        description="accepted for llama.cpp compatibility: the projector runs where the model does",
+        flags=("--mmproj-offload",),
+        off=("--no-mmproj-offload",),
+        llama_env="LLAMA_ARG_MMPROJ_OFFLOAD",
+    )
     spec_draft_n_max: int = setting(
         3,
         ge=0,

@@ -1,0 +1,119 @@
+"""A Gemma 3 vision-language model as llama.cpp runs it: the language model as a GGUF and
+the encoder as a separate projector file (``convert_hf_to_gguf.py --mmproj``), loaded
+with ``mmproj`` (the server's -mm/--mmproj). The oracle is the same checkpoint as a
+Hugging Face folder, run by slotserve (itself held to transformers by tests/test_vision.py):
+the same greedy tokens for an image prompt. The converter stores the projection matrix
+in float16 (llama.cpp's choice), so logits agree to float16's rounding, not float32's."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from checkpoints import make_gemma3_vision, write_spm_tokenizer
+from gguf_tools import _run_converters
+
+from engine import Engine, SamplingParams
+from engine.core.media import MediaItem
+from engine.errors import CheckpointError
+
+PER_IMAGE = 4
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    """The checkpoint laid out as Gemma 3's releases are (the encoder under
+    vision_tower.vision_model., a preprocessor_config.json), and its two GGUFs."""
+    from safetensors.torch import load_file, save_file
+
+    root = tmp_path_factory.mktemp("gemma3-gguf")
+    folder = root / "hf"
+    folder.mkdir()
+    layers = ["sliding_attention"] * 5 + ["full_attention"]  # what a GGUF says: every 6th layer global
+    make_gemma3_vision(
+        folder, 300, 301, 302, PER_IMAGE, vocab_size=1000, num_hidden_layers=6, layer_types=layers,
+        query_pre_attn_scalar=16,  # = head_dim, as Gemma 3's releases (a GGUF derives it so)
+    )  # fmt: skip
+    write_spm_tokenizer(folder, 1000)
+    weights = load_file(folder / "model.safetensors")
+    moved = {
+        ("vision_tower.vision_model." + k[13:] if k.startswith("vision_tower.") else k): v for k, v in weights.items()
+    }
+    save_file(moved, folder / "model.safetensors", metadata={"format": "pt"})
+    processor = {"image_processor_type": "Gemma3ImageProcessor", "image_mean": [0.5] * 3, "image_std": [0.5] * 3,
+                 "size": {"height": 28, "width": 28}, "image_seq_length": PER_IMAGE, "resample": 2,
+                 "rescale_factor": 1 / 255, "do_normalize": True, "do_rescale": True, "do_resize": True}  # fmt: skip
+    (folder / "preprocessor_config.json").write_text(json.dumps(processor))
+    model, mmproj = root / "model.gguf", root / "mmproj.gguf"
+    _run_converters([[
+        ("convert_hf_to_gguf.py", ["--outfile", str(model), "--outtype", "f32", str(folder)]),
+        ("convert_hf_to_gguf.py", ["--outfile", str(mmproj), "--outtype", "f32", "--mmproj", str(folder)]),
+    ]])  # fmt: skip
+    return folder, model, mmproj
+
+
+def greedy(engine: Engine, pixels: torch.Tensor) -> tuple[list[int], torch.Tensor]:
+    """Greedy tokens of text, an image (the engine's own placeholder id), text; and the
+    first token's logits."""
+    spec = engine.model_config.media
+    ids = [5, 6, 7, 8] + [spec.image_token_id] * PER_IMAGE + [9, 10]
+    seq = engine.add_sequence(ids, SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True), 0,
+                              media=[MediaItem.image(4, PER_IMAGE, pixels)])  # fmt: skip
+    first = engine.step(keep_logits=True)[0].logits
+    while engine.has_work:
+        engine.step()
+    engine.memory.seq_rm(0)
+    return seq.output_ids, first
+
+
+def test_a_gguf_with_its_mmproj_answers_as_the_folder(files):
+    folder, model, mmproj = files
+    pixels = torch.randn(3, 28, 28, generator=torch.Generator().manual_seed(5))
+    from_gguf = Engine.from_pretrained(str(model), mmproj=str(mmproj), n_ctx=256, n_seq_max=1)
+    from_folder = Engine.from_pretrained(str(folder), n_ctx=256, n_seq_max=1)
+    assert from_gguf.model_config.media.tokens_per_image == PER_IMAGE
+    image = from_gguf.model.encode_images(pixels[None])
+    assert (image - from_folder.model.encode_images(pixels[None])).abs().max() < 1e-2  # float16 projection
+    tokens, logits = greedy(from_gguf, pixels)
+    expect, expect_logits = greedy(from_folder, pixels)
+    assert tokens == expect
+    assert (logits - expect_logits).abs().max() < 1e-2
+    _, other = greedy(from_folder, torch.randn(3, 28, 28, generator=torch.Generator().manual_seed(6)))
+    assert (other - expect_logits).abs().max() > 0.1  # the answer depends on the image
+
+
+def test_a_projector_without_a_gguf_model_or_of_another_kind_is_refused(files, tmp_path):
+    folder, model, mmproj = files
+    with pytest.raises(CheckpointError, match="goes with a GGUF model"):
+        Engine.from_pretrained(str(folder), mmproj=str(mmproj), n_ctx=256)
+    with pytest.raises(CheckpointError, match="not served"):
+        Engine.from_pretrained(str(model), mmproj=str(model), n_ctx=256)  # a language model, no projector
+
+
+def test_the_server_takes_mmproj(files):
+    """``slotserve serve -m model.gguf --mmproj mmproj.gguf`` (llama-server's flags): /props
+    says the model takes images, and a chat message with an image is answered."""
+    import base64
+    import io
+
+    import httpx
+    import numpy as np
+    from PIL import Image
+    from server_proc import ServerProcess
+
+    _, model, mmproj = files
+    image = Image.fromarray(np.random.default_rng(0).integers(0, 256, (20, 20, 3), dtype=np.uint8))
+    png = io.BytesIO()
+    image.save(png, format="PNG")
+    url = "data:image/png;base64," + base64.b64encode(png.getvalue()).decode()
+    with ServerProcess(
+        "-m", str(model), "--mmproj", str(mmproj), "-np", "1", "-c", "256", "--no-mmproj-offload"
+    ) as srv:
+        srv.wait_ready()
+        assert httpx.get(srv.url + "/props").json()["modalities"]["vision"] is True
+        content = [{"type": "text", "text": "what?"}, {"type": "image_url", "image_url": {"url": url}}]
+        body = {"messages": [{"role": "user", "content": content}], "max_tokens": 3}
+        r = httpx.post(srv.url + "/v1/chat/completions", json=body)
+        assert r.status_code == 200, r.text
+        assert r.json()["usage"]["prompt_tokens"] > PER_IMAGE
