@@ -20,15 +20,16 @@ from engine.config import EngineConfig
 from engine.core.acceptance import TokenAcceptance
 from engine.core.cache_specs import cache_specs, default_cache_type
 from engine.core.context_shift import ContextShift
+from engine.core.cuda_graphs import GraphLadder
 from engine.core.device_memory import gpu_sized
-from engine.core.device_steps import DeviceSteps
 from engine.core.draft_model import DraftModel
-from engine.core.media import MediaItem, check_media
+from engine.core.media import MediaItem
 from engine.core.planner import Chunk, plan_step
 from engine.core.pooling import Pooler, Pooling
 from engine.core.runner import ModelRunner
 from engine.core.sequence import FinishReason, Sequence, StepEvent, TokenLogprob
 from engine.core.speculation import Speculation
+from engine.core.static_decode import StaticDecode, eligible_model
 from engine.errors import StepFailed, check_token_ids
 from engine.kernels.attention import install_decode_attention
 from engine.kernels.block_model import block_modules, pack_block_linears, weight_bytes_by_type
@@ -62,7 +63,7 @@ class Generation:
     logprobs: list[TokenLogprob]
 
 
-class Engine(TokenAcceptance, ContextShift, DeviceSteps):
+class Engine(TokenAcceptance, ContextShift):
     def __init__(self, config: EngineConfig, progress: Progress | None = None):
         """``progress(tensors done, of total, bytes done, of total)`` hears of the load."""
         self.config = config
@@ -141,6 +142,16 @@ class Engine(TokenAcceptance, ContextShift, DeviceSteps):
         draft = DraftModel(cfg, loaded, self.memory_config) if cfg.model_draft is not None else None
         return Speculation(cfg.spec_draft_max, cfg.spec_ngram_size, draft, cfg.spec_p_min, cfg.spec_draft_min)
 
+    def _static_decode(self) -> StaticDecode | None:
+        cfg = self.config
+        wanted = cfg.static_decode if cfg.static_decode is not None else self.device.type == "cuda"
+        if not wanted or self.in_blocks or not eligible_model(self.model, self.memory, self.lora):
+            return None
+        static = StaticDecode(self.model, self.memory, self.device, cfg.n_seq_max, self.n_ctx_seq)
+        if self.device.type == "cuda" and not cfg.enforce_eager:
+            static.graphs = GraphLadder(static.forward, static.sizes, self.device)
+        return static
+
     def _use_onednn(self) -> bool:
         cfg = self.config
         eligible = self.device.type == "cpu" and cfg.torch_dtype == torch.float32 and onednn_available()
@@ -191,7 +202,7 @@ class Engine(TokenAcceptance, ContextShift, DeviceSteps):
         check_token_ids(prompt_ids, self.model_config.vocab_size)
         media = sorted(media or [], key=lambda m: m.start)
         if media:
-            check_media(prompt_ids, media, self.model_config.media, self.model, self.model_config.architecture)
+            self._check_media(prompt_ids, media)
         pooler = Pooler(pooling, len(prompt_ids)) if pooling is not None else None
         if pooler is not None and pooler.needs_whole_prompt:
             n_cached = 0
@@ -223,10 +234,41 @@ class Engine(TokenAcceptance, ContextShift, DeviceSteps):
         self.running.append(seq)
         return seq
 
+    def _check_media(self, prompt_ids: list[int], media: list[MediaItem]) -> None:
+        """ValueError unless the model encodes images and each item covers its placeholders."""
+        spec = self.model_config.media
+        if spec is None or not hasattr(self.model, "encode_images"):
+            raise ValueError(f"this model ({self.model_config.architecture}) takes no images")
+        end = 0
+        for m in media:
+            if m.start < end or m.end > len(prompt_ids) or m.n_tokens != spec.tokens_per_image:
+                raise ValueError(f"an image at {m.start} does not fit its prompt ({spec.tokens_per_image} positions)")
+            if any(t != spec.image_token_id for t in prompt_ids[m.start : m.end]):
+                raise ValueError(f"the prompt holds no image placeholders at {m.start}..{m.end - 1}")
+            end = m.end
+
     def abort(self, seq: Sequence) -> None:
         if seq in self.running:
             self.running.remove(seq)
             seq.finish_reason = seq.finish_reason or FinishReason.ABORT
+
+    def device_report(self) -> dict:
+        """Where and how the model runs (/props, /metrics): device, its name, dtype, the
+        KV pool's bytes and cells, and how decode steps run."""
+        name = torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else "cpu"
+        if self.static is None:
+            decode = "general"
+        else:
+            decode = "cuda_graphs" if self.static.graphs is not None else "static_eager"
+        return {
+            "type": self.device.type,
+            "name": name,
+            "dtype": self.config.dtype,
+            "kv_bytes": self.memory.usage().bytes_total,
+            "kv_cells": self.memory_config.n_ctx,
+            "decode": decode,
+            "graph_batch_sizes": self.static.sizes if self.static is not None and self.static.graphs else [],
+        }
 
     def memory_report(self) -> dict:
         """Usage of the memory and the result of its integrity check (call it from the

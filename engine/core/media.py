@@ -74,17 +74,3 @@ def media_keys(tokens: list[int], media: list[MediaItem]) -> list[int]:
     for m in media:
         keys[m.start : min(m.end, len(keys))] = [-1 - int(m.digest[:15], 16)] * (min(m.end, len(keys)) - m.start)
     return keys
-
-
-def check_media(prompt_ids: list[int], media: list[MediaItem], spec, model, architecture: str) -> None:
-    """ValueError unless ``model`` encodes images (``spec``: its MediaConfig) and each item,
-    in order and apart, covers image placeholders of ``prompt_ids``."""
-    if spec is None or not hasattr(model, "encode_images"):
-        raise ValueError(f"this model ({architecture}) takes no images")
-    end = 0
-    for m in media:
-        if m.start < end or m.end > len(prompt_ids) or m.n_tokens != spec.tokens_per_image:
-            raise ValueError(f"an image at {m.start} does not fit its prompt ({spec.tokens_per_image} positions)")
-        if any(t != spec.image_token_id for t in prompt_ids[m.start : m.end]):
-            raise ValueError(f"the prompt holds no image placeholders at {m.start}..{m.end - 1}")
-        end = m.end
