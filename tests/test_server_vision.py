@@ -272,3 +272,22 @@ def test_the_web_page_attaches_an_image(server, tmp_path):
         assert page.locator(".msg.user img.attached").count() == 1
         browser.close()
     assert metric(server.url, "slotserve_images_encoded_total") == before + 1
+
+
+@pytest.mark.parametrize("url, why", [("http://127.0.0.1:9/cat.png", "loopback"),
+                                      ("http://169.254.169.254/latest", "link-local"),
+                                      ("http://10.0.0.7/cat.png", "private")])  # fmt: skip
+def test_an_image_url_to_a_private_address_is_refused_before_any_connection(url, why):
+    """--media-urls alone: loopback, link-local (cloud metadata) and private targets are
+    refused after resolution, by the MCP proxy's rules (server/pipeline/outbound.py)."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from server.errors import APIError
+    from server.pipeline.media import image_bytes
+
+    settings = SimpleNamespace(media_urls=True, media_urls_private=False)
+    with pytest.raises(APIError) as refused:
+        asyncio.run(image_bytes(url, "image 0", settings))
+    message = refused.value.message
+    assert refused.value.status == 403 and why in message and "--media-urls-private" in message

@@ -44,8 +44,6 @@ def eligible_model(model: torch.nn.Module, memory: Memory, lora) -> bool:
     """Whether ``StaticDecode`` can run this model over this memory."""
     if not isinstance(model, DecoderLM) or lora is not None or memory.kind not in ("kv_stream", "kv_unified"):
         return False
-    if getattr(model.cfg, "final_logit_softcapping", None) or getattr(model.cfg, "attn_logit_softcapping", None):
-        return False
     specs = memory.specs  # layer -> spec: every layer stores its own full-attention cache
     dtype = next(model.parameters()).dtype
     if sorted(specs) != list(range(model.cfg.n_layers)):
@@ -55,7 +53,7 @@ def eligible_model(model: torch.nn.Module, memory: Memory, lora) -> bool:
             type(s) is FullAttentionSpec and s.k_codec.storage == s.v_codec.storage == dtype and not s.k_codec.block
             for s in specs.values()
         )
-        and type(model).hidden is DecoderLM.hidden
+        and type(model).hidden is DecoderLM.hidden  # Gemma's own (scaled embeddings, soft caps): not served
     )
 
 

@@ -39,22 +39,12 @@ def key_rows(table: torch.Tensor, n_kv_heads: int, lay: TableLayout) -> torch.Te
     return base[:, None, :] + heads[None, :, None]  # [B, KVH, L]
 
 
-def table_attention(
-    q: torch.Tensor,
-    k_rows: torch.Tensor,
-    v_rows: torch.Tensor,
-    table: torch.Tensor,
-    lens: torch.Tensor,
-    n_kv_heads: int,
-    lay: TableLayout,
-    scale: float,
-) -> torch.Tensor:
-    """q [B, H, D] (H a multiple of ``n_kv_heads``); k_rows, v_rows [R, D] a layer's
-    caches as flat rows; table [B, NB] and lens [B] int32 or int64 on q's device. Row b
-    attends to its keys 0 .. lens[b] - 1 -> [B, H, D] in q's dtype."""
+def table_attention(q: torch.Tensor, *args) -> torch.Tensor:
+    """``reference_table_attention``'s function (its arguments), by the Triton kernel on
+    CUDA where Triton imports, else by the torch ops themselves."""
     if triton_decode_attention is not None and q.is_cuda:
-        return triton_decode_attention(q, k_rows, v_rows, table, lens, n_kv_heads, lay, scale)
-    return reference_table_attention(q, k_rows, v_rows, table, lens, n_kv_heads, lay, scale)
+        return triton_decode_attention(q, *args)
+    return reference_table_attention(q, *args)
 
 
 def reference_table_attention(
@@ -67,7 +57,10 @@ def reference_table_attention(
     lay: TableLayout,
     scale: float,
 ) -> torch.Tensor:
-    """``table_attention`` in torch ops (its arguments); work over the table's whole width."""
+    """q [B, H, D] (H a multiple of ``n_kv_heads``); k_rows, v_rows [R, D] a layer's
+    caches as flat rows; table [B, NB] and lens [B] int32 or int64 on q's device (either
+    may be strided). Row b attends to its keys 0 .. lens[b] - 1 -> [B, H, D] in q's
+    dtype. In torch ops, with work over the table's whole width."""
     n_rows, n_heads, head_dim = q.shape
     idx = key_rows(table, n_kv_heads, lay)  # [B, KVH, L]
     keys = k_rows.index_select(0, idx.flatten()).view(*idx.shape, head_dim)  # [B, KVH, L, D]
