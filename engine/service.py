@@ -11,7 +11,6 @@ event loop. What reads or changes memory runs on the engine thread between two s
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -31,8 +30,8 @@ from engine.scheduling.request import Request, RequestEnd
 from engine.scheduling.scheduler import Scheduler, SlotInfo
 from engine.scheduling.task_board import Sink
 from engine.slot_files import SlotFiles, lora_scales
-from engine.text.images import BadImage, ImageSettings, decode_image, image_text, placeholder_starts
-from engine.text.images import pixels as image_pixels
+from engine.text.image_prompts import expand, image_prompts
+from engine.text.images import BadImage, decode_image, placeholder_starts
 from engine.text.tokenizer import Tokenizer
 from memory import CacheFull, MemoryUsage, StateMismatch
 
@@ -189,23 +188,18 @@ class EngineService:
         BadImage naming the image (by its index) and ValueError for a marker count that
         is not the image count. Call it off the event loop (it decodes images)."""
         spec = self._engine.model_config.media
-        if text.count(marker) != len(images):
-            raise ValueError(f"the template placed {text.count(marker)} of the request's {len(images)} images")
-        settings = self._image_settings
-        pixels = []
+        decoded = []
         for i, data in enumerate(images):
             try:
-                pixels.append(image_pixels(decode_image(data), settings))
+                decoded.append(decode_image(data))
             except BadImage as exc:
                 raise BadImage(f"image {i}: {exc}") from None
-        expanded = image_text(
-            self._engine.tokenizer.hf, spec.image_token_id, spec.boi_token_id, spec.eoi_token_id, spec.tokens_per_image
-        )
-        ids = self._engine.tokenizer.encode(text.replace(marker, expanded), add_special=True)
+        expanded, frames = expand(self._image_prompts, text, decoded, marker)
+        ids = self._engine.tokenizer.encode(expanded, add_special=True)
         starts = placeholder_starts(ids, spec.image_token_id, spec.tokens_per_image)
-        if len(starts) != len(images):
+        if len(starts) != len(frames):
             raise ValueError("the prompt's text holds image tokens of its own")
-        return ids, [MediaItem.image(s, spec.tokens_per_image, p) for s, p in zip(starts, pixels)]
+        return ids, [MediaItem.image(s, spec.tokens_per_image, p) for s, p in zip(starts, frames)]
 
     @property
     def _lowest_token(self) -> int:
@@ -214,13 +208,9 @@ class EngineService:
         return KEY_MIN if self.takes_images else 0
 
     @functools.cached_property
-    def _image_settings(self) -> ImageSettings:
-        vision = self._engine.model_config.media.vision
-        folder = self._engine.config.model
-        settings = ImageSettings.of_checkpoint(folder if folder.is_dir() else None, int(vision.get("image_size", 224)))
-        if "image_mean" in vision:  # a GGUF projector's own (a folder's are in its preprocessor_config.json)
-            settings = dataclasses.replace(settings, mean=tuple(vision["image_mean"]), std=tuple(vision["image_std"]))
-        return settings
+    def _image_prompts(self):
+        cfg, folder = self._engine.model_config, self._engine.config.model
+        return image_prompts(cfg.model_type, folder if folder.is_dir() else None, self._engine.tokenizer.hf, cfg.media)
 
     @property
     def device(self) -> dict:

@@ -219,6 +219,48 @@ def make_gemma3_vision(folder: Path, image: int, boi: int, eoi: int, per_image: 
     return model.eval()
 
 
+SMOLVLM_TOKENS = ["<fake_token_around_image>", "<global-img>", "<image>", "<end_of_utterance>"] + [
+    f"<row_{r}_col_{c}>" for r in (1, 2, 3) for c in (1, 2, 3)
+]
+
+
+def make_smolvlm(folder: Path, arch: str = "SmolVLM", **text):
+    """A tiny random SmolVLM (or Idefics3: ``arch``) with a byte tokenizer that knows its
+    image tokens (SMOLVLM_TOKENS) and a preprocessor_config.json: SigLIP on 28 x 28 tiles
+    in 7 x 7 patches, folded by 2 (4 tokens a frame), images resized to a longest edge of
+    56 (up to 2 x 2 tiles); a 2-layer Llama. Every parameter moved off its init; returns
+    (model (eval), tokenizer)."""
+    import transformers
+    from tokenizers import Tokenizer
+
+    folder.mkdir(parents=True, exist_ok=True)
+    write_byte_tokenizer(folder)
+    tok = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    tok.add_special_tokens(SMOLVLM_TOKENS)
+    tok.save(str(folder / "tokenizer.json"))
+    text = dict(
+        vocab_size=tok.get_vocab_size(), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=1024,
+        eos_token_id=None, bos_token_id=None, pad_token_id=0,
+    ) | text  # fmt: skip
+    vision = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2, image_size=28,
+                  patch_size=7)  # fmt: skip
+    config_cls = getattr(transformers, f"{arch}Config")
+    image = tok.token_to_id("<image>")
+    config = config_cls(text_config=text, vision_config=vision, scale_factor=2, image_token_id=image)
+    torch.manual_seed(0)
+    model = getattr(transformers, f"{arch}ForConditionalGeneration")(config)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.1)
+    model.save_pretrained(folder)
+    processor = {"image_processor_type": f"{arch}ImageProcessor", "do_image_splitting": True, "resample": 1,
+                 "size": {"longest_edge": 56}, "max_image_size": {"longest_edge": 28},
+                 "image_mean": [0.5] * 3, "image_std": [0.5] * 3}  # fmt: skip
+    (folder / "preprocessor_config.json").write_text(json.dumps(processor))
+    return model.eval(), tok
+
+
 FIM_TOKENS = ["<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>", "<|repo_name|>", "<|file_sep|>"]
 
 

@@ -82,7 +82,8 @@ class ModelRunner:
     def _media(self, plan: list[Chunk]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
         """The images this step computes (encoded first, in one batch): their rows of the
         flat batch [M], their tokens [M, hidden], and every row's last visible position [T]
-        (an image's rows see its last position: bidirectional within the image)."""
+        (an image's rows see its last position where the model attends both ways within
+        an image; None where it is causal)."""
         items, row = [], 0
         for chunk in plan:
             start = chunk.seq.n_computed
@@ -99,11 +100,12 @@ class ModelRunner:
                 self.n_images_encoded + n,
                 self.encode_seconds + time.perf_counter() - t0,
             )
-        visible = torch.cat([torch.arange(c.seq.n_computed, c.seq.n_computed + c.n_tokens) for c in plan])  # [T]
-        rows = []
-        for first, m in items:
-            visible[first : first + m.n_tokens] = m.end - 1
-            rows.append(torch.arange(first, first + m.n_tokens))
+        visible = None
+        if self.model.media_bidirectional:
+            visible = torch.cat([torch.arange(c.seq.n_computed, c.seq.n_computed + c.n_tokens) for c in plan])  # [T]
+            for first, m in items:
+                visible[first : first + m.n_tokens] = m.end - 1
+        rows = [torch.arange(first, first + m.n_tokens) for first, m in items]
         return torch.cat(rows), torch.cat([m.features for _, m in items]), visible
 
     def _set_lora(self, plan: list[Chunk], n_rows: int) -> None:

@@ -39,6 +39,7 @@ def checkpoint_name(param: str, shard: int | None) -> str:
 class DecoderLM(nn.Module):
     qkv_bias: bool | None = None  # None: config's attention_bias
     qk_norm: bool = False
+    media_bidirectional = False  # an image's tokens see each other both ways (Gemma 3), else causal
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -105,11 +106,14 @@ class DecoderLM(nn.Module):
         return self.project(self.hidden(input_ids, positions, view, logit_rows))
 
     def hidden(
-        self, input_ids: torch.Tensor, positions: torch.Tensor, view: ForwardView, rows: torch.Tensor
+        self, input_ids: torch.Tensor, positions: torch.Tensor, view: ForwardView, rows: torch.Tensor, media=None
     ) -> torch.Tensor:
         """input_ids, positions: [T]; rows: [S] -> the final hidden states of those rows
-        [S, hidden], after the final norm (transformers' ``last_hidden_state``)."""
+        [S, hidden], after the final norm (transformers' ``last_hidden_state``). ``media``:
+        (rows [M], image tokens [M, hidden]) that replace those rows' embeddings."""
         x = self.model.embed_tokens(input_ids)  # [T, hidden]
+        if media is not None:
+            x = x.index_copy(0, media[0], media[1].to(x.dtype))
         cos, sin = self.rotary.cos_sin(positions)  # [T, 1, D]
         for layer in self.model.layers:
             x = layer(x, cos, sin, view)

@@ -169,6 +169,16 @@ def _ffn(value: Any) -> int:
     return max(int(v) for v in value) if isinstance(value, list) else int(value)
 
 
+def _tokens_per_image(raw: dict) -> int:
+    """Positions one image (one frame of a tiled image) takes: Gemma 3's
+    ``mm_tokens_per_image``; SmolVLM / Idefics3's patch grid folded by ``scale_factor``."""
+    if "scale_factor" in raw:
+        vision = raw["vision_config"]
+        side = int(vision.get("image_size", 224)) // int(vision.get("patch_size", 16))
+        return side * side // int(raw["scale_factor"]) ** 2
+    return int(raw.get("mm_tokens_per_image", 256))
+
+
 def _media_config(raw: dict, path: Path) -> ModelConfig:
     """A vision-language checkpoint: its language model's config (``text_config``, with
     the outer architecture, ties and ids where the inner one is silent) plus MediaConfig."""
@@ -183,7 +193,7 @@ def _media_config(raw: dict, path: Path) -> ModelConfig:
         image_token_id=int(raw.get("image_token_id", raw.get("image_token_index", 0))),
         boi_token_id=raw.get("boi_token_id", raw.get("boi_token_index")),
         eoi_token_id=raw.get("eoi_token_id", raw.get("eoi_token_index")),
-        tokens_per_image=int(raw.get("mm_tokens_per_image", 256)),
+        tokens_per_image=_tokens_per_image(raw),
     )
     merged = {k: v for k, v in raw.items() if k != "text_config"} | text  # the model reads text fields from raw
     merged["architectures"], merged["model_type"] = inner["architectures"], raw.get("model_type", "")

@@ -62,6 +62,8 @@ class Gemma3Projector(nn.Module):
 
 
 class Gemma3ForConditionalGeneration(Gemma3ForCausalLM):
+    media_bidirectional = True
+
     def __init__(self, cfg: ModelConfig):
         super().__init__(cfg)
         if cfg.media is None:

@@ -15,6 +15,7 @@ from engine.models.mamba2 import Mamba2ForCausalLM
 from engine.models.mistral import MistralForCausalLM
 from engine.models.qwen2 import Qwen2ForCausalLM
 from engine.models.qwen3 import Qwen3ForCausalLM
+from engine.models.smolvlm import Idefics3ForConditionalGeneration, SmolVLMForConditionalGeneration
 
 MODELS: dict[str, type[DecoderLM]] = {
     cls.__name__: cls
@@ -31,6 +32,8 @@ MODELS: dict[str, type[DecoderLM]] = {
         GraniteMoeHybridForCausalLM,
         FalconH1ForCausalLM,
         JambaForCausalLM,
+        SmolVLMForConditionalGeneration,
+        Idefics3ForConditionalGeneration,
     )
 }
 MODEL_TYPES = {  # config.json's model_type -> the class name

@@ -63,12 +63,17 @@ def decode_image(data: bytes):
     return image.convert("RGB")
 
 
+def normalized(image, rescale: float, mean, std) -> torch.Tensor:
+    """An RGB PIL image -> [3, H, W] float32: rescaled, then (x - mean) / std per channel."""
+    x = np.asarray(image, dtype=np.float32) * np.float32(rescale)  # [H, W, 3]
+    x = (x - np.asarray(mean, dtype=np.float32)) / np.asarray(std, dtype=np.float32)
+    return torch.from_numpy(np.ascontiguousarray(x.transpose(2, 0, 1)))  # [3, H, W]
+
+
 def pixels(image, settings: ImageSettings) -> torch.Tensor:
     """An RGB PIL image -> [3, height, width] float32, as the model's processor makes it."""
     resized = image.resize((settings.width, settings.height), resample=settings.resample)
-    x = np.asarray(resized, dtype=np.float32) * np.float32(settings.rescale)  # [H, W, 3]
-    x = (x - np.asarray(settings.mean, dtype=np.float32)) / np.asarray(settings.std, dtype=np.float32)
-    return torch.from_numpy(np.ascontiguousarray(x.transpose(2, 0, 1)))  # [3, H, W]
+    return normalized(resized, settings.rescale, settings.mean, settings.std)
 
 
 def image_text(hf_tokenizer, image_token_id: int, boi_id: int | None, eoi_id: int | None, n_tokens: int) -> str:

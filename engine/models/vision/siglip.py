@@ -2,7 +2,11 @@
 ``SiglipVisionModel`` without its pooling head: patch embedding (a strided conv),
 learned position embeddings, pre-norm encoder layers with bidirectional attention and
 a tanh-GELU MLP, a final LayerNorm. Module names follow the checkpoints'
-(``embeddings.patch_embedding``, ``encoder.layers.N.self_attn.q_proj``, ...)."""
+(``embeddings.patch_embedding``, ``encoder.layers.N.self_attn.q_proj``, ...).
+
+SmolVLM / Idefics3 (``navit=True``) look their position embeddings up by bucketed
+fractional coordinates (NaViT's), as transformers computes them: for some grid sides
+float rounding repeats a row (side 19: ..., 11, 11, 13, ...), which the ids keep."""
 
 from __future__ import annotations
 
@@ -45,15 +49,33 @@ class VisionConfig:
         return self.image_size // self.patch_size
 
 
+def navit_positions(rows: int, cols: int, side: int, device: torch.device) -> torch.Tensor:
+    """Position-embedding ids [rows * cols] of a full grid of patches, NaViT's buckets of
+    fractional coordinates over ``side`` x ``side`` learned positions (transformers'
+    arithmetic in float32, so the same ids)."""
+    bounds = torch.arange(1 / side, 1.0, 1 / side, device=device)  # [side - 1]
+
+    def buckets(n: int) -> torch.Tensor:
+        step = 1.0 / torch.tensor([n], device=device)  # float32, as 1.0 / a count tensor
+        coords = torch.arange(n, device=device, dtype=torch.float32) * step
+        return torch.bucketize(coords.clamp(max=1.0 - 1e-6), bounds, right=True)  # [n]
+
+    return (buckets(rows)[:, None] * side + buckets(cols)[None, :]).reshape(-1)  # [rows * cols]
+
+
 class _Embeddings(nn.Module):
-    def __init__(self, c: VisionConfig):
+    def __init__(self, c: VisionConfig, navit: bool):
         super().__init__()
+        self.side, self.navit = c.patches_per_side, navit
         self.patch_embedding = nn.Conv2d(c.n_channels, c.hidden_size, c.patch_size, stride=c.patch_size)
         self.position_embedding = embedding(c.patches_per_side**2, c.hidden_size)
 
     def forward(self, pixels: torch.Tensor) -> torch.Tensor:
         """pixels [N, C, H, W] -> [N, P, hidden] (P = patches, row-major)."""
         patches = self.patch_embedding(pixels.to(self.patch_embedding.weight.dtype))  # [N, hidden, H/p, W/p]
+        if self.navit:
+            ids = navit_positions(patches.shape[2], patches.shape[3], self.side, patches.device)  # [P]
+            return patches.flatten(2).transpose(1, 2) + self.position_embedding(ids)  # [N, P, hidden]
         return patches.flatten(2).transpose(1, 2) + self.position_embedding.weight  # [N, P, hidden]
 
 
@@ -97,10 +119,10 @@ class _Layer(nn.Module):
 
 
 class SiglipVision(nn.Module):
-    def __init__(self, c: VisionConfig):
+    def __init__(self, c: VisionConfig, navit: bool = False):
         super().__init__()
         self.config = c
-        self.embeddings = _Embeddings(c)
+        self.embeddings = _Embeddings(c, navit)
         self.encoder = nn.Module()
         self.encoder.layers = nn.ModuleList(_Layer(c) for _ in range(c.n_layers))
         self.post_layernorm = nn.LayerNorm(c.hidden_size, eps=c.eps)
