@@ -8,6 +8,8 @@ proposing such requests as schema-valid ones. Everything else is checked as befo
 
 Image and document blocks of Anthropic messages are in the schema so that they get a
 clear 400 ("text only") rather than a shape error; positive cases do not carry them.
+Likewise llama-server's prompt objects with ``multimodal_data`` (/tokenize's content):
+the server under test serves a text model.
 
 A Responses request is refused (400) for what its schema leaves open on purpose, so
 that the answer names it: media parts (text only), ``previous_response_id`` (nothing is
@@ -89,6 +91,10 @@ def filter_case(context, case) -> bool:
         entries += [x for e in entries if isinstance(e, list) for x in e]
         if "" in entries or any(isinstance(e, dict) and e.get("prompt_string") == "" for e in entries):
             return False
+    if str(case.path) == "/tokenize" and isinstance(body, dict) and _positive(case):
+        content = body.get("content")
+        if isinstance(content, dict) and content.get("multimodal_data"):
+            return False  # images: a text model refuses them
     if str(case.path).startswith("/v1/responses") and isinstance(body, dict) and _positive(case):
         if _responses_refused(body):
             return False

@@ -157,6 +157,7 @@ def test_native_endpoints(server, offline):
     assert "params" not in slots[0]  # only with --slots-debug
     models = httpx.get(url + "/v1/models").json()
     assert models["data"][0]["id"] == "demo_model"
+    assert models["models"][0]["capabilities"] == ["completion"]  # no "multimodal": a text model
 
 
 BAD = [

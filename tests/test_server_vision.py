@@ -206,6 +206,35 @@ def test_completion_takes_multimodal_data_at_its_markers(checkpoint, server):
     assert r.json()["tokens_evaluated"] == len(ids)
 
 
+def test_tokenize_apply_template_and_models_show_the_images(checkpoint, server):
+    """/tokenize of a prompt object shows the image's placeholders and where they stand
+    (its id is the digest prefix reuse compares: the same image, the same id);
+    /apply-template keeps the image part as llama-server's marker; /models says
+    "multimodal" as llama-server does."""
+    import httpx
+
+    _, _, tok = checkpoint
+    image_id = tok.token_to_id("<image_soft_token>")
+    data = png(19)[1].split(",", 1)[1]
+    body = {"content": {"prompt_string": "a<__media__>b", "multimodal_data": [data]}, "with_pieces": True}
+    shown = httpx.post(server.url + "/tokenize", json=body).json()
+    (span,) = shown["media"]
+    pieces = shown["tokens"][span["start"] : span["start"] + span["n_tokens"]]
+    assert span["n_tokens"] == PER_IMAGE and {p["id"] for p in pieces} == {image_id}
+    assert {p["piece"] for p in pieces} == {"<image_soft_token>"}
+    assert shown["tokens"][span["start"] - 1]["piece"] == "<start_of_image>"
+    again = httpx.post(server.url + "/tokenize", json={**body, "with_pieces": False}).json()
+    assert again["media"] == shown["media"] and again["tokens"] == [p["id"] for p in shown["tokens"]]
+    other = {"content": {"prompt_string": "a<__media__>b", "multimodal_data": [png(20)[1].split(",", 1)[1]]}}
+    assert httpx.post(server.url + "/tokenize", json=other).json()["media"][0]["id"] != span["id"]
+    assert "media" not in httpx.post(server.url + "/tokenize", json={"content": "a<__media__>b"}).json()
+    content = [{"type": "text", "text": "see "}, {"type": "image_url", "image_url": {"url": png(19)[1]}}]
+    r = httpx.post(server.url + "/apply-template", json={"messages": [{"role": "user", "content": content}]})
+    assert r.json()["prompt"].startswith("user: see <__media__>")
+    models = httpx.get(server.url + "/v1/models").json()
+    assert models["models"][0]["capabilities"] == ["completion", "multimodal"]
+
+
 def test_the_encoders_work_is_counted_in_metrics(server):
     before = metric(server.url, "slotserve_images_encoded_total")
     seconds = metric(server.url, "slotserve_image_encode_seconds_total")

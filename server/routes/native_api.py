@@ -69,12 +69,26 @@ async def completion(body: NativeCompletionRequest, http: HTTPRequest) -> Respon
 
 @router.post("/tokenize", response_model=None, responses=documented(TokenizeResult, 400, 413, 503))
 async def tokenize(body: TokenizeRequest, http: HTTPRequest) -> dict:
-    engine = http.app.state.slotserve.require_ready()
-    ids = await encode(engine, body.content, add_special=body.add_special)
+    """Text -> token ids (with pieces on request). A prompt object with images: the ids
+    /completion would compute, each image's placeholder tokens in place, and ``media``:
+    where each image (each frame of a tiled one) stands, and its id (the digest that
+    prefix reuse compares)."""
+    state = http.app.state.slotserve
+    engine = state.require_ready()
+    media = []
+    if isinstance(body.content, PromptObject) and body.content.multimodal_data:
+        urls = ["data:image;base64," + data for data in body.content.multimodal_data]
+        ids, media = await media_prompt(
+            engine, body.content.prompt_string, urls, "content.multimodal_data", state.settings
+        )
+    else:
+        text = body.content.prompt_string if isinstance(body.content, PromptObject) else body.content
+        ids = await encode(engine, text, add_special=body.add_special)
+    shown = {"media": [{"start": m.start, "n_tokens": m.n_tokens, "id": m.digest} for m in media]} if media else {}
     if not body.with_pieces:
-        return {"tokens": ids}
+        return {"tokens": ids, **shown}
     pieces = await asyncio.to_thread(lambda: [engine.tokenizer.decode([i], skip_special=False) for i in ids])
-    return {"tokens": [{"id": i, "piece": p} for i, p in zip(ids, pieces)]}
+    return {"tokens": [{"id": i, "piece": p} for i, p in zip(ids, pieces)], **shown}
 
 
 @router.post("/detokenize", response_model=None, responses=documented(DetokenizeResult, 400, 413, 503))

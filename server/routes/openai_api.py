@@ -127,4 +127,12 @@ async def models(http: HTTPRequest) -> dict:
         "owned_by": "slotserve",
         "meta": meta,
     }
-    return {"object": "list", "data": [entry]}
+    multimodal = state.engine is not None and state.engine.takes_images
+    native = {  # llama-server's list beside OpenAI's
+        "name": state.settings.model_name,
+        "model": state.settings.model_name,
+        "type": "model",
+        "capabilities": ["completion", "multimodal"] if multimodal else ["completion"],
+        "details": {"format": "gguf" if str(state.settings.model).endswith(".gguf") else "safetensors"},
+    }
+    return {"object": "list", "data": [entry], "models": [native]}

@@ -177,9 +177,18 @@ class ModelCard(_Out):
     meta: dict[str, int]
 
 
+class ModelEntry(_Out):
+    """llama-server's (Ollama-shaped) entry of ``models``: what the model can do."""
+
+    name: str
+    model: str
+    capabilities: list[str]  # "completion", and "multimodal" for a model that takes images
+
+
 class ModelList(_Out):
     object: Literal["list"]
     data: list[ModelCard]
+    models: list[ModelEntry]
 
 
 class NativeCompletion(_Out):
@@ -208,8 +217,15 @@ class TokenPiece(_Out):
     piece: str
 
 
+class MediaSpan(_Out):
+    start: int  # the first placeholder's index in tokens
+    n_tokens: int
+    id: str  # the image's digest (what prefix reuse compares)
+
+
 class TokenizeResult(_Out):
     tokens: list[int] | list[TokenPiece]
+    media: list[MediaSpan] | None = None  # a prompt object with images: where each image (frame) stands
 
 
 class DetokenizeResult(_Out):

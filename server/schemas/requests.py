@@ -331,7 +331,7 @@ class NativeCompletionRequest(SamplingFields):
 
 
 class TokenizeRequest(_Body):
-    content: str
+    content: str | PromptObject  # an object with images: tokenized as /completion computes it (BOS included)
     add_special: bool = False
     with_pieces: bool = False
 
