@@ -174,8 +174,8 @@ class EngineService:
 
     def image_stats(self) -> tuple[int, float]:
         """Images encoded since start, and the seconds the encoder took (a racy read)."""
-        runner = self._engine.runner
-        return runner.n_images_encoded, runner.encode_seconds
+        encoder = self._engine.encoder
+        return encoder.n_images_encoded, encoder.encode_seconds
 
     @property
     def takes_images(self) -> bool:

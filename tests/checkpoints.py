@@ -128,9 +128,10 @@ def spm_corpus() -> list[str]:
     return lines + ["héllo wörld naïve café", "日本語のテキスト 中文 🙂", "Привет мир", "مرحبا ελληνικά"] * 20
 
 
-def write_spm_tokenizer(folder: Path, vocab_size: int = 1000) -> None:
+def write_spm_tokenizer(folder: Path, vocab_size: int = 1000, symbols: tuple[str, ...] = ()) -> None:
     """A SentencePiece BPE (byte fallback, a space prefix, digits split, as llama's) as
-    ``tokenizer.model``, with the tokenizer.json transformers converts it to."""
+    ``tokenizer.model``, with the tokenizer.json transformers converts it to. ``symbols``:
+    user-defined pieces beyond ChatML's two (a model's image markers)."""
     import io
 
     import sentencepiece as spm
@@ -140,8 +141,8 @@ def write_spm_tokenizer(folder: Path, vocab_size: int = 1000) -> None:
     spm.SentencePieceTrainer.train(
         sentence_iterator=iter(spm_corpus()), model_writer=model, model_type="bpe", vocab_size=vocab_size,
         byte_fallback=True, normalization_rule_name="identity", remove_extra_whitespaces=False, split_digits=True,
-        allow_whitespace_only_pieces=True, user_defined_symbols=["<|im_start|>", "<|im_end|>"], unk_id=0, bos_id=1,
-        eos_id=2, pad_id=-1, minloglevel=2, num_threads=1,
+        allow_whitespace_only_pieces=True, user_defined_symbols=["<|im_start|>", "<|im_end|>", *symbols], unk_id=0,
+        bos_id=1, eos_id=2, pad_id=-1, minloglevel=2, num_threads=1,
     )  # fmt: skip
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "tokenizer.model").write_bytes(model.getvalue())
@@ -151,7 +152,7 @@ def write_spm_tokenizer(folder: Path, vocab_size: int = 1000) -> None:
     tok = AutoTokenizer.from_pretrained(folder)  # converted from tokenizer.model (needs protobuf)
     tok.chat_template = "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
     tok.save_pretrained(folder)
-    added = {t: tok.convert_tokens_to_ids(t) for t in ("<|im_start|>", "<|im_end|>")}
+    added = {t: tok.convert_tokens_to_ids(t) for t in ("<|im_start|>", "<|im_end|>", *symbols)}
     (folder / "added_tokens.json").write_text(json.dumps(added))  # as transformers 4 wrote them, for the converter
 
 
@@ -217,6 +218,24 @@ def make_gemma3_vision(folder: Path, image: int, boi: int, eoi: int, per_image: 
             p.add_(torch.randn_like(p) * 0.1)
     model.save_pretrained(folder)
     return model.eval()
+
+
+VISION_TEMPLATE = "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}assistant:"
+
+
+def write_vision_tokenizer(folder: Path) -> tuple[int, int, int, int]:
+    """A byte tokenizer with Gemma 3's image tokens and a chat template (VISION_TEMPLATE)
+    in ``folder``: returns (image, begin-of-image, end-of-image ids, vocabulary size)."""
+    from tokenizers import Tokenizer
+
+    folder.mkdir(parents=True, exist_ok=True)
+    write_byte_tokenizer(folder)
+    tok = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    tok.add_special_tokens(["<start_of_image>", "<image_soft_token>", "<end_of_image>", "<pad1>", "<pad2>"])
+    tok.save(str(folder / "tokenizer.json"))
+    (folder / "tokenizer_config.json").write_text(json.dumps({"chat_template": VISION_TEMPLATE}))
+    image, boi, eoi = (tok.token_to_id(t) for t in ("<image_soft_token>", "<start_of_image>", "<end_of_image>"))
+    return image, boi, eoi, tok.get_vocab_size()
 
 
 SMOLVLM_TOKENS = ["<fake_token_around_image>", "<global-img>", "<image>", "<end_of_utterance>"] + [

@@ -9,16 +9,15 @@ from __future__ import annotations
 
 import base64
 import io
-import json
 
 import numpy as np
 import pytest
 import torch
-from checkpoints import make_gemma3_vision, write_byte_tokenizer
+from checkpoints import VISION_TEMPLATE as TEMPLATE
+from checkpoints import make_gemma3_vision, write_vision_tokenizer
 from server_proc import ServerProcess, metric
 
 PER_IMAGE = 4
-TEMPLATE = "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}assistant:"
 
 
 @pytest.fixture(scope="module")
@@ -26,18 +25,12 @@ def checkpoint(tmp_path_factory):
     from tokenizers import Tokenizer
 
     folder = tmp_path_factory.mktemp("gemma3") / "m"
-    folder.mkdir()
-    write_byte_tokenizer(folder)
-    tok = Tokenizer.from_file(str(folder / "tokenizer.json"))
-    tok.add_special_tokens(["<start_of_image>", "<image_soft_token>", "<end_of_image>", "<pad1>", "<pad2>"])
-    tok.save(str(folder / "tokenizer.json"))
-    (folder / "tokenizer_config.json").write_text(json.dumps({"chat_template": TEMPLATE}))
-    boi, image, eoi = (tok.token_to_id(t) for t in ("<start_of_image>", "<image_soft_token>", "<end_of_image>"))
+    image, boi, eoi, vocab = write_vision_tokenizer(folder)
     model = make_gemma3_vision(
-        folder, image, boi, eoi, PER_IMAGE, vocab_size=tok.get_vocab_size(), sliding_window=16, eos_token_id=None,
+        folder, image, boi, eoi, PER_IMAGE, vocab_size=vocab, sliding_window=16, eos_token_id=None,
         bos_token_id=None, pad_token_id=0,
     )  # fmt: skip
-    return folder, model, tok
+    return folder, model, Tokenizer.from_file(str(folder / "tokenizer.json"))
 
 
 @pytest.fixture(scope="module")

@@ -116,11 +116,15 @@ def test_the_image_block_is_bidirectional(gemma3, engine):
 
 
 def test_a_chunk_never_cuts_an_image():
-    item = MediaItem(start=4, n_tokens=4, digest="x", pixels=None)
+    item = MediaItem(start=4, n_tokens=4, digest="x", pixels=None, features=torch.zeros(4, 8))
     assert split_point([item], 0, 6) == 4  # ends before the image
     assert split_point([item], 4, 2) == 4  # starts it: the whole image, past the budget
     assert split_point([item], 0, 8) == 8  # holds it whole
     assert split_point([item], 8, 3) == 3  # after it
+    pending = MediaItem(start=4, n_tokens=4, digest="y", pixels=torch.zeros(3, 2, 2))  # not encoded yet
+    assert split_point([pending], 0, 8) == 4  # the text before it only
+    assert split_point([pending], 4, 8) == 0  # nothing: the chunk would start with it
+    assert split_point([pending], 8, 3) == 3
 
 
 def test_images_on_a_text_model_are_refused(tmp_path):
@@ -174,3 +178,33 @@ def test_a_sequence_with_an_image_ends_at_its_context_instead_of_shifting(gemma3
         assert all(e.error is None for e in engine.step())
     assert with_image.finish_reason.value == "length" and len(with_image.tokens) == engine.n_ctx_seq
     assert len(text.output_ids) == 60 and text.n_shifted > 0
+
+
+def test_an_image_is_encoded_in_pieces_while_others_decode(gemma3, engine):
+    """With an encoder budget of one stage a step, the image's three stages (embeddings,
+    two layers and the projector) take three steps; the decoding sequence beside it gets
+    a token in every one of them, and the image's answer is still transformers'."""
+    engine.memory.seq_rm(0), engine.memory.seq_rm(1)
+    talker = engine.add_sequence([5, 6, 7], SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True), 0)
+    while not talker.output_ids:
+        engine.step()
+    ids, starts = prompt([70, 71], None, [72])
+    pixels = torch.randn(1, 3, 28, 28, generator=torch.Generator().manual_seed(6))
+    expect, _ = reference(gemma3[1], ids, pixels)
+    media = [MediaItem.image(starts[0], PER_IMAGE, pixels[0])]
+    params = SamplingParams(temperature=0.0, max_tokens=N_NEW, ignore_eos=True)
+    budget, engine.encoder.chunk_flops = engine.encoder.chunk_flops, 1  # one stage a step
+    try:
+        seq = engine.add_sequence(ids, params, 1, media=media)
+        stages = []
+        while media[0].features is None:
+            n = len(talker.output_ids)
+            engine.step()
+            stages.append(media[0].stage)
+            assert len(talker.output_ids) == n + 1  # the talker's token came in this step too
+        assert stages == [1, 2, 3]
+        while engine.has_work:
+            engine.step()
+    finally:
+        engine.encoder.chunk_flops = budget
+    assert seq.output_ids == expect

@@ -7,6 +7,7 @@
 #
 #   bash bench/llamacpp_tests/run.sh                       # the issue's target files
 #   FILES="unit/test_basic.py unit/test_metrics.py" bash bench/llamacpp_tests/run.sh
+#   FILES=unit/test_vision_api.py bash bench/llamacpp_tests/run.sh   # images (a tiny random Gemma 3)
 # Results: bench/results/llamacpp-tests-<date>/ (junit XML per file, summary.txt).
 set -euo pipefail
 
@@ -31,6 +32,13 @@ if [ ! -f "$FIM/tokenizer.json" ]; then
 from checkpoints import add_fim_tokens, make_checkpoint; add_fim_tokens(make_checkpoint(Path('$FIM'), 'llama'))"
 fi
 
+VISION="$CACHE/vision-model"  # unit/test_vision_api.py's tinygemma3: a tiny random Gemma 3 with images
+if [ ! -f "$VISION/model.safetensors" ]; then
+  "$PY" -c "import sys; sys.path.insert(0, '$ROOT/tests'); from pathlib import Path; \
+from checkpoints import write_vision_tokenizer, make_gemma3_vision; f = Path('$VISION'); \
+*ids, vocab = write_vision_tokenizer(f); make_gemma3_vision(f, *ids, vocab_size=vocab, eos_token_id=None, bos_token_id=None, pad_token_id=0)"
+fi
+
 GGUF="$CACHE/demo/demo.gguf"  # the demo model as a GGUF file, as the tests' presets are (bench/spec_peer.sh writes it)
 if [ ! -f "$GGUF" ] && [ -x "$CACHE/venv/bin/python" ]; then
   mkdir -p "$CACHE/demo" && "$CACHE/venv/bin/python" "$ROOT/bench/gguf_export.py" "$ROOT/engine/demo_model" "$GGUF"
@@ -42,7 +50,7 @@ cd "$TESTS"
 for f in $FILES; do
   name=$(basename "$f" .py)
   set +e
-  SHIM_MODEL="$GGUF" SHIM_FIM_MODEL="$FIM" LLAMA_SERVER_BIN_PATH="$ROOT/bench/llamacpp_tests/llama-server" PYTHONPATH="$ROOT" \
+  SHIM_MODEL="$GGUF" SHIM_FIM_MODEL="$FIM" SHIM_VISION_MODEL="$VISION" LLAMA_SERVER_BIN_PATH="$ROOT/bench/llamacpp_tests/llama-server" PYTHONPATH="$ROOT" \
     "$PY" -m pytest -q -p no:cacheprovider "$f" --junitxml="$OUT/$name.xml" -o junit_family=xunit1 \
     > "$OUT/$name.log" 2>&1
   set -e

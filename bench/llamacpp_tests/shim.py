@@ -15,6 +15,7 @@ from engine import DEMO_MODEL
 
 MODELS = {  # a preset's repository or file (a substring) -> the local checkpoint (else SHIM_MODEL: the demo model)
     "stories260K-infill": os.environ.get("SHIM_FIM_MODEL", str(DEMO_MODEL)),  # a tokenizer with FIM tokens
+    "tinygemma3": os.environ.get("SHIM_VISION_MODEL", str(DEMO_MODEL)),  # a Gemma 3 that takes images
 }
 VALUELESS = {"--offline", "--cont-batching", "--no-mmproj", "--no-models-autoload",
              "--backend_sampling", "--reranking"}  # fmt: skip

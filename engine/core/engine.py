@@ -24,6 +24,7 @@ from engine.core.cuda_graphs import GraphLadder
 from engine.core.device_memory import gpu_sized
 from engine.core.draft_model import DraftModel
 from engine.core.media import MediaItem
+from engine.core.media_encoder import MediaEncoder
 from engine.core.planner import Chunk, plan_step
 from engine.core.pooling import Pooler, Pooling
 from engine.core.runner import ModelRunner
@@ -118,6 +119,7 @@ class Engine(TokenAcceptance, ContextShift):
                 "(sliding-window layers: add --swa-full)"
             )
         self.runner = ModelRunner(self.model, self.memory, self.device, self.lora)
+        self.encoder = MediaEncoder(self.model, self.device, config.max_batch_tokens)  # images, between steps
         self.static = self._static_decode()  # decode steps through static buffers (and graphs), or None
         self.running: list[Sequence] = []
         self.last_step_decode_only = False  # whether the last step's plan was one token per sequence
@@ -325,6 +327,7 @@ class Engine(TokenAcceptance, ContextShift):
         at one sequence's door: it raises ``StepFailed`` naming every planned sequence,
         which leave the running set."""
         faults = self._shift_full_contexts()
+        faults += [self._fault(seq, exc) for seq, exc in self.encoder.advance(self.running)]
         self.speculation.propose(self.running, self.n_ctx_seq, self.memory.cuts_anywhere)
         plan = self._plan(faults)
         if faults or not plan:

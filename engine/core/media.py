@@ -23,6 +23,8 @@ class MediaItem:
     digest: str
     pixels: torch.Tensor | None  # [C, H, W] preprocessed, until encoded
     features: torch.Tensor | None = None  # [n_tokens, hidden] once encoded
+    stage: int = 0  # encoder stages done (engine/core/media_encoder.py)
+    state: torch.Tensor | None = None  # the encoder's output after ``stage`` stages, while under way
 
     @classmethod
     def image(cls, start: int, n_tokens: int, pixels: torch.Tensor) -> MediaItem:
@@ -35,26 +37,14 @@ class MediaItem:
         return self.start + self.n_tokens
 
 
-def encode_pending(model, items: list[MediaItem], device: torch.device, dtype: torch.dtype) -> int:
-    """Encode every item without features, in one batch (images of one size); returns
-    how many it encoded."""
-    todo = [m for m in items if m.features is None]
-    if not todo:
-        return 0
-    pixels = torch.stack([m.pixels for m in todo]).to(device, dtype)  # [N, C, H, W]
-    tokens = model.encode_images(pixels)  # [N, n_tokens, hidden]
-    for m, t in zip(todo, tokens):
-        if t.shape[0] != m.n_tokens:
-            raise ValueError(f"the image encodes to {t.shape[0]} tokens, its placeholders are {m.n_tokens}")
-        m.features, m.pixels = t, None
-    return len(todo)
-
-
 def split_point(items: list[MediaItem], start: int, n: int) -> int:
-    """Tokens of a chunk [start, start + n) to compute so that no image is cut: the chunk
-    ends before an image it would cut, unless that image starts the chunk (it then runs
-    whole, past the budget)."""
+    """Tokens of a chunk [start, start + n) to compute so that no image is cut and none
+    runs before it is encoded: the chunk ends before an image it would cut or that has
+    no features yet (0: the chunk would start with it), unless an encoded image starts
+    the chunk (it then runs whole, past the budget)."""
     for m in items:
+        if start < m.end and m.start < start + n and m.features is None:
+            return max(0, m.start - start)
         if start < m.end and m.start < start + n < m.end:  # the chunk's end falls inside m
             return m.end - start if m.start <= start else m.start - start
     return n

@@ -35,8 +35,10 @@ def plan_step(running: list[Sequence], budget: int, align: int | None = None) ->
             n = min(seq.n_pending, budget)
             if align:
                 n = min(n, align - seq.n_computed % align)
-            if seq.media:  # an image's positions run in one forward (engine/core/media.py)
+            if seq.media:  # an image's positions run in one forward, once encoded (engine/core/media.py)
                 n = split_point(seq.media, seq.n_computed, n)
+                if n == 0:  # its next image is still being encoded
+                    continue
             plan.append(_chunk(seq, n))
             budget -= n
     return plan

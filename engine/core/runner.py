@@ -3,11 +3,8 @@ the hidden states embedding sequences pool, engine/core/pooling.py)."""
 
 from __future__ import annotations
 
-import time
-
 import torch
 
-from engine.core.media import encode_pending
 from engine.core.planner import Chunk
 from engine.kernels.lora_linear import LoRAState
 from engine.models.base import DecoderLM
@@ -20,7 +17,6 @@ class ModelRunner:
         self.memory = memory
         self.device = device
         self.lora = lora
-        self.n_images_encoded, self.encode_seconds = 0, 0.0  # the image encoder's work (/metrics)
 
     @torch.inference_mode()
     def run(self, plan: list[Chunk]) -> torch.Tensor:
@@ -80,7 +76,7 @@ class ModelRunner:
         return logits
 
     def _media(self, plan: list[Chunk]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
-        """The images this step computes (encoded first, in one batch): their rows of the
+        """The images this step computes (encoded: engine/core/media_encoder.py): their rows of the
         flat batch [M], their tokens [M, hidden], and every row's last visible position [T]
         (an image's rows see its last position where the model attends both ways within
         an image; None where it is causal)."""
@@ -93,13 +89,8 @@ class ModelRunner:
             row += chunk.n_tokens
         if not items:
             return None
-        t0 = time.perf_counter()
-        n = encode_pending(self.model, [m for _, m in items], self.device, next(self.model.parameters()).dtype)
-        if n:
-            self.n_images_encoded, self.encode_seconds = (
-                self.n_images_encoded + n,
-                self.encode_seconds + time.perf_counter() - t0,
-            )
+        if any(m.features is None for _, m in items):  # the planner runs encoded images only
+            raise ValueError("an image in the step is not encoded")
         visible = None
         if self.model.media_bidirectional:
             visible = torch.cat([torch.arange(c.seq.n_computed, c.seq.n_computed + c.n_tokens) for c in plan])  # [T]

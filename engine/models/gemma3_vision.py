@@ -76,6 +76,14 @@ class Gemma3ForConditionalGeneration(Gemma3ForCausalLM):
         """pixels [N, C, H, W] (preprocessed) -> image tokens [N, tokens_per_image, hidden]."""
         return self.multi_modal_projector(self.vision_tower(pixels))
 
+    @property
+    def encoder(self) -> SiglipVision:
+        return self.vision_tower
+
+    def encode_end(self, x: torch.Tensor) -> torch.Tensor:
+        """The encoder's last stage's output [N, P, Dv] -> image tokens [N, T, hidden]."""
+        return self.multi_modal_projector(self.vision_tower.post_layernorm(x))
+
     def _target(self, name: str) -> tuple[str, int | None]:
         """The encoder's q/k/v stay separate (only the language model's are fused)."""
         if name.startswith(("vision_tower.", "multi_modal_projector.")):

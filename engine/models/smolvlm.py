@@ -78,6 +78,14 @@ class SmolVLMForConditionalGeneration(LlamaForCausalLM):
         """Frames [N, C, side*patch, side*patch] (preprocessed) -> [N, tokens_per_image, hidden]."""
         return self.connector(self.vision_model(pixels))
 
+    @property
+    def encoder(self) -> SiglipVision:
+        return self.vision_model
+
+    def encode_end(self, x: torch.Tensor) -> torch.Tensor:
+        """The encoder's last stage's output [N, P, Dv] -> frame tokens [N, T, hidden]."""
+        return self.connector(self.vision_model.post_layernorm(x))
+
     def _target(self, name: str) -> tuple[str, int | None]:
         """The encoder's q/k/v stay separate (only the language model's are fused)."""
         if name.startswith(("vision_model.", "connector.")):

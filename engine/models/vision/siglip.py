@@ -127,9 +127,27 @@ class SiglipVision(nn.Module):
         self.encoder.layers = nn.ModuleList(_Layer(c) for _ in range(c.n_layers))
         self.post_layernorm = nn.LayerNorm(c.hidden_size, eps=c.eps)
 
+    @property
+    def n_stages(self) -> int:
+        """The encoder in resumable pieces: the embeddings, then each layer."""
+        return 1 + len(self.encoder.layers)
+
+    def stage(self, i: int, x: torch.Tensor) -> torch.Tensor:
+        """Stage ``i``: pixels [N, C, H, W] -> [N, P, hidden] (i = 0), or one layer."""
+        return self.embeddings(x) if i == 0 else self.encoder.layers[i - 1](x)
+
+    def stage_flops(self, n_patches: int) -> int:
+        """About the multiply-adds x 2 of one layer over one image's patches (the costliest
+        stage): the projections and MLP, and attention's two products."""
+        c = self.config
+        return (
+            2 * n_patches * (4 * c.hidden_size**2 + 2 * c.hidden_size * c.intermediate_size)
+            + 4 * n_patches**2 * c.hidden_size
+        )
+
     def forward(self, pixels: torch.Tensor) -> torch.Tensor:
         """pixels [N, C, image_size, image_size] -> last hidden states [N, P, hidden]."""
-        x = self.embeddings(pixels)
-        for layer in self.encoder.layers:
-            x = layer(x)
+        x = pixels
+        for i in range(self.n_stages):
+            x = self.stage(i, x)
         return self.post_layernorm(x)
