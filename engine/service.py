@@ -194,12 +194,12 @@ class EngineService:
                 decoded.append(decode_image(data))
             except BadImage as exc:
                 raise BadImage(f"image {i}: {exc}") from None
-        expanded, frames = expand(self._image_prompts, text, decoded, marker)
+        layout = self._image_prompts
+        expanded, frames = expand(layout, text, decoded, marker)
         ids = self._engine.tokenizer.encode(expanded, add_special=True)
-        starts = placeholder_starts(ids, spec.image_token_id, spec.tokens_per_image)
-        if len(starts) != len(frames):
-            raise ValueError("the prompt's text holds image tokens of its own")
-        return ids, [MediaItem.image(s, spec.tokens_per_image, p) for s, p in zip(starts, frames)]
+        shapes = [layout.placeholders(f) for f in frames]  # (tokens, grid) of each frame
+        starts = placeholder_starts(ids, spec.image_token_id, [n for n, _ in shapes])
+        return ids, [MediaItem.image(s, n, f, grid) for s, (n, grid), f in zip(starts, shapes, frames)]
 
     @property
     def _lowest_token(self) -> int:

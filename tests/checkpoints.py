@@ -280,6 +280,50 @@ def make_smolvlm(folder: Path, arch: str = "SmolVLM", **text):
     return model.eval(), tok
 
 
+QWEN_VL_TOKENS = ["<|vision_start|>", "<|image_pad|>", "<|vision_end|>"]
+
+
+def make_qwen2_5_vl(folder: Path, **text):
+    """A tiny random Qwen2.5-VL with a byte tokenizer that knows its image tokens
+    (QWEN_VL_TOKENS) and a preprocessor_config.json: a 2-block vision transformer (the
+    first windowed, 2 x 2 tokens a window; the second whole), 14-pixel patches, images
+    of 56 x 56 to 112 x 112 pixels (4 to 16 tokens); a 2-layer Qwen2 with M-RoPE
+    sections (2, 3, 3). Every parameter moved off its init; returns (model (eval),
+    tokenizer)."""
+    import transformers
+    from tokenizers import Tokenizer
+
+    folder.mkdir(parents=True, exist_ok=True)
+    write_byte_tokenizer(folder)
+    tok = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    tok.add_special_tokens(QWEN_VL_TOKENS)
+    tok.save(str(folder / "tokenizer.json"))
+    start, image, end = (tok.token_to_id(t) for t in QWEN_VL_TOKENS)
+    text = dict(
+        vocab_size=tok.get_vocab_size(), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024, eos_token_id=None,
+        bos_token_id=None, pad_token_id=0,
+        rope_parameters={"rope_type": "default", "mrope_section": [2, 3, 3], "rope_theta": 10000.0},
+    ) | text  # fmt: skip
+    vision = dict(depth=2, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=text["hidden_size"],
+                  patch_size=14, spatial_merge_size=2, temporal_patch_size=2, window_size=56,
+                  fullatt_block_indexes=[1])  # fmt: skip
+    config = transformers.Qwen2_5_VLConfig(
+        text_config=text, vision_config=vision, image_token_id=image, vision_start_token_id=start,
+        vision_end_token_id=end,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    model = transformers.Qwen2_5_VLForConditionalGeneration(config)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.1)
+    model.save_pretrained(folder)
+    processor = {"image_processor_type": "Qwen2VLImageProcessor", "min_pixels": 56 * 56, "max_pixels": 112 * 112,
+                 "patch_size": 14, "merge_size": 2, "temporal_patch_size": 2}  # fmt: skip
+    (folder / "preprocessor_config.json").write_text(json.dumps(processor))
+    return model.eval(), tok
+
+
 FIM_TOKENS = ["<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>", "<|repo_name|>", "<|file_sep|>"]
 
 

@@ -61,7 +61,7 @@ def prompt_ids(smolvlm, text: str, images: list) -> tuple[list[int], list[MediaI
     expanded, frames = expand(layout(folder), text, images, "<__media__>")
     ids = tok.encode(expanded).ids
     image_id = tok.token_to_id("<image>")
-    starts = placeholder_starts(ids, image_id, PER_FRAME)
+    starts = placeholder_starts(ids, image_id, [PER_FRAME] * len(frames))
     assert len(starts) == len(frames)
     return ids, [MediaItem.image(s, PER_FRAME, f) for s, f in zip(starts, frames)], torch.stack(frames)[None]
 

@@ -243,8 +243,9 @@ class Engine(TokenAcceptance, ContextShift):
             raise ValueError(f"this model ({self.model_config.architecture}) takes no images")
         end = 0
         for m in media:
-            if m.start < end or m.end > len(prompt_ids) or m.n_tokens != spec.tokens_per_image:
-                raise ValueError(f"an image at {m.start} does not fit its prompt ({spec.tokens_per_image} positions)")
+            fixed = spec.tokens_per_image  # 0: the count follows the image (checked when encoded)
+            if m.start < end or m.end > len(prompt_ids) or (fixed and m.n_tokens != fixed) or m.n_tokens < 1:
+                raise ValueError(f"an image at {m.start} does not fit its prompt ({m.n_tokens} positions)")
             if any(t != spec.image_token_id for t in prompt_ids[m.start : m.end]):
                 raise ValueError(f"the prompt holds no image placeholders at {m.start}..{m.end - 1}")
             end = m.end

@@ -25,11 +25,14 @@ class MediaItem:
     features: torch.Tensor | None = None  # [n_tokens, hidden] once encoded
     stage: int = 0  # encoder stages done (engine/core/media_encoder.py)
     state: torch.Tensor | None = None  # the encoder's output after ``stage`` stages, while under way
+    grid: tuple[int, int] | None = None  # (rows, cols) of its tokens, where positions follow them (M-RoPE)
 
     @classmethod
-    def image(cls, start: int, n_tokens: int, pixels: torch.Tensor) -> MediaItem:
+    def image(cls, start: int, n_tokens: int, pixels: torch.Tensor, grid: tuple[int, int] | None = None) -> MediaItem:
         digest = hashlib.sha256(pixels.detach().float().cpu().contiguous().numpy().tobytes()).hexdigest()
-        return cls(start, n_tokens, digest, pixels)
+        if grid is not None:  # the same pixels in another grid are another image
+            digest = hashlib.sha256(f"{digest}:{grid}".encode()).hexdigest()
+        return cls(start, n_tokens, digest, pixels, grid=grid)
 
     @property
     def end(self) -> int:
@@ -48,6 +51,28 @@ def split_point(items: list[MediaItem], start: int, n: int) -> int:
         if start < m.end and m.start < start + n < m.end:  # the chunk's end falls inside m
             return m.end - start if m.start <= start else m.start - start
     return n
+
+
+def mrope_positions(media: list[MediaItem], start: int, n: int) -> torch.Tensor:
+    """Rotary positions [3, n] (time, height, width) of a sequence's tokens start ..
+    start + n - 1 (Qwen2-VL's M-RoPE): text at its index less what the images before it
+    saved (an image of rows x cols tokens advances the position by max(rows, cols), not
+    by its count); an image's token at (r, c) of its grid has (b, b + r, b + c), b the
+    position of its first token."""
+    index = torch.arange(start, start + n)  # [n]
+    pos = index.expand(3, n).clone()  # [3, n]
+    saved = 0  # positions the images so far did not take
+    for m in sorted(media, key=lambda m: m.start):
+        rows, cols = m.grid if m.grid is not None else (1, m.n_tokens)
+        base = m.start - saved
+        inside = (index >= m.start) & (index < m.end)  # [n]
+        j = index[inside] - m.start
+        pos[0, inside] = base
+        pos[1, inside] = base + j // cols
+        pos[2, inside] = base + j % cols
+        saved += m.n_tokens - max(rows, cols)
+        pos[:, index >= m.end] -= m.n_tokens - max(rows, cols)
+    return pos
 
 
 KEY_MIN = -(16**15)  # the lowest key an image's placeholders get (slot files and disk entries may hold keys)

@@ -62,11 +62,11 @@ class MediaEncoder:
         t0 = time.perf_counter()
         encoder, i = self.model.encoder, group[0].stage
         if i == 0:
-            x = torch.stack([m.pixels for m in group]).to(self.device, self.dtype)  # [N, C, H, W]
+            x = torch.stack([m.pixels for m in group]).to(self.device, self.dtype)  # [N, C, H, W] (or patches)
         else:
-            x = torch.stack([m.state for m in group])  # [N, P, Dv]
-        out = encoder.stage(i, x)  # [N, P, Dv]
-        n_patches = out.shape[1]
+            x = torch.stack([m.state for m in group])  # [N, P, Dv] (or [N, *grid, Dv])
+        out = encoder.stage(i, x)  # [N, P, Dv] (or the encoder's grid of patches)
+        flops = len(group) * encoder.stage_flops(out)
         done = i + 1 == encoder.n_stages
         if done:
             out = self.model.encode_end(out)  # [N, n_tokens, hidden]
@@ -81,4 +81,4 @@ class MediaEncoder:
                 m.state = t
         self.encode_seconds += time.perf_counter() - t0
         self.n_images_encoded += len(group) if done else 0
-        return len(group) * encoder.stage_flops(n_patches)
+        return flops

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import torch
 
+from engine.core.media import mrope_positions
 from engine.core.planner import Chunk
 from engine.kernels.lora_linear import LoRAState
 from engine.models.base import DecoderLM
@@ -46,6 +47,9 @@ class ModelRunner:
         self._set_lora(plan, len(ids))
         try:
             extra = {"media": (media[0].to(self.device), media[1])} if media is not None else {}
+            if getattr(self.model, "mrope", False) and any(c.seq.media for c in plan):  # rotary positions [3, T]
+                rope = [mrope_positions(c.seq.media, c.seq.n_computed, c.n_tokens) for c in plan]
+                extra["rope_positions"] = torch.cat(rope, dim=1).to(self.device)
             hidden = self.model.hidden(
                 torch.tensor(ids, device=self.device),
                 pos.to(self.device),

@@ -118,6 +118,8 @@ def _rope_local(raw: dict, path: Path) -> RopeConfig | None:
 
 def _rope_of(params: dict, path: Path) -> RopeConfig:
     rope_type = params.get("rope_type") or params.get("type") or "default"
+    if rope_type == "mrope":  # transformers 4's Qwen2-VL: default frequencies, split by mrope_section
+        rope_type = "default"
     if rope_type not in ROPE_TYPES:
         raise CheckpointError(
             f"{path}: field 'rope_scaling.rope_type' is '{rope_type}'; supported: {', '.join(ROPE_TYPES)}"
@@ -171,7 +173,10 @@ def _ffn(value: Any) -> int:
 
 def _tokens_per_image(raw: dict) -> int:
     """Positions one image (one frame of a tiled image) takes: Gemma 3's
-    ``mm_tokens_per_image``; SmolVLM / Idefics3's patch grid folded by ``scale_factor``."""
+    ``mm_tokens_per_image``; SmolVLM / Idefics3's patch grid folded by ``scale_factor``;
+    0 where it follows the image's size (Qwen2.5-VL)."""
+    if raw.get("model_type") in VARIABLE_IMAGE_TYPES:
+        return 0
     if "scale_factor" in raw:
         vision = raw["vision_config"]
         side = int(vision.get("image_size", 224)) // int(vision.get("patch_size", 16))
@@ -179,9 +184,15 @@ def _tokens_per_image(raw: dict) -> int:
     return int(raw.get("mm_tokens_per_image", 256))
 
 
+VARIABLE_IMAGE_TYPES = ("qwen2_5_vl",)  # an image's token count follows its size
+
+
 def _media_config(raw: dict, path: Path) -> ModelConfig:
     """A vision-language checkpoint: its language model's config (``text_config``, with
-    the outer architecture, ties and ids where the inner one is silent) plus MediaConfig."""
+    the outer architecture, ties and ids where the inner one is silent) plus MediaConfig.
+    transformers 4's Qwen2.5-VL keeps the language model's fields at the top level."""
+    if "text_config" not in raw:
+        raw = raw | {"text_config": {k: v for k, v in raw.items() if k != "vision_config"}}
     text = raw["text_config"]
     if not isinstance(text, dict) or not isinstance(raw["vision_config"], dict):
         raise CheckpointError(f"{path}: fields 'text_config' and 'vision_config' must be JSON objects")
@@ -191,8 +202,8 @@ def _media_config(raw: dict, path: Path) -> ModelConfig:
     media = MediaConfig(
         vision=raw["vision_config"],
         image_token_id=int(raw.get("image_token_id", raw.get("image_token_index", 0))),
-        boi_token_id=raw.get("boi_token_id", raw.get("boi_token_index")),
-        eoi_token_id=raw.get("eoi_token_id", raw.get("eoi_token_index")),
+        boi_token_id=raw.get("boi_token_id", raw.get("boi_token_index", raw.get("vision_start_token_id"))),
+        eoi_token_id=raw.get("eoi_token_id", raw.get("eoi_token_index", raw.get("vision_end_token_id"))),
         tokens_per_image=_tokens_per_image(raw),
     )
     merged = {k: v for k, v in raw.items() if k != "text_config"} | text  # the model reads text fields from raw
@@ -203,7 +214,7 @@ def _media_config(raw: dict, path: Path) -> ModelConfig:
 def parse_model_config(raw: dict, path: Path) -> ModelConfig:
     if not isinstance(raw, dict):
         raise CheckpointError(f"{path}: expected a JSON object")
-    if "text_config" in raw and "vision_config" in raw:
+    if "vision_config" in raw and ("text_config" in raw or raw.get("model_type") in VARIABLE_IMAGE_TYPES):
         return _media_config(raw, path)
     archs = raw.get("architectures") or []
     arch = archs[0] if archs else str(raw.get("model_type", ""))

@@ -14,6 +14,7 @@ from engine.models.llama import LlamaForCausalLM
 from engine.models.mamba2 import Mamba2ForCausalLM
 from engine.models.mistral import MistralForCausalLM
 from engine.models.qwen2 import Qwen2ForCausalLM
+from engine.models.qwen2_5_vl import Qwen2_5_VLForConditionalGeneration
 from engine.models.qwen3 import Qwen3ForCausalLM
 from engine.models.smolvlm import Idefics3ForConditionalGeneration, SmolVLMForConditionalGeneration
 
@@ -34,6 +35,7 @@ MODELS: dict[str, type[DecoderLM]] = {
         JambaForCausalLM,
         SmolVLMForConditionalGeneration,
         Idefics3ForConditionalGeneration,
+        Qwen2_5_VLForConditionalGeneration,
     )
 }
 MODEL_TYPES = {  # config.json's model_type -> the class name

@@ -84,6 +84,15 @@ class Rotary(torch.nn.Module):
         cos, sin = freqs.cos() * scale, freqs.sin() * scale  # [T, D/2]
         return torch.cat((cos, cos), dim=-1)[:, None, :], torch.cat((-sin, sin), dim=-1)[:, None, :]
 
+    def cos_sin_sections(self, positions: torch.Tensor, sections: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Multimodal rotary (Qwen2-VL's M-RoPE): positions [3, T] (time, height, width);
+        the rotary frequencies split into ``sections`` (summing to D/2), section k taking
+        its angles from stream k % 3 -> cos, sin [T, 1, D] as ``cos_sin``'s."""
+        freqs = positions.float()[..., None] * self.inv_freq  # [3, T, D/2]
+        freqs = torch.cat([part[k % 3] for k, part in enumerate(freqs.split(sections, dim=-1))], dim=-1)  # [T, D/2]
+        cos, sin = freqs.cos() * self.attention_scaling, freqs.sin() * self.attention_scaling
+        return torch.cat((cos, cos), dim=-1)[:, None, :], torch.cat((-sin, sin), dim=-1)[:, None, :]
+
 
 def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """x: [T, heads, D]; cos, sin from ``Rotary.cos_sin`` -> rotated x (same dtype as x).

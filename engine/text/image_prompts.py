@@ -6,6 +6,8 @@ and pixels equal theirs (tests/test_vision.py, tests/test_smolvlm.py).
 
 - Gemma 3: one frame, the image squashed to the encoder's square; the text is a blank
   line, begin-of-image, the image tokens, end-of-image, a blank line.
+- Qwen2.5-VL: the image resized to multiples of 28 pixels within a pixel budget, its
+  14-pixel patches block-major (QwenImages); its token count follows its size.
 - SmolVLM / Idefics3: the image resized so its longest edge is ``size.longest_edge``,
   then up to multiples of the encoder's side and cut into side x side tiles, row by row,
   plus the whole image squashed to one tile (an image no larger than a tile: that one
@@ -33,10 +35,15 @@ MAX_SIDE = 4096  # transformers' absolute cap on a resized image's edge (Idefics
 class Gemma3Images:
     settings: ImageSettings
     text: str  # the text of one image
+    n_tokens: int
 
     def frames(self, image) -> tuple[list[torch.Tensor], str]:
         """An RGB PIL image -> ([C, H, W] frames, the text that stands for it)."""
         return [pixels(image, self.settings)], self.text
+
+    def placeholders(self, frame: torch.Tensor) -> tuple[int, None]:
+        """A frame's image tokens, and its grid where positions follow it (none here)."""
+        return self.n_tokens, None
 
 
 def _longest_edge(height: int, width: int, longest: int) -> tuple[int, int]:
@@ -123,6 +130,9 @@ class SmolVLMImages:
         tiles.append(image.resize((side, side), resample=self.resample))
         return [normalized(t, self.rescale, self.mean, self.std) for t in tiles], self._text(rows, cols)
 
+    def placeholders(self, frame: torch.Tensor) -> tuple[int, None]:
+        return self.n_tokens, None
+
     def _text(self, rows: int, cols: int) -> str:
         run = self.image_token * self.n_tokens
         whole = f"{self.fake_token}{self.global_token}{run}{self.fake_token}"
@@ -136,12 +146,14 @@ class SmolVLMImages:
 
 def gemma3_images(settings: ImageSettings, hf_tokenizer, spec) -> Gemma3Images:
     text = image_text(hf_tokenizer, spec.image_token_id, spec.boi_token_id, spec.eoi_token_id, spec.tokens_per_image)
-    return Gemma3Images(settings, text)
+    return Gemma3Images(settings, text, spec.tokens_per_image)
 
 
-def image_prompts(model_type: str, folder: Path | None, hf_tokenizer, spec) -> Gemma3Images | SmolVLMImages:
+def image_prompts(model_type: str, folder: Path | None, hf_tokenizer, spec):
     """The family's image layout for a checkpoint (``spec``: its MediaConfig; ``folder``:
-    where its preprocessor_config.json may be)."""
+    where its preprocessor_config.json may be): Gemma3Images, SmolVLMImages or QwenImages."""
+    if model_type == "qwen2_5_vl":
+        return QwenImages.of_checkpoint(folder, spec.vision, hf_tokenizer, spec)
     if model_type in ("smolvlm", "idefics3"):
         return SmolVLMImages.of_checkpoint(folder, spec.vision, spec.tokens_per_image)
     settings = ImageSettings.of_checkpoint(folder, int(spec.vision.get("image_size", 224)))
@@ -163,3 +175,85 @@ def expand(layout, text: str, images: list, marker: str) -> tuple[str, list[torc
         frames += image_frames
         out += [its_text, piece]
     return "".join(out), frames
+
+
+OPENAI_CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
+OPENAI_CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
+BICUBIC = 3  # PIL's
+
+
+def smart_resize(height: int, width: int, factor: int, min_pixels: int, max_pixels: int) -> tuple[int, int]:
+    """Qwen2-VL's size rule: both edges multiples of ``factor``, the area within
+    [min_pixels, max_pixels], the aspect ratio kept as closely as that allows."""
+    if max(height, width) / min(height, width) > 200:
+        raise ValueError(f"the image's aspect ratio is over 200 ({width} x {height})")
+    h, w = round(height / factor) * factor, round(width / factor) * factor
+    if h * w > max_pixels:
+        beta = math.sqrt(height * width / max_pixels)
+        h, w = (
+            max(factor, math.floor(height / beta / factor) * factor),
+            max(factor, math.floor(width / beta / factor) * factor),
+        )
+    elif h * w < min_pixels:
+        beta = math.sqrt(min_pixels / (height * width))
+        h, w = math.ceil(height * beta / factor) * factor, math.ceil(width * beta / factor) * factor
+    return h, w
+
+
+@dataclass(frozen=True)
+class QwenImages:
+    """Qwen2.5-VL: the image resized by ``smart_resize`` (bicubic, as transformers), cut
+    in patch x patch squares, each 2 x 2 block of them one token; the frame is its
+    patches, block-major, each patch twice over in time: [rows, cols, merge**2, C * 2 * p * p]
+    (rows x cols tokens); its text ``<|vision_start|>``, the tokens, ``<|vision_end|>``."""
+
+    image_piece: str
+    begin: str
+    end: str
+    min_pixels: int = 56 * 56
+    max_pixels: int = 28 * 28 * 1280
+    patch: int = 14
+    merge: int = 2
+    temporal: int = 2
+    resample: int = BICUBIC
+    rescale: float = 1 / 255
+    mean: tuple[float, ...] = OPENAI_CLIP_MEAN
+    std: tuple[float, ...] = OPENAI_CLIP_STD
+
+    @classmethod
+    def of_checkpoint(cls, folder: Path | None, vision: dict, hf_tokenizer, spec) -> QwenImages:
+        raw = {}
+        path = folder / "preprocessor_config.json" if folder is not None and folder.is_dir() else None
+        if path is not None and path.is_file():
+            raw = json.loads(path.read_text(encoding="utf-8"))
+        size = raw.get("size") or {}
+        normalize = raw.get("do_normalize", True)
+        piece = hf_tokenizer.id_to_token
+        return cls(
+            image_piece=piece(spec.image_token_id),
+            begin=piece(spec.boi_token_id) if spec.boi_token_id is not None else "",
+            end=piece(spec.eoi_token_id) if spec.eoi_token_id is not None else "",
+            min_pixels=int(raw.get("min_pixels", size.get("shortest_edge", 56 * 56))),
+            max_pixels=int(raw.get("max_pixels", size.get("longest_edge", 28 * 28 * 1280))),
+            patch=int(raw.get("patch_size", vision.get("patch_size", 14))),
+            merge=int(raw.get("merge_size", vision.get("spatial_merge_size", 2))),
+            temporal=int(raw.get("temporal_patch_size", vision.get("temporal_patch_size", 2))),
+            resample=int(raw.get("resample", BICUBIC)),
+            rescale=float(raw.get("rescale_factor", 1 / 255)) if raw.get("do_rescale", True) else 1.0,
+            mean=tuple(raw.get("image_mean", OPENAI_CLIP_MEAN)) if normalize else (0.0,) * 3,
+            std=tuple(raw.get("image_std", OPENAI_CLIP_STD)) if normalize else (1.0,) * 3,
+        )
+
+    def frames(self, image) -> tuple[list[torch.Tensor], str]:
+        """An RGB PIL image -> ([rows, cols, merge**2, C * T * p * p] patches, its text)."""
+        p, m = self.patch, self.merge
+        height, width = smart_resize(image.height, image.width, p * m, self.min_pixels, self.max_pixels)
+        x = normalized(image.resize((width, height), resample=self.resample), self.rescale, self.mean, self.std)
+        c, rows, cols = x.shape[0], height // (p * m), width // (p * m)
+        x = x.reshape(c, rows, m, p, cols, m, p).permute(1, 4, 2, 5, 0, 3, 6)  # [R, C, m, m, ch, p, p]
+        x = x[:, :, :, :, :, None].expand(rows, cols, m, m, c, self.temporal, p, p)  # each patch twice in time
+        frame = x.reshape(rows, cols, m * m, c * self.temporal * p * p).contiguous()
+        return [frame], f"{self.begin}{self.image_piece * (rows * cols)}{self.end}"
+
+    def placeholders(self, frame: torch.Tensor) -> tuple[int, tuple[int, int]]:
+        return frame.shape[0] * frame.shape[1], (frame.shape[0], frame.shape[1])

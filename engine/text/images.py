@@ -88,10 +88,11 @@ def image_text(hf_tokenizer, image_token_id: int, boi_id: int | None, eoi_id: in
     return f"\n\n{begin}{image}{end}\n\n"
 
 
-def placeholder_starts(ids: list[int], image_token_id: int, n_tokens: int) -> list[int]:
-    """The first position of each run of ``n_tokens`` image tokens in ``ids`` (ValueError
-    when a run has another length: the text held an image token of its own)."""
-    starts, i = [], 0
+def placeholder_starts(ids: list[int], image_token_id: int, counts: list[int]) -> list[int]:
+    """The first position of each frame's image tokens in ``ids``, the frames taking
+    ``counts`` tokens each, in order (adjacent frames may share a run). ValueError when
+    the runs do not add up to the frames: the text held image tokens of its own."""
+    starts, i, k = [], 0, 0
     while i < len(ids):
         if ids[i] != image_token_id:
             i += 1
@@ -99,8 +100,11 @@ def placeholder_starts(ids: list[int], image_token_id: int, n_tokens: int) -> li
         j = i
         while j < len(ids) and ids[j] == image_token_id:
             j += 1
-        if (j - i) % n_tokens:
+        while i < j and k < len(counts) and i + counts[k] <= j:
+            starts.append(i)
+            i, k = i + counts[k], k + 1
+        if i != j:
             raise ValueError("the prompt's text holds image tokens of its own")
-        starts += range(i, j, n_tokens)
-        i = j
+    if k != len(counts):
+        raise ValueError("the prompt's text holds image tokens of its own")
     return starts

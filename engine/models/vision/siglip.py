@@ -136,10 +136,10 @@ class SiglipVision(nn.Module):
         """Stage ``i``: pixels [N, C, H, W] -> [N, P, hidden] (i = 0), or one layer."""
         return self.embeddings(x) if i == 0 else self.encoder.layers[i - 1](x)
 
-    def stage_flops(self, n_patches: int) -> int:
-        """About the multiply-adds x 2 of one layer over one image's patches (the costliest
-        stage): the projections and MLP, and attention's two products."""
-        c = self.config
+    def stage_flops(self, x: torch.Tensor) -> int:
+        """About the FLOPs of one layer (the costliest stage) over one image whose state is
+        ``x`` [N, P, hidden]: the projections and MLP, and attention's two products."""
+        c, n_patches = self.config, x.shape[1]
         return (
             2 * n_patches * (4 * c.hidden_size**2 + 2 * c.hidden_size * c.intermediate_size)
             + 4 * n_patches**2 * c.hidden_size

@@ -1,0 +1,204 @@
+"""Qwen2.5-VL images (issue 38): a tiny random checkpoint built by transformers is the
+oracle. Images of several sizes take several token counts; the vision transformer
+attends within windows and then over the whole image; the language model rotates by
+M-RoPE positions (an image's tokens by their grid, the text after it from the image's
+largest side on). Greedy tokens identical and logits within 1e-4 in float32 for one
+image, two images of different sizes, an image after a cached prefix and through the
+server's chat route."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from checkpoints import make_qwen2_5_vl
+
+from engine import Engine, SamplingParams
+from engine.core.media import MediaItem, mrope_positions
+from engine.models.config import load_model_config
+from engine.text.image_prompts import QwenImages, expand
+from engine.text.images import placeholder_starts
+
+N_NEW = 10
+
+
+@pytest.fixture(scope="module")
+def qwen(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("qwen25vl") / "m"
+    model, tok = make_qwen2_5_vl(folder)
+    return folder, model, tok
+
+
+@pytest.fixture(scope="module")
+def engine(qwen):
+    return Engine.from_pretrained(str(qwen[0]), n_ctx=1024, n_seq_max=2, max_batch_tokens=16)
+
+
+def picture(seed: int, height: int, width: int):
+    from PIL import Image
+
+    return Image.fromarray(np.random.default_rng(seed).integers(0, 256, (height, width, 3), dtype=np.uint8))
+
+
+def layout(qwen) -> QwenImages:
+    spec = load_model_config(qwen[0]).media
+    return QwenImages.of_checkpoint(qwen[0], spec.vision, qwen[2], spec)  # qwen[2]: a tokenizers.Tokenizer
+
+
+def transformers_pixels(images: list) -> tuple[torch.Tensor, torch.Tensor]:
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
+    proc = Qwen2VLImageProcessorPil(size={"shortest_edge": 56 * 56, "longest_edge": 112 * 112})
+    out = proc(images=images, return_tensors="pt")
+    return out["pixel_values"], out["image_grid_thw"]
+
+
+def prompt_ids(qwen, text: str, images: list) -> tuple[list[int], list[MediaItem]]:
+    expanded, frames = expand(layout(qwen), text, images, "<__media__>")
+    ids = qwen[2].encode(expanded).ids
+    shapes = [layout(qwen).placeholders(f) for f in frames]
+    starts = placeholder_starts(ids, qwen[2].token_to_id("<|image_pad|>"), [n for n, _ in shapes])
+    return ids, [MediaItem.image(s, n, f, grid) for s, (n, grid), f in zip(starts, shapes, frames)]
+
+
+def reference(model, ids: list[int], images: list) -> tuple[list[int], torch.Tensor]:
+    pixels, grid = transformers_pixels(images)
+    input_ids = torch.tensor([ids])
+    image_id = model.config.image_token_id
+    out = model.generate(
+        input_ids, pixel_values=pixels, image_grid_thw=grid, mm_token_type_ids=(input_ids == image_id).int(),
+        max_new_tokens=N_NEW, do_sample=False, output_logits=True, return_dict_in_generate=True, pad_token_id=0,
+    )  # fmt: skip
+    return out.sequences[0, len(ids) :].tolist(), torch.stack(out.logits)[:, 0]
+
+
+def ours(engine: Engine, ids, media, seq_id: int = 0, n_cached: int = 0) -> tuple[list[int], torch.Tensor]:
+    params = SamplingParams(temperature=0.0, max_tokens=N_NEW, ignore_eos=True)
+    seq = engine.add_sequence(ids, params, seq_id, n_cached=n_cached, media=media)
+    logits = []
+    while engine.has_work:
+        logits += [e.logits for e in engine.step(keep_logits=True) if e.token_id is not None]
+    return seq.output_ids, torch.stack(logits)
+
+
+def test_patches_equal_transformers_processor(qwen):
+    """Sizes within the pixel budget, above it and below it: the same patches and grid."""
+    for height, width in ((60, 90), (300, 200), (20, 30)):
+        image = picture(height, height, width)
+        pixels, grid = transformers_pixels([image])
+        (frame,), _ = layout(qwen).frames(image)
+        assert (frame.shape[0] * 2, frame.shape[1] * 2) == tuple(grid[0, 1:].tolist())
+        assert (frame.reshape(-1, frame.shape[-1]) - pixels).abs().max() < 1e-5
+
+
+def test_mrope_positions_are_transformers(qwen):
+    """Text, an image of 2 x 3 tokens, text, an image of 4 x 4, text: the rotary
+    positions transformers' get_rope_index gives, in chunks of any size."""
+    model = qwen[1]
+    image = model.config.image_token_id
+    ids = [1, 2] + [image] * 6 + [3, 4, 5] + [image] * 16 + [6]
+    input_ids = torch.tensor([ids])
+    grid = torch.tensor([[1, 4, 6], [1, 8, 8]])  # patches (merge 2): 2 x 3 and 4 x 4 tokens
+    want, _ = model.model.get_rope_index(input_ids, (input_ids == image).int(), image_grid_thw=grid)
+    media = [MediaItem(2, 6, "a", None, grid=(2, 3)), MediaItem(11, 16, "b", None, grid=(4, 4))]
+    assert torch.equal(mrope_positions(media, 0, len(ids)), want[:, 0])
+    assert torch.equal(torch.cat([mrope_positions(media, s, 5) for s in range(0, 25, 5)], 1), want[:, 0, :25])
+
+
+def test_one_image_matches_transformers(qwen, engine):
+    image = picture(1, 110, 84)
+    ids, media = prompt_ids(qwen, "what is <__media__> this?", [image])
+    assert media[0].grid == (4, 3)  # 112 x 84 pixels: 4 x 3 tokens, two windows across
+    expect, expect_logits = reference(qwen[1], ids, [image])
+    tokens, logits = ours(engine, ids, media)
+    assert tokens == expect
+    assert (logits - expect_logits).abs().max() < 1e-4
+
+
+def test_two_images_of_other_sizes_match_transformers(qwen, engine):
+    images = [picture(2, 56, 56), picture(3, 120, 120)]
+    ids, media = prompt_ids(qwen, "<__media__> or <__media__>?", images)
+    assert [m.n_tokens for m in media] == [4, 16]
+    expect, expect_logits = reference(qwen[1], ids, images)
+    engine.memory.seq_rm(0)
+    tokens, logits = ours(engine, ids, media)
+    assert tokens == expect
+    assert (logits - expect_logits).abs().max() < 1e-4
+
+
+def test_an_image_after_a_cached_prefix(qwen, engine):
+    image = picture(4, 80, 110)
+    ids, media = prompt_ids(qwen, "a question before the picture: <__media__> and after", [image])
+    expect, expect_logits = reference(qwen[1], ids, [image])
+    engine.memory.seq_rm(1)
+    head = media[0].start + 2
+    engine.add_sequence(ids[:head], SamplingParams(temperature=0.0, max_tokens=1), 1)
+    while engine.has_work:
+        engine.step()
+    tokens, logits = ours(engine, ids, media, seq_id=1, n_cached=head)
+    assert tokens == expect
+    assert (logits - expect_logits).abs().max() < 1e-4
+
+
+def test_a_transformers_4_config_loads_the_same(qwen, tmp_path):
+    """transformers 4 wrote Qwen2.5-VL's language fields at the top level, with
+    ``rope_scaling: {type: mrope}``: the same model, the same tokens."""
+    import json
+    import shutil
+
+    old = tmp_path / "t4"
+    shutil.copytree(qwen[0], old)
+    cfg = json.loads((old / "config.json").read_text())
+    text = cfg.pop("text_config")
+    rope = text.pop("rope_parameters")
+    cfg |= text | {"rope_theta": rope["rope_theta"], "torch_dtype": cfg.pop("dtype", "float32")}
+    cfg["rope_scaling"] = {"type": "mrope", "mrope_section": rope["mrope_section"]}
+    cfg["model_type"] = "qwen2_5_vl"
+    (old / "config.json").write_text(json.dumps(cfg))
+    image = picture(5, 70, 100)
+    ids, media = prompt_ids(qwen, "see <__media__>", [image])
+    expect, _ = reference(qwen[1], ids, [image])
+    engine = Engine.from_pretrained(str(old), n_ctx=256, n_seq_max=1)
+    assert ours(engine, ids, media)[0] == expect
+
+
+@pytest.fixture(scope="module")
+def server(qwen):
+    from server_proc import ServerProcess
+
+    with ServerProcess("-m", str(qwen[0]), "-np", "2", "-c", "2048") as srv:
+        srv.wait_ready()
+        yield srv
+
+
+def test_the_chat_route_answers_as_transformers_does(qwen, server):
+    """Two images of different sizes through the openai client, then the same again:
+    transformers' tokens and log probabilities, and the follow-up reuses both images."""
+    import base64
+    import io
+
+    from openai import OpenAI
+
+    images, parts = [picture(6, 90, 60), picture(7, 60, 120)], []
+    for image in images:
+        png = io.BytesIO()
+        image.save(png, format="PNG")
+        parts.append(
+            {
+                "type": "image_url",
+                "image_url": {"url": "data:image/png;base64," + base64.b64encode(png.getvalue()).decode()},
+            }
+        )
+    content = [{"type": "text", "text": "compare "}, parts[0], {"type": "text", "text": " with "}, parts[1]]
+    messages = [{"role": "user", "content": content}]
+    client = OpenAI(base_url=server.url + "/v1", api_key="none")
+    answer = client.chat.completions.create(model="m", messages=messages, max_tokens=N_NEW, temperature=0,
+                                            logprobs=True)  # fmt: skip
+    ids, media = prompt_ids(qwen, "user: compare <__media__> with <__media__>\n", images)
+    expect, expect_logits = reference(qwen[1], ids, images)
+    assert answer.usage.prompt_tokens == len(ids)
+    assert answer.choices[0].message.content == qwen[2].decode(expect, skip_special_tokens=True)
+    want = expect_logits.log_softmax(-1).gather(1, torch.tensor(expect)[:, None])[:, 0].tolist()
+    assert [t.logprob for t in answer.choices[0].logprobs.content] == pytest.approx(want, abs=1e-4)
+    again = client.chat.completions.create(model="m", messages=messages, max_tokens=2, temperature=0)
+    assert again.usage.prompt_tokens_details.cached_tokens >= media[-1].end
