@@ -52,6 +52,7 @@ class EngineConfig:
     spec_ngram_size: int = 12  # tokens of the n-gram looked up (--spec-ngram-simple-size-n)
     model_draft: Path | None = None  # the draft model's checkpoint (-md), HF folder or GGUF
     mmproj: Path | None = None  # a GGUF model's multimodal projector file (llama-server's -mm)
+    image_tokens: tuple[int | None, int | None] = (None, None)  # fewest, most tokens an image of a varying size takes
     special: bool = False  # special tokens are written into the output text (llama-server's -sp)
     lora: tuple[str, ...] = ()  # LoRA adapters (GGUF files or PEFT folders), by index; each sequence says its scales
     static_decode: bool | None = None  # decode steps through static buffers (core/static_decode.py); None: CUDA

@@ -209,8 +209,9 @@ class EngineService:
 
     @functools.cached_property
     def _image_prompts(self):
-        cfg, folder = self._engine.model_config, self._engine.config.model
-        return image_prompts(cfg.model_type, folder if folder.is_dir() else None, self._engine.tokenizer.hf, cfg.media)
+        cfg, config = self._engine.model_config, self._engine.config
+        folder = config.model if config.model.is_dir() else None
+        return image_prompts(cfg.model_type, folder, self._engine.tokenizer.hf, cfg.media, config.image_tokens)
 
     @property
     def device(self) -> dict:

@@ -75,6 +75,7 @@ class ServerState:
                 spec_type=None if s.spec_type in (None, "none") else s.spec_type,
                 model_draft=s.model_draft,
                 mmproj=s.mmproj,
+                image_tokens=(s.image_min_tokens, s.image_max_tokens),
                 special=s.special,
                 lora=tuple(path for path, _ in s.lora_adapters),
                 spec_draft_max=s.spec_ngram_simple_size_m if s.model_draft is None else s.spec_draft_n_max,

@@ -166,7 +166,7 @@ def test_a_transformers_4_config_loads_the_same(qwen, tmp_path):
 def server(qwen):
     from server_proc import ServerProcess
 
-    with ServerProcess("-m", str(qwen[0]), "-np", "2", "-c", "2048") as srv:
+    with ServerProcess("-m", str(qwen[0]), "-np", "2", "-c", "2048", "--image-max-tokens", "12") as srv:
         srv.wait_ready()
         yield srv
 
@@ -202,3 +202,23 @@ def test_the_chat_route_answers_as_transformers_does(qwen, server):
     assert [t.logprob for t in answer.choices[0].logprobs.content] == pytest.approx(want, abs=1e-4)
     again = client.chat.completions.create(model="m", messages=messages, max_tokens=2, temperature=0)
     assert again.usage.prompt_tokens_details.cached_tokens >= media[-1].end
+
+
+def test_image_max_tokens_caps_a_big_image(server):
+    """--image-max-tokens 12 (the checkpoint allows 16): a 120 x 120 image is resized to
+    84 x 84 pixels, 3 x 3 tokens, as transformers' processor with that pixel budget."""
+    import base64
+    import io
+
+    import httpx
+
+    png = io.BytesIO()
+    picture(8, 120, 120).save(png, format="PNG")
+    data = base64.b64encode(png.getvalue()).decode()
+    body = {"content": {"prompt_string": "a<__media__>b", "multimodal_data": [data]}}
+    (span,) = httpx.post(server.url + "/tokenize", json=body).json()["media"]
+    assert span["n_tokens"] == 9
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
+    proc = Qwen2VLImageProcessorPil(size={"shortest_edge": 56 * 56, "longest_edge": 12 * 28 * 28})
+    assert proc(images=[picture(8, 120, 120)], return_tensors="pt")["image_grid_thw"].tolist() == [[1, 6, 6]]

@@ -149,11 +149,20 @@ def gemma3_images(settings: ImageSettings, hf_tokenizer, spec) -> Gemma3Images:
     return Gemma3Images(settings, text, spec.tokens_per_image)
 
 
-def image_prompts(model_type: str, folder: Path | None, hf_tokenizer, spec):
+def image_prompts(model_type: str, folder: Path | None, hf_tokenizer, spec, tokens=(None, None)):
     """The family's image layout for a checkpoint (``spec``: its MediaConfig; ``folder``:
-    where its preprocessor_config.json may be): Gemma3Images, SmolVLMImages or QwenImages."""
+    where its preprocessor_config.json may be): Gemma3Images, SmolVLMImages or QwenImages.
+    ``tokens``: (fewest, most) tokens an image takes where its size varies (llama-server's
+    --image-min-tokens / --image-max-tokens; None: the checkpoint's)."""
     if model_type == "qwen2_5_vl":
-        return QwenImages.of_checkpoint(folder, spec.vision, hf_tokenizer, spec)
+        layout = QwenImages.of_checkpoint(folder, spec.vision, hf_tokenizer, spec)
+        block = (layout.patch * layout.merge) ** 2  # pixels one token covers
+        fewest, most = tokens
+        if fewest is not None:
+            layout = dataclasses.replace(layout, min_pixels=fewest * block)
+        if most is not None:
+            layout = dataclasses.replace(layout, max_pixels=most * block)
+        return layout
     if model_type in ("smolvlm", "idefics3"):
         return SmolVLMImages.of_checkpoint(folder, spec.vision, spec.tokens_per_image)
     settings = ImageSettings.of_checkpoint(folder, int(spec.vision.get("image_size", 224)))

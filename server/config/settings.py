@@ -241,6 +241,20 @@ class ServerSettings(SamplerSettings, LoraSettings):
         off=("--no-mmproj-offload",),
         llama_env="LLAMA_ARG_MMPROJ_OFFLOAD",
     )
+    image_min_tokens: int | None = setting(
+        None,
+        ge=1,
+        description="fewest tokens an image takes, for models whose image size varies (Qwen2.5-VL)",
+        flags=("--image-min-tokens",),
+        llama_env="LLAMA_ARG_IMAGE_MIN_TOKENS",
+    )
+    image_max_tokens: int | None = setting(
+        None,
+        ge=1,
+        description="most tokens an image takes, for models whose image size varies (Qwen2.5-VL)",
+        flags=("--image-max-tokens",),
+        llama_env="LLAMA_ARG_IMAGE_MAX_TOKENS",
+    )
     spec_draft_n_max: int = setting(
         3,
         ge=0,
