@@ -163,32 +163,33 @@ def test_a_transformers_4_config_loads_the_same(qwen, tmp_path):
 
 
 @pytest.fixture(scope="module")
-def server(qwen):
+def server(qwen, tmp_path_factory):
     from server_proc import ServerProcess
 
-    with ServerProcess("-m", str(qwen[0]), "-np", "2", "-c", "2048", "--image-max-tokens", "12") as srv:
+    slots = str(tmp_path_factory.mktemp("slots"))
+    flags = ("-np", "2", "-c", "2048", "--image-max-tokens", "12", "--slot-save-path", slots)
+    with ServerProcess("-m", str(qwen[0]), *flags) as srv:
         srv.wait_ready()
         yield srv
+
+
+def image_part(image) -> dict:
+    import base64
+    import io
+
+    png = io.BytesIO()
+    image.save(png, format="PNG")
+    url = "data:image/png;base64," + base64.b64encode(png.getvalue()).decode()
+    return {"type": "image_url", "image_url": {"url": url}}
 
 
 def test_the_chat_route_answers_as_transformers_does(qwen, server):
     """Two images of different sizes through the openai client, then the same again:
     transformers' tokens and log probabilities, and the follow-up reuses both images."""
-    import base64
-    import io
-
     from openai import OpenAI
 
-    images, parts = [picture(6, 90, 60), picture(7, 60, 120)], []
-    for image in images:
-        png = io.BytesIO()
-        image.save(png, format="PNG")
-        parts.append(
-            {
-                "type": "image_url",
-                "image_url": {"url": "data:image/png;base64," + base64.b64encode(png.getvalue()).decode()},
-            }
-        )
+    images = [picture(6, 90, 60), picture(7, 60, 120)]
+    parts = [image_part(image) for image in images]
     content = [{"type": "text", "text": "compare "}, parts[0], {"type": "text", "text": " with "}, parts[1]]
     messages = [{"role": "user", "content": content}]
     client = OpenAI(base_url=server.url + "/v1", api_key="none")
@@ -202,6 +203,33 @@ def test_the_chat_route_answers_as_transformers_does(qwen, server):
     assert [t.logprob for t in answer.choices[0].logprobs.content] == pytest.approx(want, abs=1e-4)
     again = client.chat.completions.create(model="m", messages=messages, max_tokens=2, temperature=0)
     assert again.usage.prompt_tokens_details.cached_tokens >= media[-1].end
+
+
+def test_a_restored_slot_continues_the_conversation_as_transformers_does(qwen, server):
+    """The slot that answered about an image is saved, erased and restored; the next turn
+    of the conversation reuses the image's cache (its M-RoPE positions are the keys'),
+    and its answer is transformers' on the whole conversation."""
+    import httpx
+    from openai import OpenAI
+
+    image = picture(9, 84, 112)
+    client = OpenAI(base_url=server.url + "/v1", api_key="none")
+    turn = [{"role": "user", "content": [{"type": "text", "text": "look: "}, image_part(image)]}]
+    first = client.chat.completions.create(model="m", messages=turn, max_tokens=4, temperature=0,
+                                           extra_body={"id_slot": 1})  # fmt: skip
+    slot = lambda action, **body: httpx.post(f"{server.url}/slots/1", params={"action": action}, json=body)  # noqa: E731
+    assert slot("save", filename="qwen.slot").status_code == 200
+    assert slot("erase").json()["n_erased"] > 10
+    assert slot("restore", filename="qwen.slot").status_code == 200
+    said = first.choices[0].message.content
+    turns = turn + [{"role": "assistant", "content": said}, {"role": "user", "content": "why?"}]
+    answer = client.chat.completions.create(model="m", messages=turns, max_tokens=N_NEW, temperature=0,
+                                            extra_body={"id_slot": 1})  # fmt: skip
+    ids, media = prompt_ids(qwen, f"user: look: <__media__>\nassistant: {said}\nuser: why?\n", [image])
+    expect, _ = reference(qwen[1], ids, [image])
+    assert answer.usage.prompt_tokens == len(ids)
+    assert answer.usage.prompt_tokens_details.cached_tokens >= media[0].end
+    assert answer.choices[0].message.content == qwen[2].decode(expect, skip_special_tokens=True)
 
 
 def test_image_max_tokens_caps_a_big_image(server):
