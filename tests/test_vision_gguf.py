@@ -117,3 +117,85 @@ def test_the_server_takes_mmproj(files):
         r = httpx.post(srv.url + "/v1/chat/completions", json=body)
         assert r.status_code == 200, r.text
         assert r.json()["usage"]["prompt_tokens"] > PER_IMAGE
+
+
+@pytest.fixture(scope="module")
+def smol_files(tmp_path_factory):
+    """A SmolVLM as llama.cpp serves it: the projector converted from the SmolVLM folder
+    (``--mmproj``), the language model from the same weights as a Llama folder (the
+    converter takes SmolVLM's language model as the Llama it is); a SentencePiece
+    tokenizer that knows SmolVLM's image tokens."""
+    from checkpoints import SMOLVLM_TOKENS, make_smolvlm
+    from safetensors.torch import load_file, save_file
+
+    root = tmp_path_factory.mktemp("smolvlm-gguf")
+    folder, llama = root / "hf", root / "llama"
+    make_smolvlm(folder, vocab_size=1000)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (folder / name).unlink()
+    write_spm_tokenizer(folder, 1000, tuple(SMOLVLM_TOKENS))
+    config = json.loads((folder / "config.json").read_text())
+    config["image_token_id"] = json.loads((folder / "added_tokens.json").read_text())["<image>"]  # the new vocabulary's
+    (folder / "config.json").write_text(json.dumps(config))
+    llama.mkdir()
+    weights = load_file(folder / "model.safetensors")
+    text = {
+        k.replace("model.text_model.", "model."): v
+        for k, v in weights.items()
+        if not k.startswith(("model.vision", "model.connector"))
+    }
+    save_file(text, llama / "model.safetensors", metadata={"format": "pt"})
+    (llama / "config.json").write_text(json.dumps(config["text_config"] | {"architectures": ["LlamaForCausalLM"]}))
+    for name in (
+        "tokenizer.model",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "added_tokens.json",
+        "special_tokens_map.json",
+    ):
+        if (folder / name).exists():
+            (llama / name).write_bytes((folder / name).read_bytes())
+    model, mmproj = root / "model.gguf", root / "mmproj.gguf"
+    _run_converters([[
+        ("convert_hf_to_gguf.py", ["--outfile", str(model), "--outtype", "f32", str(llama)]),
+        ("convert_hf_to_gguf.py", ["--outfile", str(mmproj), "--outtype", "f32", "--mmproj", str(folder)]),
+    ]])  # fmt: skip
+    return folder, model, mmproj
+
+
+def smol_greedy(engine: Engine, folder, image) -> tuple[list[int], torch.Tensor]:
+    """Greedy tokens of a prompt with a tiled image (frames and text by the checkpoint's
+    own layout), their logits and the image's frame count."""
+    from engine.text.image_prompts import expand, image_prompts
+    from engine.text.images import placeholder_starts
+
+    cfg = engine.model_config
+    layout = image_prompts(cfg.model_type, folder, engine.tokenizer.hf, cfg.media)
+    text, frames = expand(layout, "look <__media__> now", [image], "<__media__>")
+    ids = engine.tokenizer.encode(text, add_special=True)
+    starts = placeholder_starts(ids, cfg.media.image_token_id, [cfg.media.tokens_per_image] * len(frames))
+    media = [MediaItem.image(s, cfg.media.tokens_per_image, f) for s, f in zip(starts, frames)]
+    seq = engine.add_sequence(ids, SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True), 0, media=media)
+    logits = []
+    while engine.has_work:
+        logits += [e.logits for e in engine.step(keep_logits=True) if e.token_id is not None]
+    engine.memory.seq_rm(0)
+    return seq.output_ids, torch.stack(logits), len(frames)
+
+
+def test_a_smolvlm_gguf_with_its_mmproj_answers_as_the_folder(smol_files):
+    """The idefics3 projector: SigLIP and the pixel shuffle's matrix from the file, the
+    tiling from its preprocessing size; the same frames, tokens and (float32) logits."""
+    import numpy as np
+    from PIL import Image
+
+    folder, model, mmproj = smol_files
+    image = Image.fromarray(np.random.default_rng(3).integers(0, 256, (33, 41, 3), dtype=np.uint8))
+    from_gguf = Engine.from_pretrained(str(model), mmproj=str(mmproj), n_ctx=512, n_seq_max=1)
+    from_folder = Engine.from_pretrained(str(folder), n_ctx=512, n_seq_max=1)
+    assert from_gguf.model_config.architecture == "SmolVLMForConditionalGeneration"
+    tokens, logits, n_frames = smol_greedy(from_gguf, None, image)
+    expect, expect_logits, expect_frames = smol_greedy(from_folder, folder, image)
+    assert n_frames == expect_frames == 5  # 2 x 2 tiles and the whole image
+    assert tokens == expect
+    assert (logits - expect_logits).abs().max() < 1e-4

@@ -93,7 +93,7 @@ def load_model(
     with torch.device("meta"):
         model = cls(cfg)
     names = model.checkpoint_names()
-    vision = [n for n in names if n.startswith(("vision_tower.", "multi_modal_projector."))] if mmproj else []
+    vision = [n for n in names if n.startswith(model.media_prefixes)] if mmproj else []
     names = [n for n in names if n not in set(vision)]
     shapes = {n: p.shape for n, p in model.named_parameters() if n in set(vision)}
     plan = plan_blocks(model, gguf, names) if gguf is not None and device.type == "cpu" else BlockPlan()

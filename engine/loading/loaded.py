@@ -21,7 +21,10 @@ from engine.text.chat_template import resolve_template
 from engine.text.tokenizer import Tokenizer
 
 log = logging.getLogger("slotserve.engine")
-VISION_ARCHS = {"Gemma3ForCausalLM": "Gemma3ForConditionalGeneration"}  # a GGUF language model + its --mmproj
+VISION_ARCHS = {  # (a GGUF language model, its --mmproj's projector type) -> (the model, its model_type)
+    ("Gemma3ForCausalLM", "gemma3"): ("Gemma3ForConditionalGeneration", "gemma3"),
+    ("LlamaForCausalLM", "idefics3"): ("SmolVLMForConditionalGeneration", "smolvlm"),
+}
 
 
 @dataclass
@@ -44,10 +47,12 @@ def load(config: EngineConfig, progress: Progress | None = None) -> LoadedModel:
         if config.mmproj is not None:
             mmproj = MmprojFile(config.mmproj)
             media = mmproj.media_config(tokenizer.hf.token_to_id)
-            arch = VISION_ARCHS.get(model_config.architecture)
+            arch = VISION_ARCHS.get((model_config.architecture, mmproj.kind))
             if arch is None:
-                raise CheckpointError(f"{config.mmproj}: a projector for a {model_config.architecture} is not served")
-            model_config = dataclasses.replace(model_config, architecture=arch, media=media)
+                raise CheckpointError(
+                    f"{config.mmproj}: a {mmproj.kind} projector for a {model_config.architecture} is not served"
+                )
+            model_config = dataclasses.replace(model_config, architecture=arch[0], model_type=arch[1], media=media)
     else:
         model_config = load_model_config(config.model)
         tokenizer = Tokenizer.from_folder(config.model, model_config.eos_token_ids)

@@ -40,6 +40,7 @@ class DecoderLM(nn.Module):
     qkv_bias: bool | None = None  # None: config's attention_bias
     qk_norm: bool = False
     media_bidirectional = False  # an image's tokens see each other both ways (Gemma 3), else causal
+    media_prefixes: tuple[str, ...] = ()  # the image encoder's parameters (what a --mmproj file holds)
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()

@@ -63,6 +63,7 @@ class Gemma3Projector(nn.Module):
 
 class Gemma3ForConditionalGeneration(Gemma3ForCausalLM):
     media_bidirectional = True
+    media_prefixes = ("vision_tower.", "multi_modal_projector.")  # what a --mmproj file holds
 
     def __init__(self, cfg: ModelConfig):
         super().__init__(cfg)

@@ -65,6 +65,7 @@ class SmolVLMConnector(nn.Module):
 
 class SmolVLMForConditionalGeneration(LlamaForCausalLM):
     media_bidirectional = False  # causal over image tokens, as transformers' SmolVLM
+    media_prefixes = ("vision_model.", "connector.")  # what a --mmproj file holds
 
     def __init__(self, cfg: ModelConfig):
         super().__init__(cfg)
@@ -72,7 +73,8 @@ class SmolVLMForConditionalGeneration(LlamaForCausalLM):
             raise ValueError(f"{type(self).__name__} needs a vision_config")
         vision = VisionConfig.from_hf(cfg.media.vision)
         self.vision_model = SiglipVision(vision, navit=True)
-        self.connector = SmolVLMConnector(vision, cfg.hidden_size, int(cfg.raw.get("scale_factor", 2)))
+        scale = cfg.media.vision.get("scale_factor", cfg.raw.get("scale_factor", 2))  # a GGUF projector's / config's
+        self.connector = SmolVLMConnector(vision, cfg.hidden_size, int(scale))
 
     def encode_images(self, pixels: torch.Tensor) -> torch.Tensor:
         """Frames [N, C, side*patch, side*patch] (preprocessed) -> [N, tokens_per_image, hidden]."""

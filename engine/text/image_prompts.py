@@ -101,9 +101,10 @@ class SmolVLMImages:
             raw = json.loads(path.read_text(encoding="utf-8"))
         tile = int((raw.get("max_image_size") or {}).get("longest_edge", vision.get("image_size", 224)))
         normalize = raw.get("do_normalize", True)
+        longest = vision.get("preproc_image_size", 4 * tile)  # a GGUF projector's (size.longest_edge)
         return cls(
             tile=tile,
-            longest=int((raw.get("size") or {}).get("longest_edge", 4 * tile)),
+            longest=int((raw.get("size") or {}).get("longest_edge", longest)),
             split=bool(raw.get("do_image_splitting", True)),
             n_tokens=n_tokens,
             resample=int(raw.get("resample", LANCZOS)),
@@ -164,7 +165,12 @@ def image_prompts(model_type: str, folder: Path | None, hf_tokenizer, spec, toke
             layout = dataclasses.replace(layout, max_pixels=most * block)
         return layout
     if model_type in ("smolvlm", "idefics3"):
-        return SmolVLMImages.of_checkpoint(folder, spec.vision, spec.tokens_per_image)
+        layout = SmolVLMImages.of_checkpoint(folder, spec.vision, spec.tokens_per_image)
+        if "image_mean" in spec.vision:  # a GGUF projector's own
+            layout = dataclasses.replace(
+                layout, mean=tuple(spec.vision["image_mean"]), std=tuple(spec.vision["image_std"])
+            )
+        return layout
     settings = ImageSettings.of_checkpoint(folder, int(spec.vision.get("image_size", 224)))
     if "image_mean" in spec.vision:  # a GGUF projector's own (a folder's are in its preprocessor_config.json)
         mean, std = tuple(spec.vision["image_mean"]), tuple(spec.vision["image_std"])

@@ -1,9 +1,10 @@
 """A multimodal projector file (llama.cpp's ``--mmproj``: what ``convert_hf_to_gguf.py
 --mmproj`` writes): the vision encoder and projector of a vision-language model whose
 language model is another GGUF. Read here for Gemma 3 (``clip.projector_type``
-``gemma3``): its ``clip.vision.*`` fields become the MediaConfig a Hugging Face folder's
-``vision_config`` gives, and its ``v.*`` / ``mm.*`` tensors the encoder's and projector's
-weights under engine/models/gemma3_vision.py's names.
+``gemma3``) and SmolVLM / Idefics3 (``idefics3``), both SigLIP: its ``clip.vision.*``
+fields become the MediaConfig a Hugging Face folder's ``vision_config`` gives, and its
+``v.*`` / ``mm.*`` tensors the encoder's and projector's weights under
+engine/models/gemma3_vision.py's and smolvlm.py's names.
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ from engine.loading.gguf.checkpoint import GGUFCheckpoint
 from engine.loading.gguf.header import read_header
 from engine.models.config import MediaConfig
 
-PROJECTORS = ("gemma3",)
+PROJECTORS = ("gemma3", "idefics3")
+ENCODER = {"gemma3": "vision_tower.", "idefics3": "vision_model."}  # the encoder's prefix in our model
 _LAYER = {  # ours (under vision_tower.encoder.layers.N.) -> the file's (under v.blk.N.)
     "layer_norm1": "ln1",
     "layer_norm2": "ln2",
@@ -31,26 +33,29 @@ _LAYER = {  # ours (under vision_tower.encoder.layers.N.) -> the file's (under v
     "mlp.fc1": "ffn_up",
     "mlp.fc2": "ffn_down",
 }
-_FIXED = {
-    "vision_tower.embeddings.patch_embedding": "v.patch_embd",
-    "vision_tower.embeddings.position_embedding": "v.position_embd",
-    "vision_tower.post_layernorm": "v.post_ln",
+_FIXED = {  # ours (under the encoder's prefix, or whole) -> the file's
+    "embeddings.patch_embedding": "v.patch_embd",
+    "embeddings.position_embedding": "v.position_embd",
+    "post_layernorm": "v.post_ln",
     "multi_modal_projector.mm_soft_emb_norm": "mm.soft_emb_norm",
+    "connector.modality_projection.proj": "mm.model.fc",
 }
 PROJECTION = "multi_modal_projector.mm_input_projection_weight"
 
 
-def file_name(ours: str) -> str:
-    """The mmproj tensor a parameter of engine/models/gemma3_vision.py comes from."""
+def file_name(ours: str, kind: str = "gemma3") -> str:
+    """The mmproj tensor a parameter of engine/models/gemma3_vision.py or smolvlm.py comes
+    from (``kind``: the projector type)."""
     if ours == PROJECTION:
         return "mm.input_projection.weight"
-    stem, _, kind = ours.rpartition(".")
+    stem, _, part = ours.rpartition(".")
+    stem = stem.removeprefix(ENCODER[kind])
     if stem in _FIXED:
-        return f"{_FIXED[stem]}.{kind}"
-    m = re.fullmatch(r"vision_tower\.encoder\.layers\.(\d+)\.(.+)", stem)
+        return f"{_FIXED[stem]}.{part}"
+    m = re.fullmatch(r"encoder\.layers\.(\d+)\.(.+)", stem)
     if m is None or m.group(2) not in _LAYER:
         raise CheckpointError(f"no mmproj tensor for '{ours}'")
-    return f"v.blk.{m.group(1)}.{_LAYER[m.group(2)]}.{kind}"
+    return f"v.blk.{m.group(1)}.{_LAYER[m.group(2)]}.{part}"
 
 
 class MmprojFile(GGUFCheckpoint):
@@ -76,7 +81,8 @@ class MmprojFile(GGUFCheckpoint):
         matched, never embedded, so a vocabulary without it takes 0)."""
         g = lambda key, default=None: self.get(f"clip.vision.{key}", default)  # noqa: E731
         side = int(g("image_size")) // int(g("patch_size"))
-        per_side = side // int(g("projector.scale_factor", 4))
+        smol = self.kind == "idefics3"
+        scale = int(g("projector.scale_factor", 2 if smol else 4))
         vision = {
             "hidden_size": g("embedding_length"),
             "intermediate_size": g("feed_forward_length"),
@@ -88,14 +94,22 @@ class MmprojFile(GGUFCheckpoint):
             "image_mean": list(g("image_mean", [0.5, 0.5, 0.5])),
             "image_std": list(g("image_std", [0.5, 0.5, 0.5])),
         }
-        image = token_id("<image_soft_token>")
+        if smol:  # SmolVLM: the pixel shuffle folds the grid by ``scale``
+            vision |= {"scale_factor": scale, "preproc_image_size": g("preproc_image_size", 4 * g("image_size"))}
+            image, boi, eoi = token_id("<image>"), None, None
+        else:  # Gemma 3: the grid average-pooled by ``scale``
+            image, boi, eoi = token_id("<image_soft_token>"), token_id("<start_of_image>"), token_id("<end_of_image>")
         return MediaConfig(
             vision=vision,
             image_token_id=image if image is not None else 0,
-            boi_token_id=token_id("<start_of_image>"),
-            eoi_token_id=token_id("<end_of_image>"),
-            tokens_per_image=per_side * per_side,
+            boi_token_id=boi,
+            eoi_token_id=eoi,
+            tokens_per_image=(side // scale) ** 2,
         )
+
+    @property
+    def kind(self) -> str:
+        return self.get("clip.projector_type")
 
     def iter_weights(self, names: list[str], shapes: dict[str, torch.Size]) -> Iterator[tuple[str, str, torch.Tensor]]:
         """(file, our name, tensor) for each of ``names``, in the parameter's shape
@@ -105,7 +119,7 @@ class MmprojFile(GGUFCheckpoint):
         fd = os.open(self.path, os.O_RDONLY)
         try:
             for ours in names:
-                found = file_name(ours)
+                found = file_name(ours, self.kind)
                 if found not in self.tensors:
                     raise CheckpointError(f"{self.path}: no tensor '{found}' (for '{ours}')")
                 tensor = self.tensor(found, fd)
