@@ -283,10 +283,11 @@ def make_smolvlm(folder: Path, arch: str = "SmolVLM", **text):
 QWEN_VL_TOKENS = ["<|vision_start|>", "<|image_pad|>", "<|vision_end|>"]
 
 
-def make_qwen2_5_vl(folder: Path, **text):
+def make_qwen2_5_vl(folder: Path, window: int = 56, **text):
     """A tiny random Qwen2.5-VL with a byte tokenizer that knows its image tokens
-    (QWEN_VL_TOKENS) and a preprocessor_config.json: a 2-block vision transformer (the
-    first windowed, 2 x 2 tokens a window; the second whole), 14-pixel patches, images
+    (QWEN_VL_TOKENS) and a preprocessor_config.json: a 3-block vision transformer (the
+    second sees the whole image, the others windows of ``window`` pixels: 2 x 2 tokens;
+    a GGUF keeps no window size, llama.cpp takes 112), 14-pixel patches, images
     of 56 x 56 to 112 x 112 pixels (4 to 16 tokens); a 2-layer Qwen2 with M-RoPE
     sections (2, 3, 3). Every parameter moved off its init; returns (model (eval),
     tokenizer)."""
@@ -300,13 +301,13 @@ def make_qwen2_5_vl(folder: Path, **text):
     tok.save(str(folder / "tokenizer.json"))
     start, image, end = (tok.token_to_id(t) for t in QWEN_VL_TOKENS)
     text = dict(
-        vocab_size=tok.get_vocab_size(), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        vocab_size=320, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024, eos_token_id=None,
         bos_token_id=None, pad_token_id=0,
         rope_parameters={"rope_type": "default", "mrope_section": [2, 3, 3], "rope_theta": 10000.0},
     ) | text  # fmt: skip
-    vision = dict(depth=2, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=text["hidden_size"],
-                  patch_size=14, spatial_merge_size=2, temporal_patch_size=2, window_size=56,
+    vision = dict(depth=3, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=text["hidden_size"],
+                  patch_size=14, spatial_merge_size=2, temporal_patch_size=2, window_size=window,
                   fullatt_block_indexes=[1])  # fmt: skip
     config = transformers.Qwen2_5_VLConfig(
         text_config=text, vision_config=vision, image_token_id=image, vision_start_token_id=start,
@@ -319,7 +320,9 @@ def make_qwen2_5_vl(folder: Path, **text):
             p.add_(torch.randn_like(p) * 0.1)
     model.save_pretrained(folder)
     processor = {"image_processor_type": "Qwen2VLImageProcessor", "min_pixels": 56 * 56, "max_pixels": 112 * 112,
-                 "patch_size": 14, "merge_size": 2, "temporal_patch_size": 2}  # fmt: skip
+                 "patch_size": 14, "merge_size": 2, "temporal_patch_size": 2,
+                 "image_mean": [0.48145466, 0.4578275, 0.40821073],
+                 "image_std": [0.26862954, 0.26130258, 0.27577711]}  # fmt: skip
     (folder / "preprocessor_config.json").write_text(json.dumps(processor))
     return model.eval(), tok
 

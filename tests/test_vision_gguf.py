@@ -199,3 +199,62 @@ def test_a_smolvlm_gguf_with_its_mmproj_answers_as_the_folder(smol_files):
     assert n_frames == expect_frames == 5  # 2 x 2 tiles and the whole image
     assert tokens == expect
     assert (logits - expect_logits).abs().max() < 1e-4
+
+
+@pytest.fixture(scope="module")
+def qwen_files(tmp_path_factory):
+    """A Qwen2.5-VL converted by llama.cpp's converter: the language model (GGUF arch
+    qwen2vl, its M-RoPE sections) and the projector (qwen2.5vl_merger), from one folder
+    whose windows are llama.cpp's 112 pixels (the file keeps no window size)."""
+    from checkpoints import make_qwen2_5_vl
+
+    root = tmp_path_factory.mktemp("qwen-gguf")
+    folder = root / "hf"
+    make_qwen2_5_vl(folder, window=112)
+    model, mmproj = root / "model.gguf", root / "mmproj.gguf"
+    _run_converters([[
+        ("convert_hf_to_gguf.py", ["--outfile", str(model), "--outtype", "f32", str(folder)]),
+        ("convert_hf_to_gguf.py", ["--outfile", str(mmproj), "--outtype", "f32", "--mmproj", str(folder)]),
+    ]])  # fmt: skip
+    return folder, model, mmproj
+
+
+def qwen_greedy(engine: Engine, folder, images) -> tuple[list[int], torch.Tensor]:
+    """Greedy tokens and their logits for two images of other sizes (the layout of the
+    checkpoint, its pixel budget the folder's: 4 to 16 tokens an image)."""
+    from engine.text.image_prompts import expand, image_prompts
+    from engine.text.images import placeholder_starts
+
+    cfg = engine.model_config
+    layout = image_prompts(cfg.model_type, folder, engine.tokenizer.hf, cfg.media, (4, 16))
+    text, frames = expand(layout, "<__media__> and <__media__>?", images, "<__media__>")
+    ids = engine.tokenizer.encode(text, add_special=True)
+    shapes = [layout.placeholders(f) for f in frames]
+    starts = placeholder_starts(ids, cfg.media.image_token_id, [n for n, _ in shapes])
+    media = [MediaItem.image(s, n, f, grid) for s, (n, grid), f in zip(starts, shapes, frames)]
+    seq = engine.add_sequence(ids, SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True), 0, media=media)
+    logits = []
+    while engine.has_work:
+        logits += [e.logits for e in engine.step(keep_logits=True) if e.token_id is not None]
+    engine.memory.seq_rm(0)
+    return seq.output_ids, torch.stack(logits)
+
+
+def test_a_qwen2_5_vl_gguf_with_its_mmproj_answers_as_the_folder(qwen_files):
+    """The qwen2vl language model keeps its M-RoPE sections; the qwen2.5vl_merger projector
+    gives back the fused q/k/v, the 3-D patch embedding and the block pattern."""
+    import numpy as np
+    from PIL import Image
+
+    folder, model, mmproj = qwen_files
+    rng = np.random.default_rng(4)
+    images = [Image.fromarray(rng.integers(0, 256, shape, dtype=np.uint8)) for shape in ((60, 90, 3), (110, 110, 3))]
+    from_gguf = Engine.from_pretrained(str(model), mmproj=str(mmproj), n_ctx=512, n_seq_max=1)
+    from_folder = Engine.from_pretrained(str(folder), n_ctx=512, n_seq_max=1)
+    assert from_gguf.model_config.architecture == "Qwen2_5_VLForConditionalGeneration"
+    assert from_gguf.model.sections == from_folder.model.sections == [2, 3, 3]
+    assert from_gguf.model.visual.config == from_folder.model.visual.config
+    tokens, logits = qwen_greedy(from_gguf, None, images)
+    expect, expect_logits = qwen_greedy(from_folder, folder, images)
+    assert tokens == expect
+    assert (logits - expect_logits).abs().max() < 1e-4

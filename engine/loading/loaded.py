@@ -24,6 +24,7 @@ log = logging.getLogger("slotserve.engine")
 VISION_ARCHS = {  # (a GGUF language model, its --mmproj's projector type) -> (the model, its model_type)
     ("Gemma3ForCausalLM", "gemma3"): ("Gemma3ForConditionalGeneration", "gemma3"),
     ("LlamaForCausalLM", "idefics3"): ("SmolVLMForConditionalGeneration", "smolvlm"),
+    ("Qwen2ForCausalLM", "qwen2.5vl_merger"): ("Qwen2_5_VLForConditionalGeneration", "qwen2_5_vl"),
 }
 
 

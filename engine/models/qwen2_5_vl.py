@@ -38,6 +38,7 @@ def _sections(raw: dict) -> list[int]:
 
 class Qwen2_5_VLForConditionalGeneration(Qwen2ForCausalLM):
     mrope = True  # the runner gives rotary positions [3, T] (engine/core/media.py)
+    media_prefixes = ("visual.",)  # what a --mmproj file holds
 
     def __init__(self, cfg: ModelConfig):
         super().__init__(cfg)

@@ -157,6 +157,10 @@ def image_prompts(model_type: str, folder: Path | None, hf_tokenizer, spec, toke
     --image-min-tokens / --image-max-tokens; None: the checkpoint's)."""
     if model_type == "qwen2_5_vl":
         layout = QwenImages.of_checkpoint(folder, spec.vision, hf_tokenizer, spec)
+        if "image_mean" in spec.vision:  # a GGUF projector's own
+            layout = dataclasses.replace(
+                layout, mean=tuple(spec.vision["image_mean"]), std=tuple(spec.vision["image_std"])
+            )
         block = (layout.patch * layout.merge) ** 2  # pixels one token covers
         fewest, most = tokens
         if fewest is not None:

@@ -99,6 +99,13 @@ def _llama_like(model_type: str) -> Callable[[GGUFMetadata], dict]:
         window = ck.get(f"{ck.arch}.attention.sliding_window")
         if window:
             cfg["sliding_window"] = window
+        sections = ck.get(f"{ck.arch}.rope.dimension_sections")  # Qwen2-VL's M-RoPE (qwen2vl): 4, the last 0
+        if sections:
+            cfg["rope_parameters"] = {
+                "rope_type": "default",
+                "rope_theta": cfg["rope_theta"],
+                "mrope_section": sections[:3],
+            }
         return cfg
 
     return config
@@ -329,6 +336,7 @@ def gguf_name(ck: GGUFMetadata, names: Any, hf_name: str) -> str | None:
 ARCHITECTURES: dict[str, GGUFArch] = {
     "llama": GGUFArch("LlamaForCausalLM", _llama_like("llama"), _llama_tensor),
     "qwen2": GGUFArch("Qwen2ForCausalLM", _llama_like("qwen2")),
+    "qwen2vl": GGUFArch("Qwen2ForCausalLM", _llama_like("qwen2")),  # Qwen2-VL's language model (M-RoPE sections)
     "qwen3": GGUFArch("Qwen3ForCausalLM", _llama_like("qwen3")),
     "gemma2": GGUFArch("Gemma2ForCausalLM", _gemma("gemma2"), _gemma_tensor),
     "gemma3": GGUFArch("Gemma3ForCausalLM", _gemma("gemma3_text"), _gemma_tensor),

@@ -1,10 +1,12 @@
 """A multimodal projector file (llama.cpp's ``--mmproj``: what ``convert_hf_to_gguf.py
 --mmproj`` writes): the vision encoder and projector of a vision-language model whose
 language model is another GGUF. Read here for Gemma 3 (``clip.projector_type``
-``gemma3``) and SmolVLM / Idefics3 (``idefics3``), both SigLIP: its ``clip.vision.*``
-fields become the MediaConfig a Hugging Face folder's ``vision_config`` gives, and its
-``v.*`` / ``mm.*`` tensors the encoder's and projector's weights under
-engine/models/gemma3_vision.py's and smolvlm.py's names.
+``gemma3``), SmolVLM / Idefics3 (``idefics3``), both SigLIP, and Qwen2.5-VL
+(``qwen2.5vl_merger``): its ``clip.vision.*`` fields become the MediaConfig a Hugging
+Face folder's ``vision_config`` gives, and its ``v.*`` / ``mm.*`` tensors the encoder's
+and projector's weights under engine/models/gemma3_vision.py's, smolvlm.py's and
+qwen2_5_vl.py's names (Qwen's q/k/v put back together, its 3-D patch embedding from the
+two 2-D halves the converter split it into).
 """
 
 from __future__ import annotations
@@ -21,8 +23,9 @@ from engine.loading.gguf.checkpoint import GGUFCheckpoint
 from engine.loading.gguf.header import read_header
 from engine.models.config import MediaConfig
 
-PROJECTORS = ("gemma3", "idefics3")
-ENCODER = {"gemma3": "vision_tower.", "idefics3": "vision_model."}  # the encoder's prefix in our model
+QWEN = "qwen2.5vl_merger"
+PROJECTORS = ("gemma3", "idefics3", QWEN)
+ENCODER = {"gemma3": "vision_tower.", "idefics3": "vision_model.", QWEN: "visual."}  # the encoder's prefix in ours
 _LAYER = {  # ours (under vision_tower.encoder.layers.N.) -> the file's (under v.blk.N.)
     "layer_norm1": "ln1",
     "layer_norm2": "ln2",
@@ -32,6 +35,12 @@ _LAYER = {  # ours (under vision_tower.encoder.layers.N.) -> the file's (under v
     "self_attn.out_proj": "attn_out",
     "mlp.fc1": "ffn_up",
     "mlp.fc2": "ffn_down",
+    "norm1": "ln1",  # Qwen's block
+    "norm2": "ln2",
+    "attn.proj": "attn_out",
+    "mlp.gate_proj": "ffn_gate",
+    "mlp.up_proj": "ffn_up",
+    "mlp.down_proj": "ffn_down",
 }
 _FIXED = {  # ours (under the encoder's prefix, or whole) -> the file's
     "embeddings.patch_embedding": "v.patch_embd",
@@ -39,6 +48,9 @@ _FIXED = {  # ours (under the encoder's prefix, or whole) -> the file's
     "post_layernorm": "v.post_ln",
     "multi_modal_projector.mm_soft_emb_norm": "mm.soft_emb_norm",
     "connector.modality_projection.proj": "mm.model.fc",
+    "merger.ln_q": "v.post_ln",
+    "merger.mlp.0": "mm.0",
+    "merger.mlp.2": "mm.2",
 }
 PROJECTION = "multi_modal_projector.mm_input_projection_weight"
 
@@ -52,7 +64,7 @@ def file_name(ours: str, kind: str = "gemma3") -> str:
     stem = stem.removeprefix(ENCODER[kind])
     if stem in _FIXED:
         return f"{_FIXED[stem]}.{part}"
-    m = re.fullmatch(r"encoder\.layers\.(\d+)\.(.+)", stem)
+    m = re.fullmatch(r"(?:encoder\.layers|blocks)\.(\d+)\.(.+)", stem)
     if m is None or m.group(2) not in _LAYER:
         raise CheckpointError(f"no mmproj tensor for '{ours}'")
     return f"v.blk.{m.group(1)}.{_LAYER[m.group(2)]}.{part}"
@@ -80,6 +92,8 @@ class MmprojFile(GGUFCheckpoint):
         language model's vocabulary (Gemma 3's image markers; the placeholder id is only
         matched, never embedded, so a vocabulary without it takes 0)."""
         g = lambda key, default=None: self.get(f"clip.vision.{key}", default)  # noqa: E731
+        if self.kind == QWEN:
+            return self._qwen_config(g, token_id)
         side = int(g("image_size")) // int(g("patch_size"))
         smol = self.kind == "idefics3"
         scale = int(g("projector.scale_factor", 2 if smol else 4))
@@ -107,9 +121,46 @@ class MmprojFile(GGUFCheckpoint):
             tokens_per_image=(side // scale) ** 2,
         )
 
+    @staticmethod
+    def _qwen_config(g, token_id) -> MediaConfig:
+        """Qwen2.5-VL's: the windowed blocks' pattern as llama.cpp keeps it (every
+        ``n_wa_pattern``-th block sees the whole image), windows of 112 pixels unless the
+        file says otherwise (llama.cpp's default); a token count that follows the image."""
+        depth, every = int(g("block_count")), int(g("n_wa_pattern", 8))
+        vision = {
+            "depth": depth,
+            "hidden_size": g("embedding_length"),
+            "intermediate_size": g("feed_forward_length"),
+            "num_heads": g("attention.head_count"),
+            "out_hidden_size": g("projection_dim"),
+            "patch_size": g("patch_size", 14),
+            "window_size": g("window_size", 112),
+            "fullatt_block_indexes": [i for i in range(depth) if (i + 1) % every == 0],
+            "image_mean": list(g("image_mean")),
+            "image_std": list(g("image_std")),
+        }
+        image = token_id("<|image_pad|>")
+        return MediaConfig(
+            vision=vision,
+            image_token_id=image if image is not None else 0,
+            boi_token_id=token_id("<|vision_start|>"),
+            eoi_token_id=token_id("<|vision_end|>"),
+            tokens_per_image=0,
+        )
+
     @property
     def kind(self) -> str:
         return self.get("clip.projector_type")
+
+    def _qwen_tensor(self, ours: str, fd: int) -> torch.Tensor | None:
+        """Qwen's fused q/k/v (the file keeps three) and 3-D patch embedding (two 2-D
+        halves, one per frame in time); None for any other tensor."""
+        m = re.fullmatch(r"visual\.blocks\.(\d+)\.attn\.qkv\.(weight|bias)", ours)
+        if m is not None:
+            return torch.cat([self.tensor(f"v.blk.{m.group(1)}.attn_{x}.{m.group(2)}", fd) for x in "qkv"])
+        if ours == "visual.patch_embed.proj.weight":
+            return torch.stack([self.tensor("v.patch_embd.weight", fd), self.tensor("v.patch_embd.weight.1", fd)], 2)
+        return None
 
     def iter_weights(self, names: list[str], shapes: dict[str, torch.Size]) -> Iterator[tuple[str, str, torch.Tensor]]:
         """(file, our name, tensor) for each of ``names``, in the parameter's shape
@@ -119,10 +170,12 @@ class MmprojFile(GGUFCheckpoint):
         fd = os.open(self.path, os.O_RDONLY)
         try:
             for ours in names:
-                found = file_name(ours, self.kind)
-                if found not in self.tensors:
-                    raise CheckpointError(f"{self.path}: no tensor '{found}' (for '{ours}')")
-                tensor = self.tensor(found, fd)
+                tensor = self._qwen_tensor(ours, fd) if self.kind == QWEN else None
+                if tensor is None:
+                    found = file_name(ours, self.kind)
+                    if found not in self.tensors:
+                        raise CheckpointError(f"{self.path}: no tensor '{found}' (for '{ours}')")
+                    tensor = self.tensor(found, fd)
                 if ours.endswith("mm_soft_emb_norm.weight"):
                     tensor = tensor.float() - 1.0
                 want = shapes[ours]
