@@ -154,6 +154,43 @@ def test_anthropic_and_responses_take_images_as_the_chat_route(server):
     assert with_image - without >= PER_IMAGE + 2  # the image tokens, begin and end
 
 
+def test_an_image_in_a_tool_result_reaches_the_model(server):
+    """A tool that returns a picture: Anthropic's tool_result with an image block, and
+    OpenAI's tool message with an image part, give the same greedy answer (the image in
+    the tool's turn), and another picture another answer."""
+    import httpx
+
+    _, url = png(21)
+    call = {"id": "t1", "type": "function", "function": {"name": "camera", "arguments": "{}"}}
+    openai_messages = [
+        {"role": "user", "content": "take a picture"},
+        {"role": "assistant", "content": "", "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "t1", "content": [{"type": "text", "text": "shot: "},
+                                                            {"type": "image_url", "image_url": {"url": url}}]},
+    ]  # fmt: skip
+    chat = lambda messages: httpx.post(server.url + "/v1/chat/completions", json={  # noqa: E731
+        "messages": messages, "max_tokens": 8, "temperature": 0, "logprobs": True})  # fmt: skip
+    r = chat(openai_messages)
+    assert r.status_code == 200, r.text
+    chat_answer = r.json()["choices"][0]["message"]["content"]
+    chat_logprobs = [t["logprob"] for t in r.json()["choices"][0]["logprobs"]["content"]]
+    image = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": url.split(",", 1)[1]}}
+    messages = [
+        {"role": "user", "content": "take a picture"},
+        {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "camera", "input": {}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1",
+                                      "content": [{"type": "text", "text": "shot: "}, image]}]},
+    ]  # fmt: skip
+    body = {"model": "m", "max_tokens": 8, "temperature": 0, "messages": messages}
+    r = httpx.post(server.url + "/v1/messages", json=body)
+    assert r.status_code == 200, r.text
+    assert r.json()["content"][0]["text"] == chat_answer
+    assert r.json()["usage"]["input_tokens"] > PER_IMAGE
+    openai_messages[2]["content"][1]["image_url"]["url"] = png(22)[1]
+    other = [t["logprob"] for t in chat(openai_messages).json()["choices"][0]["logprobs"]["content"]]
+    assert max(abs(a - b) for a, b in zip(chat_logprobs, other)) > 1e-4  # the picture matters
+
+
 def test_a_slot_with_an_image_is_saved_and_restored(server):
     """Beyond llama-server (which refuses multimodal slot saves): the file holds the
     image as its key; restored into the emptied slot, the same question about the same

@@ -132,14 +132,16 @@ def to_chat(body: MessagesFields, extra: dict | None = None) -> ChatCompletionRe
         nested = [
             c for b in blocks if isinstance(b, ToolResultBlock) and isinstance(b.content, list) for c in b.content
         ]
-        media = next((b for b in nested if isinstance(b, ImageBlock)), None)  # in a tool result
-        media = media or next((b for b in blocks if isinstance(b, ImageBlock) and b.type != "image"), None)
-        if media is not None:
+        media = next((b for b in [*blocks, *nested] if isinstance(b, ImageBlock) and b.type != "image"), None)
+        if media is not None:  # a document block
             raise APIError(400, text_only(media.type))
         images = [b for b in blocks if isinstance(b, ImageBlock)]
         for b in blocks:
             if isinstance(b, ToolResultBlock):
-                messages.append({"role": "tool", "tool_call_id": b.tool_use_id, "content": _text(b.content)})
+                result: str | list[dict] = _text(b.content)
+                if isinstance(b.content, list) and any(isinstance(c, ImageBlock) for c in b.content):
+                    result = [_chat_part(c) for c in b.content]  # a tool's image: the tool message's part
+                messages.append({"role": "tool", "tool_call_id": b.tool_use_id, "content": result})
         text = "".join(b.text for b in blocks if isinstance(b, TextBlock))
         thinking = "".join(b.thinking for b in blocks if isinstance(b, ThinkingBlock))
         calls = [
