@@ -81,6 +81,19 @@ def _responses_refused(body: dict) -> bool:
     return False
 
 
+def _images(body: dict) -> bool:
+    """A prompt object with ``multimodal_data`` or a content entry with an image part."""
+    entries = [body.get("content"), body.get("input")]
+    entries += [x for e in entries if isinstance(e, list) for x in e]
+    for e in entries:
+        if isinstance(e, dict) and e.get("multimodal_data"):
+            return True
+        parts = e.get("content") if isinstance(e, dict) and isinstance(e.get("content"), list) else []
+        if any(isinstance(p, dict) and p.get("type") == "image_url" for p in parts):
+            return True
+    return False
+
+
 @schemathesis.hook
 def filter_case(context, case) -> bool:
     body = case.body
@@ -91,9 +104,8 @@ def filter_case(context, case) -> bool:
         entries += [x for e in entries if isinstance(e, list) for x in e]
         if "" in entries or any(isinstance(e, dict) and e.get("prompt_string") == "" for e in entries):
             return False
-    if str(case.path) == "/tokenize" and isinstance(body, dict) and _positive(case):
-        content = body.get("content")
-        if isinstance(content, dict) and content.get("multimodal_data"):
+    if str(case.path) in ("/tokenize", "/embedding", "/embeddings", "/v1/embeddings") and _positive(case):
+        if isinstance(body, dict) and _images(body):
             return False  # images: a text model refuses them
     if str(case.path).startswith("/v1/responses") and isinstance(body, dict) and _positive(case):
         if _responses_refused(body):

@@ -36,7 +36,7 @@ def checkpoint(tmp_path_factory):
 @pytest.fixture(scope="module")
 def server(checkpoint, tmp_path_factory):
     slots = tmp_path_factory.mktemp("slots")
-    flags = ("-np", "2", "-c", "1024", "--slot-save-path", str(slots), "--metrics")
+    flags = ("-np", "2", "-c", "1024", "--slot-save-path", str(slots), "--metrics", "--embeddings")
     with ServerProcess("-m", str(checkpoint[0]), *flags) as srv:
         srv.wait_ready()
         yield srv
@@ -189,6 +189,38 @@ def test_an_image_in_a_tool_result_reaches_the_model(server):
     openai_messages[2]["content"][1]["image_url"]["url"] = png(22)[1]
     other = [t["logprob"] for t in chat(openai_messages).json()["choices"][0]["logprobs"]["content"]]
     assert max(abs(a - b) for a, b in zip(chat_logprobs, other)) > 1e-4  # the picture matters
+
+
+def test_embeddings_take_images(server):
+    """llama-server's /embeddings with prompt objects (its test_vision_embeddings) and
+    OpenAI's route with a content entry of text and image parts: the same image gives
+    the same vector either way (to float rounding: llama-server's test asks bitwise,
+    which a batch of other shapes does not give here), another image or none another."""
+    import httpx
+
+    data, other = png(23)[1].split(",", 1)[1], png(24)[1].split(",", 1)[1]
+    text = "What is this: <__media__>\n"
+    content = [
+        {"prompt_string": text, "multimodal_data": [data]},
+        {"prompt_string": text, "multimodal_data": [data]},
+        {"prompt_string": text, "multimodal_data": [other]},
+        {"prompt_string": "What is this: \n"},
+    ]
+    r = httpx.post(server.url + "/embeddings", json={"content": content})
+    assert r.status_code == 200, r.text
+    vectors = [torch.tensor(e["embedding"]) for e in r.json()]  # [1, hidden] each (pooled)
+    assert (vectors[0] - vectors[1]).abs().max() < 1e-5  # equal to rounding: batch shapes differ (not bitwise)
+    assert (vectors[0] - vectors[2]).abs().max() > 1e-3 and (vectors[0] - vectors[3]).abs().max() > 1e-3
+    parts = [{"type": "text", "text": "What is this: "}, {"type": "image_url", "image_url": {"url": png(23)[1]}},
+             {"type": "text", "text": "\n"}]  # fmt: skip
+    r = httpx.post(server.url + "/v1/embeddings", json={"input": [{"content": parts}, content[0]]})
+    assert r.status_code == 200, r.text
+    a, b = (e["embedding"] for e in r.json()["data"])
+    assert a == pytest.approx(b, abs=1e-6)
+    bad = httpx.post(
+        server.url + "/embeddings", json={"content": [{"prompt_string": text, "multimodal_data": ["eA=="]}]}
+    )
+    assert bad.status_code == 400 and "image 0" in bad.json()["error"]["message"]
 
 
 def test_a_slot_with_an_image_is_saved_and_restored(server):

@@ -25,10 +25,10 @@ from pydantic import ConfigDict, Field
 from engine import Request, SamplingParams
 from server.errors import APIError
 from server.pipeline.generation import prompt_ids
+from server.pipeline.media import media_prompt
 from server.pipeline.run_batch import run_batch
 from server.schemas.answers import EmbeddingList, NativeEmbedding, documented
-from server.schemas.fields import text_only
-from server.schemas.requests import EmbedSize, Int, PromptObject, TokenId, _Body
+from server.schemas.requests import MEDIA_MARKER, EmbedSize, ImagePart, Int, PromptObject, TokenId, _Body
 
 router = APIRouter()
 
@@ -39,9 +39,9 @@ class TextPart(_Body):
 
 
 class ContentObject(_Body):
-    """llama-server's OpenAI-style content entry (text parts only: no media here)."""
+    """llama-server's OpenAI-style content entry: text and image parts, in order."""
 
-    content: Annotated[list[TextPart], Field(min_length=1)]
+    content: Annotated[list[TextPart | ImagePart], Field(min_length=1)]
 
 
 Mixed = Annotated[list[TokenId | str], Field(min_length=1)]
@@ -88,17 +88,24 @@ def normalize(vec: list[float], norm: int) -> list[float]:
     return [x * scale for x in vec]
 
 
-async def _ids(engine, entry: Entry) -> list[int]:
+async def _ids(state, engine, entry: Entry) -> tuple[list[int], list]:
+    """An input's token ids and its images (engine MediaItems): a prompt object's
+    ``multimodal_data`` at its markers, a content entry's image parts where they stand
+    (a model without an image encoder: 400, as on every route)."""
+    urls: list[str | None] = []
     if isinstance(entry, PromptObject):
-        if entry.multimodal_data:
-            raise APIError(400, f"multimodal_data: {text_only('image')} (embeddings take text)")
+        urls = ["data:image;base64," + data for data in entry.multimodal_data or []]
         entry = entry.prompt_string
     elif isinstance(entry, ContentObject):
-        entry = "".join(p.text for p in entry.content)
-    ids = await prompt_ids(engine, entry)
+        urls = [p.image_url.url if p.image_url else None for p in entry.content if isinstance(p, ImagePart)]
+        entry = "".join(p.text if isinstance(p, TextPart) else MEDIA_MARKER for p in entry.content)
+    if urls:
+        ids, media = await media_prompt(engine, entry, urls, "input", state.settings)
+    else:
+        ids, media = await prompt_ids(engine, entry), []
     if not ids:
         raise APIError(400, "Input content cannot be empty")
-    return ids
+    return ids, media
 
 
 async def _embed(http: HTTPRequest, body: EmbeddingRequest, oai: bool) -> tuple[list[list[list[float]]], int]:
@@ -114,8 +121,8 @@ async def _embed(http: HTTPRequest, body: EmbeddingRequest, oai: bool) -> tuple[
         raise APIError(400, "Pooling type 'none' is not OAI compatible. Please use a different pooling type")
     if body.dimensions is not None and body.dimensions != engine.hidden_size:
         raise APIError(400, f"dimensions: this model's embeddings have {engine.hidden_size}, not {body.dimensions}")
-    prompts = [await _ids(engine, e) for e in body.entries()]
-    reqs = [Request(ids, SamplingParams(max_tokens=1), pooling=pooling) for ids in prompts]
+    prompts = [await _ids(state, engine, e) for e in body.entries()]
+    reqs = [Request(ids, SamplingParams(max_tokens=1), pooling=pooling, media=media) for ids, media in prompts]
     for req in reqs:
         engine.validate(req)
     batch = run_batch(state, http, reqs, engine.n_slots)  # admitted as slots free up
@@ -127,7 +134,7 @@ async def _embed(http: HTTPRequest, body: EmbeddingRequest, oai: bool) -> tuple[
     vectors = [run.choices[0].embedding for run in batch.runs]
     if pooling != "none":
         vectors = [[normalize(v[0], body.embd_normalize)] for v in vectors]
-    return vectors, sum(len(ids) for ids in prompts)
+    return vectors, sum(len(ids) for ids, _ in prompts)
 
 
 def _encoded(vec: list[float]) -> str:
