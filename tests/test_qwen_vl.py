@@ -8,16 +8,15 @@ server's chat route."""
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 import torch
 from checkpoints import make_qwen2_5_vl
+from vision_tools import greedy, media_prompt, picture
 
 from engine import Engine, SamplingParams
 from engine.core.media import MediaItem, mrope_positions
 from engine.models.config import load_model_config
-from engine.text.image_prompts import QwenImages, expand
-from engine.text.images import placeholder_starts
+from engine.text.image_prompts import QwenImages
 
 N_NEW = 10
 
@@ -34,12 +33,6 @@ def engine(qwen):
     return Engine.from_pretrained(str(qwen[0]), n_ctx=1024, n_seq_max=2, max_batch_tokens=16)
 
 
-def picture(seed: int, height: int, width: int):
-    from PIL import Image
-
-    return Image.fromarray(np.random.default_rng(seed).integers(0, 256, (height, width, 3), dtype=np.uint8))
-
-
 def layout(qwen) -> QwenImages:
     spec = load_model_config(qwen[0]).media
     return QwenImages.of_checkpoint(qwen[0], spec.vision, qwen[2], spec)  # qwen[2]: a tokenizers.Tokenizer
@@ -54,11 +47,8 @@ def transformers_pixels(images: list) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def prompt_ids(qwen, text: str, images: list) -> tuple[list[int], list[MediaItem]]:
-    expanded, frames = expand(layout(qwen), text, images, "<__media__>")
-    ids = qwen[2].encode(expanded).ids
-    shapes = [layout(qwen).placeholders(f) for f in frames]
-    starts = placeholder_starts(ids, qwen[2].token_to_id("<|image_pad|>"), [n for n, _ in shapes])
-    return ids, [MediaItem.image(s, n, f, grid) for s, (n, grid), f in zip(starts, shapes, frames)]
+    tok = qwen[2]
+    return media_prompt(layout(qwen), lambda t: tok.encode(t).ids, tok.token_to_id("<|image_pad|>"), text, images)
 
 
 def reference(model, ids: list[int], images: list) -> tuple[list[int], torch.Tensor]:
@@ -73,12 +63,7 @@ def reference(model, ids: list[int], images: list) -> tuple[list[int], torch.Ten
 
 
 def ours(engine: Engine, ids, media, seq_id: int = 0, n_cached: int = 0) -> tuple[list[int], torch.Tensor]:
-    params = SamplingParams(temperature=0.0, max_tokens=N_NEW, ignore_eos=True)
-    seq = engine.add_sequence(ids, params, seq_id, n_cached=n_cached, media=media)
-    logits = []
-    while engine.has_work:
-        logits += [e.logits for e in engine.step(keep_logits=True) if e.token_id is not None]
-    return seq.output_ids, torch.stack(logits)
+    return greedy(engine, ids, media, N_NEW, seq_id, n_cached)
 
 
 def test_patches_equal_transformers_processor(qwen):

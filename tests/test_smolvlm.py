@@ -9,15 +9,14 @@ from __future__ import annotations
 
 import dataclasses
 
-import numpy as np
 import pytest
 import torch
 from checkpoints import make_smolvlm
+from vision_tools import greedy, media_prompt, picture
 
 from engine import Engine, SamplingParams
 from engine.core.media import MediaItem
 from engine.text.image_prompts import SmolVLMImages, expand
-from engine.text.images import placeholder_starts
 
 N_NEW = 10
 PER_FRAME = 4
@@ -33,12 +32,6 @@ def smolvlm(tmp_path_factory):
 @pytest.fixture(scope="module")
 def engine(smolvlm):
     return Engine.from_pretrained(str(smolvlm[0]), n_ctx=1024, n_seq_max=2, max_batch_tokens=16)
-
-
-def picture(seed: int, height: int = 33, width: int = 41):
-    from PIL import Image
-
-    return Image.fromarray(np.random.default_rng(seed).integers(0, 256, (height, width, 3), dtype=np.uint8))
 
 
 def processor(split: bool = True):
@@ -58,12 +51,8 @@ def prompt_ids(smolvlm, text: str, images: list) -> tuple[list[int], list[MediaI
     """Our prompt for ``text`` with images at ``<__media__>``: ids, media items, and the
     frames stacked for transformers [1, F, 3, 28, 28]."""
     folder, _, tok = smolvlm
-    expanded, frames = expand(layout(folder), text, images, "<__media__>")
-    ids = tok.encode(expanded).ids
-    image_id = tok.token_to_id("<image>")
-    starts = placeholder_starts(ids, image_id, [PER_FRAME] * len(frames))
-    assert len(starts) == len(frames)
-    return ids, [MediaItem.image(s, PER_FRAME, f) for s, f in zip(starts, frames)], torch.stack(frames)[None]
+    ids, media = media_prompt(layout(folder), lambda t: tok.encode(t).ids, tok.token_to_id("<image>"), text, images)
+    return ids, media, torch.stack([m.pixels for m in media])[None]
 
 
 def reference(model, ids: list[int], pixels: torch.Tensor) -> tuple[list[int], torch.Tensor]:
@@ -75,12 +64,7 @@ def reference(model, ids: list[int], pixels: torch.Tensor) -> tuple[list[int], t
 
 
 def ours(engine: Engine, ids, media, seq_id: int = 0, n_cached: int = 0) -> tuple[list[int], torch.Tensor]:
-    params = SamplingParams(temperature=0.0, max_tokens=N_NEW, ignore_eos=True)
-    seq = engine.add_sequence(ids, params, seq_id, n_cached=n_cached, media=media)
-    logits = []
-    while engine.has_work:
-        logits += [e.logits for e in engine.step(keep_logits=True) if e.token_id is not None]
-    return seq.output_ids, torch.stack(logits)
+    return greedy(engine, ids, media, N_NEW, seq_id, n_cached)
 
 
 def test_frames_and_text_are_transformers_processors(smolvlm):

@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 from checkpoints import make_gemma3_vision, write_byte_tokenizer
+from vision_tools import greedy
 
 from engine import Engine, SamplingParams
 from engine.core.media import MediaItem, split_point
@@ -52,12 +53,7 @@ def reference(model, ids: list[int], pixels: torch.Tensor) -> tuple[list[int], t
 
 def ours(engine: Engine, ids, starts, pixels, seq_id: int = 0, n_cached: int = 0) -> tuple[list[int], torch.Tensor]:
     media = [MediaItem.image(s, PER_IMAGE, p) for s, p in zip(starts, pixels)]
-    params = SamplingParams(temperature=0.0, max_tokens=N_NEW, ignore_eos=True)
-    seq = engine.add_sequence(ids, params, seq_id, n_cached=n_cached, media=media)
-    logits = []
-    while engine.has_work:
-        logits += [e.logits for e in engine.step(keep_logits=True) if e.token_id is not None]
-    return seq.output_ids, torch.stack(logits)
+    return greedy(engine, ids, media, N_NEW, seq_id, n_cached)
 
 
 @pytest.fixture(scope="module")

@@ -12,9 +12,9 @@ import json
 import pytest
 import torch
 from checkpoints import make_gemma3_vision, write_spm_tokenizer
-from gguf_tools import _run_converters
+from vision_tools import convert_pair, engine_prompt, greedy, picture
 
-from engine import Engine, SamplingParams
+from engine import Engine
 from engine.core.media import MediaItem
 from engine.errors import CheckpointError
 
@@ -45,26 +45,17 @@ def files(tmp_path_factory):
                  "size": {"height": 28, "width": 28}, "image_seq_length": PER_IMAGE, "resample": 2,
                  "rescale_factor": 1 / 255, "do_normalize": True, "do_rescale": True, "do_resize": True}  # fmt: skip
     (folder / "preprocessor_config.json").write_text(json.dumps(processor))
-    model, mmproj = root / "model.gguf", root / "mmproj.gguf"
-    _run_converters([[
-        ("convert_hf_to_gguf.py", ["--outfile", str(model), "--outtype", "f32", str(folder)]),
-        ("convert_hf_to_gguf.py", ["--outfile", str(mmproj), "--outtype", "f32", "--mmproj", str(folder)]),
-    ]])  # fmt: skip
-    return folder, model, mmproj
+    return (folder, *convert_pair(folder, folder, root))
 
 
-def greedy(engine: Engine, pixels: torch.Tensor) -> tuple[list[int], torch.Tensor]:
+def gemma_greedy(engine: Engine, pixels: torch.Tensor) -> tuple[list[int], torch.Tensor]:
     """Greedy tokens of text, an image (the engine's own placeholder id), text; and the
     first token's logits."""
     spec = engine.model_config.media
     ids = [5, 6, 7, 8] + [spec.image_token_id] * PER_IMAGE + [9, 10]
-    seq = engine.add_sequence(ids, SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True), 0,
-                              media=[MediaItem.image(4, PER_IMAGE, pixels)])  # fmt: skip
-    first = engine.step(keep_logits=True)[0].logits
-    while engine.has_work:
-        engine.step()
+    tokens, logits = greedy(engine, ids, [MediaItem.image(4, PER_IMAGE, pixels)], 12)
     engine.memory.seq_rm(0)
-    return seq.output_ids, first
+    return tokens, logits[0]
 
 
 def test_a_gguf_with_its_mmproj_answers_as_the_folder(files):
@@ -75,11 +66,11 @@ def test_a_gguf_with_its_mmproj_answers_as_the_folder(files):
     assert from_gguf.model_config.media.tokens_per_image == PER_IMAGE
     image = from_gguf.model.encode_images(pixels[None])
     assert (image - from_folder.model.encode_images(pixels[None])).abs().max() < 1e-2  # float16 projection
-    tokens, logits = greedy(from_gguf, pixels)
-    expect, expect_logits = greedy(from_folder, pixels)
+    tokens, logits = gemma_greedy(from_gguf, pixels)
+    expect, expect_logits = gemma_greedy(from_folder, pixels)
     assert tokens == expect
     assert (logits - expect_logits).abs().max() < 1e-2
-    _, other = greedy(from_folder, torch.randn(3, 28, 28, generator=torch.Generator().manual_seed(6)))
+    _, other = gemma_greedy(from_folder, torch.randn(3, 28, 28, generator=torch.Generator().manual_seed(6)))
     assert (other - expect_logits).abs().max() > 0.1  # the answer depends on the image
 
 
@@ -155,48 +146,21 @@ def smol_files(tmp_path_factory):
     ):
         if (folder / name).exists():
             (llama / name).write_bytes((folder / name).read_bytes())
-    model, mmproj = root / "model.gguf", root / "mmproj.gguf"
-    _run_converters([[
-        ("convert_hf_to_gguf.py", ["--outfile", str(model), "--outtype", "f32", str(llama)]),
-        ("convert_hf_to_gguf.py", ["--outfile", str(mmproj), "--outtype", "f32", "--mmproj", str(folder)]),
-    ]])  # fmt: skip
-    return folder, model, mmproj
-
-
-def smol_greedy(engine: Engine, folder, image) -> tuple[list[int], torch.Tensor]:
-    """Greedy tokens of a prompt with a tiled image (frames and text by the checkpoint's
-    own layout), their logits and the image's frame count."""
-    from engine.text.image_prompts import expand, image_prompts
-    from engine.text.images import placeholder_starts
-
-    cfg = engine.model_config
-    layout = image_prompts(cfg.model_type, folder, engine.tokenizer.hf, cfg.media)
-    text, frames = expand(layout, "look <__media__> now", [image], "<__media__>")
-    ids = engine.tokenizer.encode(text, add_special=True)
-    starts = placeholder_starts(ids, cfg.media.image_token_id, [cfg.media.tokens_per_image] * len(frames))
-    media = [MediaItem.image(s, cfg.media.tokens_per_image, f) for s, f in zip(starts, frames)]
-    seq = engine.add_sequence(ids, SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True), 0, media=media)
-    logits = []
-    while engine.has_work:
-        logits += [e.logits for e in engine.step(keep_logits=True) if e.token_id is not None]
-    engine.memory.seq_rm(0)
-    return seq.output_ids, torch.stack(logits), len(frames)
+    return (folder, *convert_pair(llama, folder, root))
 
 
 def test_a_smolvlm_gguf_with_its_mmproj_answers_as_the_folder(smol_files):
     """The idefics3 projector: SigLIP and the pixel shuffle's matrix from the file, the
     tiling from its preprocessing size; the same frames, tokens and (float32) logits."""
-    import numpy as np
-    from PIL import Image
-
     folder, model, mmproj = smol_files
-    image = Image.fromarray(np.random.default_rng(3).integers(0, 256, (33, 41, 3), dtype=np.uint8))
     from_gguf = Engine.from_pretrained(str(model), mmproj=str(mmproj), n_ctx=512, n_seq_max=1)
     from_folder = Engine.from_pretrained(str(folder), n_ctx=512, n_seq_max=1)
     assert from_gguf.model_config.architecture == "SmolVLMForConditionalGeneration"
-    tokens, logits, n_frames = smol_greedy(from_gguf, None, image)
-    expect, expect_logits, expect_frames = smol_greedy(from_folder, folder, image)
-    assert n_frames == expect_frames == 5  # 2 x 2 tiles and the whole image
+    ids, media = engine_prompt(from_gguf, None, "look <__media__> now", [picture(3)])
+    expect_ids, expect_media = engine_prompt(from_folder, folder, "look <__media__> now", [picture(3)])
+    assert ids == expect_ids and len(media) == len(expect_media) == 5  # 2 x 2 tiles and the whole image
+    tokens, logits = greedy(from_gguf, ids, media, 10)
+    expect, expect_logits = greedy(from_folder, ids, expect_media, 10)
     assert tokens == expect
     assert (logits - expect_logits).abs().max() < 1e-4
 
@@ -211,50 +175,24 @@ def qwen_files(tmp_path_factory):
     root = tmp_path_factory.mktemp("qwen-gguf")
     folder = root / "hf"
     make_qwen2_5_vl(folder, window=112)
-    model, mmproj = root / "model.gguf", root / "mmproj.gguf"
-    _run_converters([[
-        ("convert_hf_to_gguf.py", ["--outfile", str(model), "--outtype", "f32", str(folder)]),
-        ("convert_hf_to_gguf.py", ["--outfile", str(mmproj), "--outtype", "f32", "--mmproj", str(folder)]),
-    ]])  # fmt: skip
-    return folder, model, mmproj
-
-
-def qwen_greedy(engine: Engine, folder, images) -> tuple[list[int], torch.Tensor]:
-    """Greedy tokens and their logits for two images of other sizes (the layout of the
-    checkpoint, its pixel budget the folder's: 4 to 16 tokens an image)."""
-    from engine.text.image_prompts import expand, image_prompts
-    from engine.text.images import placeholder_starts
-
-    cfg = engine.model_config
-    layout = image_prompts(cfg.model_type, folder, engine.tokenizer.hf, cfg.media, (4, 16))
-    text, frames = expand(layout, "<__media__> and <__media__>?", images, "<__media__>")
-    ids = engine.tokenizer.encode(text, add_special=True)
-    shapes = [layout.placeholders(f) for f in frames]
-    starts = placeholder_starts(ids, cfg.media.image_token_id, [n for n, _ in shapes])
-    media = [MediaItem.image(s, n, f, grid) for s, (n, grid), f in zip(starts, shapes, frames)]
-    seq = engine.add_sequence(ids, SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True), 0, media=media)
-    logits = []
-    while engine.has_work:
-        logits += [e.logits for e in engine.step(keep_logits=True) if e.token_id is not None]
-    engine.memory.seq_rm(0)
-    return seq.output_ids, torch.stack(logits)
+    return (folder, *convert_pair(folder, folder, root))
 
 
 def test_a_qwen2_5_vl_gguf_with_its_mmproj_answers_as_the_folder(qwen_files):
     """The qwen2vl language model keeps its M-RoPE sections; the qwen2.5vl_merger projector
-    gives back the fused q/k/v, the 3-D patch embedding and the block pattern."""
-    import numpy as np
-    from PIL import Image
-
+    gives back the fused q/k/v, the 3-D patch embedding and the block pattern; the pixel
+    budget is the folder's (4 to 16 tokens an image: the file keeps none)."""
     folder, model, mmproj = qwen_files
-    rng = np.random.default_rng(4)
-    images = [Image.fromarray(rng.integers(0, 256, shape, dtype=np.uint8)) for shape in ((60, 90, 3), (110, 110, 3))]
+    images = [picture(4, 60, 90), picture(5, 110, 110)]
     from_gguf = Engine.from_pretrained(str(model), mmproj=str(mmproj), n_ctx=512, n_seq_max=1)
     from_folder = Engine.from_pretrained(str(folder), n_ctx=512, n_seq_max=1)
     assert from_gguf.model_config.architecture == "Qwen2_5_VLForConditionalGeneration"
     assert from_gguf.model.sections == from_folder.model.sections == [2, 3, 3]
     assert from_gguf.model.visual.config == from_folder.model.visual.config
-    tokens, logits = qwen_greedy(from_gguf, None, images)
-    expect, expect_logits = qwen_greedy(from_folder, folder, images)
+    ids, media = engine_prompt(from_gguf, None, "<__media__> and <__media__>?", images, (4, 16))
+    expect_ids, expect_media = engine_prompt(from_folder, folder, "<__media__> and <__media__>?", images)
+    assert ids == expect_ids and [m.grid for m in media] == [m.grid for m in expect_media]
+    tokens, logits = greedy(from_gguf, ids, media, 10)
+    expect, expect_logits = greedy(from_folder, ids, expect_media, 10)
     assert tokens == expect
     assert (logits - expect_logits).abs().max() < 1e-4

@@ -40,7 +40,9 @@ class DecoderLM(nn.Module):
     qkv_bias: bool | None = None  # None: config's attention_bias
     qk_norm: bool = False
     media_bidirectional = False  # an image's tokens see each other both ways (Gemma 3), else causal
-    media_prefixes: tuple[str, ...] = ()  # the image encoder's parameters (what a --mmproj file holds)
+    media_prefixes: tuple[str, ...] = ()  # the image encoder's parameters (what a --mmproj file holds; never fused)
+    checkpoint_prefixes: tuple[tuple[str, str], ...] = ()  # a checkpoint's name prefix -> ours, first match
+    skipped_prefixes: tuple[str, ...] = ()  # (ours) checkpoint tensors this model does not use
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -127,11 +129,23 @@ class DecoderLM(nn.Module):
     # ---- weights ---------------------------------------------------------------
 
     def _target(self, name: str) -> tuple[str, int | None]:
+        if self.media_prefixes and name.startswith(self.media_prefixes):  # the encoder's q/k/v stay separate
+            return name, None
         parts = name.split(".")
         if len(parts) >= 2 and parts[-2] in FUSED:
             fused, shard = FUSED[parts[-2]]
             return ".".join(parts[:-2] + [fused, parts[-1]]), shard
         return name, None
+
+    def _renamed(self, tensors: Iterable[tuple[str, str, torch.Tensor]]) -> Iterable[tuple[str, str, torch.Tensor]]:
+        """The triples under our names (``checkpoint_prefixes``), less ``skipped_prefixes``."""
+        for file, name, tensor in tensors:
+            for theirs, ours in self.checkpoint_prefixes:
+                if name.startswith(theirs):
+                    name = ours + name[len(theirs) :]
+                    break
+            if not (self.skipped_prefixes and name.startswith(self.skipped_prefixes)):
+                yield file, name, tensor
 
     def load_weights(self, tensors: Iterable[tuple[str, str, torch.Tensor]]) -> None:
         """Copy (file, name, tensor) triples into the modules; every parameter must be filled.
@@ -141,7 +155,7 @@ class DecoderLM(nn.Module):
         """
         params = dict(self.named_parameters(remove_duplicate=False))
         filled: set[tuple[str, int | None]] = set()
-        for file, name, tensor in tensors:
+        for file, name, tensor in self._renamed(tensors):
             if name.endswith(IGNORED_SUFFIXES) or (name == "lm_head.weight" and self.cfg.tie_word_embeddings):
                 continue
             target, shard = self._target(name)

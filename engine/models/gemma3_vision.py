@@ -14,8 +14,6 @@ transformers 4 / as saved (``language_model.model.*``, ``vision_tower.vision_mod
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -23,26 +21,6 @@ from torch import nn
 from engine.models.config import ModelConfig
 from engine.models.gemma import Gemma3ForCausalLM, GemmaRMSNorm
 from engine.models.vision.siglip import SiglipVision, VisionConfig
-
-_PREFIXES = (  # checkpoint prefix -> ours, first match wins
-    ("model.language_model.", "model."),
-    ("language_model.model.", "model."),
-    ("language_model.lm_head.", "lm_head."),
-    ("model.vision_tower.vision_model.", "vision_tower."),
-    ("model.vision_tower.", "vision_tower."),
-    ("vision_tower.vision_model.", "vision_tower."),
-    ("model.multi_modal_projector.", "multi_modal_projector."),
-)
-_SKIPPED = ("vision_tower.head.",)  # SigLIP's attention-pooling head
-
-
-def our_name(name: str) -> str | None:
-    """A checkpoint tensor's name in this module (None: a tensor Gemma 3 does not use)."""
-    for theirs, ours in _PREFIXES:
-        if name.startswith(theirs):
-            name = ours + name[len(theirs) :]
-            break
-    return None if name.startswith(_SKIPPED) else name
 
 
 class Gemma3Projector(nn.Module):
@@ -64,6 +42,16 @@ class Gemma3Projector(nn.Module):
 class Gemma3ForConditionalGeneration(Gemma3ForCausalLM):
     media_bidirectional = True
     media_prefixes = ("vision_tower.", "multi_modal_projector.")  # what a --mmproj file holds
+    checkpoint_prefixes = (
+        ("model.language_model.", "model."),
+        ("language_model.model.", "model."),
+        ("language_model.lm_head.", "lm_head."),
+        ("model.vision_tower.vision_model.", "vision_tower."),
+        ("model.vision_tower.", "vision_tower."),
+        ("vision_tower.vision_model.", "vision_tower."),
+        ("model.multi_modal_projector.", "multi_modal_projector."),
+    )
+    skipped_prefixes = ("vision_tower.head.",)  # SigLIP's attention-pooling head
 
     def __init__(self, cfg: ModelConfig):
         super().__init__(cfg)
@@ -84,13 +72,3 @@ class Gemma3ForConditionalGeneration(Gemma3ForCausalLM):
     def encode_end(self, x: torch.Tensor) -> torch.Tensor:
         """The encoder's last stage's output [N, P, Dv] -> image tokens [N, T, hidden]."""
         return self.multi_modal_projector(self.vision_tower.post_layernorm(x))
-
-    def _target(self, name: str) -> tuple[str, int | None]:
-        """The encoder's q/k/v stay separate (only the language model's are fused)."""
-        if name.startswith(("vision_tower.", "multi_modal_projector.")):
-            return name, None
-        return super()._target(name)
-
-    def load_weights(self, tensors: Iterable[tuple[str, str, torch.Tensor]]) -> None:
-        renamed = ((file, our_name(name), t) for file, name, t in tensors)
-        super().load_weights((file, name, t) for file, name, t in renamed if name is not None)

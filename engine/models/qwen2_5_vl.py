@@ -16,16 +16,12 @@ transformers 5's ``model.language_model.*`` and ``model.visual.*`` too."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-
 import torch
 
 from engine.models.config import ModelConfig
 from engine.models.qwen2 import Qwen2ForCausalLM
 from engine.models.vision.qwen_vit import QwenVision, QwenVisionConfig
 from memory import ForwardView
-
-_PREFIXES = (("model.language_model.", "model."), ("model.visual.", "visual."))
 
 
 def _sections(raw: dict) -> list[int]:
@@ -39,6 +35,7 @@ def _sections(raw: dict) -> list[int]:
 class Qwen2_5_VLForConditionalGeneration(Qwen2ForCausalLM):
     mrope = True  # the runner gives rotary positions [3, T] (engine/core/media.py)
     media_prefixes = ("visual.",)  # what a --mmproj file holds
+    checkpoint_prefixes = (("model.language_model.", "model."), ("model.visual.", "visual."))
 
     def __init__(self, cfg: ModelConfig):
         super().__init__(cfg)
@@ -86,17 +83,3 @@ class Qwen2_5_VLForConditionalGeneration(Qwen2ForCausalLM):
         for layer in self.model.layers:
             x = layer(x, cos, sin, view)
         return self.model.norm(x[rows])
-
-    def _target(self, name: str) -> tuple[str, int | None]:
-        if name.startswith("visual."):
-            return name, None
-        return super()._target(name)
-
-    def load_weights(self, tensors: Iterable[tuple[str, str, torch.Tensor]]) -> None:
-        def ours(name: str) -> str:
-            for theirs, mine in _PREFIXES:
-                if name.startswith(theirs):
-                    return mine + name[len(theirs) :]
-            return name
-
-        super().load_weights((file, ours(name), t) for file, name, t in tensors)

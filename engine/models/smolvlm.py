@@ -13,27 +13,12 @@ transformers 4 and 5."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-
 import torch
 from torch import nn
 
 from engine.models.config import ModelConfig
 from engine.models.llama import LlamaForCausalLM
 from engine.models.vision.siglip import SiglipVision, VisionConfig
-
-_PREFIXES = (  # checkpoint prefix -> ours
-    ("model.text_model.", "model."),
-    ("model.vision_model.", "vision_model."),
-    ("model.connector.", "connector."),
-)
-
-
-def our_name(name: str) -> str:
-    for theirs, ours in _PREFIXES:
-        if name.startswith(theirs):
-            return ours + name[len(theirs) :]
-    return name
 
 
 def pixel_shuffle(x: torch.Tensor, scale: int) -> torch.Tensor:
@@ -66,6 +51,11 @@ class SmolVLMConnector(nn.Module):
 class SmolVLMForConditionalGeneration(LlamaForCausalLM):
     media_bidirectional = False  # causal over image tokens, as transformers' SmolVLM
     media_prefixes = ("vision_model.", "connector.")  # what a --mmproj file holds
+    checkpoint_prefixes = (
+        ("model.text_model.", "model."),
+        ("model.vision_model.", "vision_model."),
+        ("model.connector.", "connector."),
+    )
 
     def __init__(self, cfg: ModelConfig):
         super().__init__(cfg)
@@ -87,15 +77,6 @@ class SmolVLMForConditionalGeneration(LlamaForCausalLM):
     def encode_end(self, x: torch.Tensor) -> torch.Tensor:
         """The encoder's last stage's output [N, P, Dv] -> frame tokens [N, T, hidden]."""
         return self.connector(self.vision_model.post_layernorm(x))
-
-    def _target(self, name: str) -> tuple[str, int | None]:
-        """The encoder's q/k/v stay separate (only the language model's are fused)."""
-        if name.startswith(("vision_model.", "connector.")):
-            return name, None
-        return super()._target(name)
-
-    def load_weights(self, tensors: Iterable[tuple[str, str, torch.Tensor]]) -> None:
-        super().load_weights((file, our_name(name), t) for file, name, t in tensors)
 
 
 class Idefics3ForConditionalGeneration(SmolVLMForConditionalGeneration):
