@@ -350,6 +350,7 @@ def greedy_reference(model, prompt: list[int], n: int) -> tuple[list[int], torch
     """transformers' greedy continuation of ``prompt``: (n tokens, logits [n, vocab])."""
     out = model.generate(
         torch.tensor([prompt]),
+        attention_mask=torch.ones(1, len(prompt), dtype=torch.long),  # pad_token_id 0 must not mask token 0
         max_new_tokens=n,
         do_sample=False,
         output_logits=True,

@@ -55,14 +55,24 @@ def _run_converters(groups: list[list[tuple[str, list[str]]]]) -> None:
             raise RuntimeError(f"{', '.join(sorted({s for s, _ in runs}))} failed: {err[-2000:]}")
 
 
+MTMD_PHOTO = "tools/mtmd/test-1.jpeg"  # the photo llama.cpp's multimodal tests use
+
+
+def mtmd_photo():
+    """llama.cpp's multimodal test photo (from the pinned sdist) as an RGB PIL image."""
+    from PIL import Image
+
+    return Image.open(converter_tree() / MTMD_PHOTO).convert("RGB")
+
+
 def converter_tree() -> Path:
     """The extracted converters (convert_hf_to_gguf.py, convert_lora_to_gguf.py,
-    conversion/, gguf-py/). Raises RuntimeError when they can be neither found nor
-    downloaded."""
+    conversion/, gguf-py/) and libmtmd's test photo (tools/mtmd/test-1.jpeg). Raises
+    RuntimeError when they can be neither found nor downloaded."""
     import fcntl
 
     tree = CACHE / "tree"
-    wanted = ("convert_hf_to_gguf.py", "convert_lora_to_gguf.py", "conversion/", "gguf-py/")
+    wanted = ("convert_hf_to_gguf.py", "convert_lora_to_gguf.py", "conversion/", "gguf-py/", MTMD_PHOTO)
     if all((tree / name).exists() for name in wanted):
         return tree
     CACHE.mkdir(parents=True, exist_ok=True)

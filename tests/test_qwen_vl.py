@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 from checkpoints import make_qwen2_5_vl
-from vision_tools import greedy, media_prompt, picture
+from vision_tools import greedy, image_part, media_prompt, picture
 
 from engine import Engine, SamplingParams
 from engine.core.media import MediaItem, mrope_positions
@@ -58,6 +58,7 @@ def reference(model, ids: list[int], images: list) -> tuple[list[int], torch.Ten
     out = model.generate(
         input_ids, pixel_values=pixels, image_grid_thw=grid, mm_token_type_ids=(input_ids == image_id).int(),
         max_new_tokens=N_NEW, do_sample=False, output_logits=True, return_dict_in_generate=True, pad_token_id=0,
+        attention_mask=torch.ones_like(input_ids),
     )  # fmt: skip
     return out.sequences[0, len(ids) :].tolist(), torch.stack(out.logits)[:, 0]
 
@@ -67,9 +68,11 @@ def ours(engine: Engine, ids, media, seq_id: int = 0, n_cached: int = 0) -> tupl
 
 
 def test_patches_equal_transformers_processor(qwen):
-    """Sizes within the pixel budget, above it and below it: the same patches and grid."""
-    for height, width in ((60, 90), (300, 200), (20, 30)):
-        image = picture(height, height, width)
+    """Sizes within the pixel budget, above it and below it, and llama.cpp's test photo:
+    the same patches and grid."""
+    from gguf_tools import mtmd_photo
+
+    for image in [picture(h, h, w) for h, w in ((60, 90), (300, 200), (20, 30))] + [mtmd_photo()]:
         pixels, grid = transformers_pixels([image])
         (frame,), _ = layout(qwen).frames(image)
         assert (frame.shape[0] * 2, frame.shape[1] * 2) == tuple(grid[0, 1:].tolist())
@@ -94,6 +97,19 @@ def test_one_image_matches_transformers(qwen, engine):
     image = picture(1, 110, 84)
     ids, media = prompt_ids(qwen, "what is <__media__> this?", [image])
     assert media[0].grid == (4, 3)  # 112 x 84 pixels: 4 x 3 tokens, two windows across
+    expect, expect_logits = reference(qwen[1], ids, [image])
+    tokens, logits = ours(engine, ids, media)
+    assert tokens == expect
+    assert (logits - expect_logits).abs().max() < 1e-4
+
+
+def test_the_test_photo_matches_transformers(qwen, engine):
+    """llama.cpp's multimodal test photo (a landscape JPEG), resized into the pixel budget."""
+    from gguf_tools import mtmd_photo
+
+    image = mtmd_photo()
+    ids, media = prompt_ids(qwen, "describe <__media__>", [image])
+    engine.memory.seq_rm(0)
     expect, expect_logits = reference(qwen[1], ids, [image])
     tokens, logits = ours(engine, ids, media)
     assert tokens == expect
@@ -156,16 +172,6 @@ def server(qwen, tmp_path_factory):
     with ServerProcess("-m", str(qwen[0]), *flags) as srv:
         srv.wait_ready()
         yield srv
-
-
-def image_part(image) -> dict:
-    import base64
-    import io
-
-    png = io.BytesIO()
-    image.save(png, format="PNG")
-    url = "data:image/png;base64," + base64.b64encode(png.getvalue()).decode()
-    return {"type": "image_url", "image_url": {"url": url}}
 
 
 def test_the_chat_route_answers_as_transformers_does(qwen, server):

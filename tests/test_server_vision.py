@@ -68,6 +68,7 @@ def expected(checkpoint, question: str, image, n: int) -> tuple[str, list[float]
     out = model.generate(
         input_ids, pixel_values=pixels, token_type_ids=(input_ids == image_id).long(), max_new_tokens=n,
         do_sample=False, pad_token_id=0, output_logits=True, return_dict_in_generate=True,
+        attention_mask=torch.ones_like(input_ids),
     )  # fmt: skip
     chosen = out.sequences[0, len(ids) :]
     logprobs = torch.stack(out.logits)[:, 0].log_softmax(-1).gather(1, chosen[:, None])[:, 0]
@@ -259,6 +260,7 @@ def test_completion_takes_multimodal_data_at_its_markers(checkpoint, server):
     out = model.generate(
         input_ids, pixel_values=processor(images=image, return_tensors="pt")["pixel_values"],
         token_type_ids=(input_ids == image_id).long(), max_new_tokens=8, do_sample=False, pad_token_id=0,
+        attention_mask=torch.ones_like(input_ids),
     )  # fmt: skip
     prompt = {"prompt_string": text, "multimodal_data": [url.split(",", 1)[1]]}
     body = {"prompt": prompt, "n_predict": 8, "temperature": 0, "return_tokens": True}

@@ -58,7 +58,7 @@ def prompt_ids(smolvlm, text: str, images: list) -> tuple[list[int], list[MediaI
 def reference(model, ids: list[int], pixels: torch.Tensor) -> tuple[list[int], torch.Tensor]:
     out = model.generate(
         torch.tensor([ids]), pixel_values=pixels, max_new_tokens=N_NEW, do_sample=False, output_logits=True,
-        return_dict_in_generate=True, pad_token_id=0,
+        return_dict_in_generate=True, pad_token_id=0, attention_mask=torch.ones(1, len(ids), dtype=torch.long),
     )  # fmt: skip
     return out.sequences[0, len(ids) :].tolist(), torch.stack(out.logits)[:, 0]
 
@@ -72,10 +72,12 @@ def test_frames_and_text_are_transformers_processors(smolvlm):
     PIL image processor and its processor's prompt string, for a wide, a tall and a
     small image (scaled up: tiled too), and without tiling (the processor itself needs
     torchvision for video)."""
+    from gguf_tools import mtmd_photo
     from transformers.models.smolvlm.processing_smolvlm import get_image_prompt_string
 
     folder = smolvlm[0]
     cases = ((picture(1), True, 4), (picture(2, 60, 20), True, 2), (picture(3, 12, 9), True, 4), (picture(1), False, 0))
+    cases += ((mtmd_photo(), True, 4),)  # llama.cpp's test photo: a JPEG, landscape
     for image, split, tiles in cases:
         expected = processor(split)(images=[[image]], return_tensors="pt", return_row_col_info=True)
         rows, cols = expected["rows"][0][0], expected["cols"][0][0]
@@ -150,10 +152,11 @@ def test_position_buckets_are_transformers(smolvlm):
 
 
 @pytest.fixture(scope="module")
-def server(smolvlm):
+def server(smolvlm, tmp_path_factory):
     from server_proc import ServerProcess
 
-    with ServerProcess("-m", str(smolvlm[0]), "-np", "2", "-c", "2048") as srv:
+    slots = str(tmp_path_factory.mktemp("slots"))
+    with ServerProcess("-m", str(smolvlm[0]), "-np", "2", "-c", "2048", "--slot-save-path", slots) as srv:
         srv.wait_ready()
         yield srv
 
@@ -183,3 +186,31 @@ def test_the_chat_route_answers_as_transformers_does(smolvlm, server):
     assert [t.logprob for t in answer.choices[0].logprobs.content] == pytest.approx(want, abs=1e-4)
     again = client.chat.completions.create(model="m", messages=messages, max_tokens=2, temperature=0)
     assert again.usage.prompt_tokens_details.cached_tokens >= media[-1].end
+
+
+def test_a_restored_slot_continues_the_conversation_as_transformers_does(smolvlm, server):
+    """A slot holding a tiled image (five frames) is saved, erased and restored; the next
+    turn reuses every frame's cache, and its answer is transformers' on the whole
+    conversation."""
+    import httpx
+    from openai import OpenAI
+    from vision_tools import image_part
+
+    image = picture(10, 40, 70)
+    client = OpenAI(base_url=server.url + "/v1", api_key="none")
+    turn = [{"role": "user", "content": [{"type": "text", "text": "look: "}, image_part(image)]}]
+    first = client.chat.completions.create(model="m", messages=turn, max_tokens=4, temperature=0,
+                                           extra_body={"id_slot": 1})  # fmt: skip
+    slot = lambda action, **body: httpx.post(f"{server.url}/slots/1", params={"action": action}, json=body)  # noqa: E731
+    assert slot("save", filename="smol.slot").status_code == 200
+    assert slot("erase").json()["n_erased"] > 20
+    assert slot("restore", filename="smol.slot").status_code == 200
+    said = first.choices[0].message.content
+    turns = turn + [{"role": "assistant", "content": said}, {"role": "user", "content": "why?"}]
+    answer = client.chat.completions.create(model="m", messages=turns, max_tokens=N_NEW, temperature=0,
+                                            extra_body={"id_slot": 1})  # fmt: skip
+    ids, media, pixels = prompt_ids(smolvlm, f"user: look: <__media__>\nassistant: {said}\nuser: why?\n", [image])
+    expect, _ = reference(smolvlm[1], ids, pixels)
+    assert len(media) == 5 and answer.usage.prompt_tokens == len(ids)
+    assert answer.usage.prompt_tokens_details.cached_tokens >= media[-1].end
+    assert answer.choices[0].message.content == smolvlm[2].decode(expect, skip_special_tokens=True)

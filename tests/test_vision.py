@@ -47,6 +47,7 @@ def reference(model, ids: list[int], pixels: torch.Tensor) -> tuple[list[int], t
     out = model.generate(
         input_ids, pixel_values=pixels, token_type_ids=(input_ids == IMAGE).long(), max_new_tokens=N_NEW,
         do_sample=False, output_logits=True, return_dict_in_generate=True, pad_token_id=0,
+        attention_mask=torch.ones_like(input_ids),
     )  # fmt: skip
     return out.sequences[0, len(ids) :].tolist(), torch.stack(out.logits)[:, 0]
 
@@ -133,22 +134,28 @@ def test_images_on_a_text_model_are_refused(tmp_path):
 
 def test_preprocessing_gives_transformers_pixels():
     """engine/text/images.py against transformers' PIL image processor for Gemma 3, on an
-    image of another size and shape than the encoder's, sent as PNG bytes."""
+    image of another size and shape than the encoder's sent as PNG bytes, and on
+    llama.cpp's multimodal test photo sent as its JPEG bytes."""
     import io
 
     import numpy as np
+    from gguf_tools import MTMD_PHOTO, converter_tree
     from PIL import Image
     from transformers.models.gemma3.image_processing_pil_gemma3 import Gemma3ImageProcessorPil
 
     from engine.text.images import ImageSettings, decode_image, pixels
 
     image = Image.fromarray(np.random.default_rng(0).integers(0, 256, (37, 53, 3), dtype=np.uint8))
-    processor = Gemma3ImageProcessorPil(size={"height": 28, "width": 28}, image_mean=[0.5] * 3, image_std=[0.5] * 3)
-    expect = processor(images=image, return_tensors="pt")["pixel_values"][0]  # [3, 28, 28]
     png = io.BytesIO()
     image.save(png, format="PNG")
-    got = pixels(decode_image(png.getvalue()), ImageSettings(28, 28))
-    assert got.shape == expect.shape and (got - expect).abs().max() < 1e-6
+    jpeg = (converter_tree() / MTMD_PHOTO).read_bytes()
+    for data, size in ((png.getvalue(), 28), (jpeg, 896)):  # 896: Gemma 3's releases
+        processor = Gemma3ImageProcessorPil(
+            size={"height": size, "width": size}, image_mean=[0.5] * 3, image_std=[0.5] * 3
+        )
+        expect = processor(images=Image.open(io.BytesIO(data)), return_tensors="pt")["pixel_values"][0]  # [3, s, s]
+        got = pixels(decode_image(data), ImageSettings(size, size))
+        assert got.shape == expect.shape and (got - expect).abs().max() < 1e-6
 
 
 def test_bytes_that_are_no_image_are_refused():

@@ -20,6 +20,17 @@ def picture(seed: int, height: int = 33, width: int = 41):
     return Image.fromarray(np.random.default_rng(seed).integers(0, 256, (height, width, 3), dtype=np.uint8))
 
 
+def image_part(image) -> dict:
+    """A PIL image as an OpenAI chat content part (a PNG data: URL)."""
+    import base64
+    import io
+
+    png = io.BytesIO()
+    image.save(png, format="PNG")
+    url = "data:image/png;base64," + base64.b64encode(png.getvalue()).decode()
+    return {"type": "image_url", "image_url": {"url": url}}
+
+
 def media_prompt(layout, tokenizer, image_token: int, text: str, images: list) -> tuple[list[int], list[MediaItem]]:
     """``text`` with ``images`` at its ``<__media__>`` markers, laid out by ``layout``
     (engine/text/image_prompts.py) and tokenized by ``tokenizer`` (its ``encode(text)``
