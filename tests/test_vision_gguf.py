@@ -82,9 +82,11 @@ def test_a_projector_without_a_gguf_model_or_of_another_kind_is_refused(files, t
         Engine.from_pretrained(str(model), mmproj=str(model), n_ctx=256)  # a language model, no projector
 
 
-def test_the_server_takes_mmproj(files):
+def test_the_server_takes_mmproj(files, tmp_path):
     """``slotserve serve -m model.gguf --mmproj mmproj.gguf`` (llama-server's flags): /props
-    says the model takes images, and a chat message with an image is answered."""
+    says the model takes images, and a chat message with an image is answered. Its slot,
+    saved with the image, is refused by the same model served without the projector,
+    and that server's slot is left as it was."""
     import base64
     import io
 
@@ -98,8 +100,9 @@ def test_the_server_takes_mmproj(files):
     png = io.BytesIO()
     image.save(png, format="PNG")
     url = "data:image/png;base64," + base64.b64encode(png.getvalue()).decode()
+    slots = ("--slot-save-path", str(tmp_path))
     with ServerProcess(
-        "-m", str(model), "--mmproj", str(mmproj), "-np", "1", "-c", "256", "--no-mmproj-offload"
+        "-m", str(model), "--mmproj", str(mmproj), "-np", "1", "-c", "256", "--no-mmproj-offload", *slots
     ) as srv:
         srv.wait_ready()
         assert httpx.get(srv.url + "/props").json()["modalities"]["vision"] is True
@@ -108,6 +111,16 @@ def test_the_server_takes_mmproj(files):
         r = httpx.post(srv.url + "/v1/chat/completions", json=body)
         assert r.status_code == 200, r.text
         assert r.json()["usage"]["prompt_tokens"] > PER_IMAGE
+        saved = httpx.post(srv.url + "/slots/0", params={"action": "save"}, json={"filename": "image.slot"})
+        assert saved.status_code == 200, saved.text
+    with ServerProcess("-m", str(model), "-np", "1", "-c", "256", *slots) as srv:  # no projector
+        srv.wait_ready()
+        body = {"prompt": "plain text", "n_predict": 2, "id_slot": 0}
+        assert httpx.post(srv.url + "/completion", json=body).status_code == 200
+        before = httpx.get(srv.url + "/slots").json()[0]
+        r = httpx.post(srv.url + "/slots/0", params={"action": "restore"}, json={"filename": "image.slot"})
+        assert r.status_code == 400, r.text
+        assert httpx.get(srv.url + "/slots").json()[0]["n_cached"] == before["n_cached"] > 0
 
 
 @pytest.fixture(scope="module")
