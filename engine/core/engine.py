@@ -23,10 +23,11 @@ from engine.core.context_shift import ContextShift
 from engine.core.cuda_graphs import GraphLadder
 from engine.core.device_memory import gpu_sized
 from engine.core.draft_model import DraftModel
-from engine.core.media import MediaItem
+from engine.core.media import MediaItem, check_media
 from engine.core.media_encoder import MediaEncoder
 from engine.core.planner import Chunk, plan_step
 from engine.core.pooling import Pooler, Pooling
+from engine.core.reports import EngineReports
 from engine.core.runner import ModelRunner
 from engine.core.sequence import FinishReason, Sequence, StepEvent, TokenLogprob
 from engine.core.speculation import Speculation
@@ -44,7 +45,7 @@ from engine.loading.lora import load_lora
 from engine.sampling.grammar import BatchMasker, GrammarCompiler
 from engine.sampling.params import SamplingParams
 from engine.text.detokenizer import IncrementalDetokenizer, StopMatcher
-from memory import CacheFull, MemoryConfig, MemoryError_, build_memory
+from memory import CacheFull, MemoryConfig, build_memory
 
 log = logging.getLogger("slotserve.engine")
 
@@ -64,7 +65,7 @@ class Generation:
     logprobs: list[TokenLogprob]
 
 
-class Engine(TokenAcceptance, ContextShift):
+class Engine(TokenAcceptance, ContextShift, EngineReports):
     def __init__(self, config: EngineConfig, progress: Progress | None = None):
         """``progress(tensors done, of total, bytes done, of total)`` hears of the load."""
         self.config = config
@@ -204,7 +205,7 @@ class Engine(TokenAcceptance, ContextShift):
         check_token_ids(prompt_ids, self.model_config.vocab_size)
         media = sorted(media or [], key=lambda m: m.start)
         if media:
-            self._check_media(prompt_ids, media)
+            check_media(self.model, self.model_config, prompt_ids, media)
         pooler = Pooler(pooling, len(prompt_ids)) if pooling is not None else None
         if pooler is not None and pooler.needs_whole_prompt:
             n_cached = 0
@@ -236,74 +237,10 @@ class Engine(TokenAcceptance, ContextShift):
         self.running.append(seq)
         return seq
 
-    def _check_media(self, prompt_ids: list[int], media: list[MediaItem]) -> None:
-        """ValueError unless the model encodes images and each item covers its placeholders."""
-        spec = self.model_config.media
-        if spec is None or not hasattr(self.model, "encode_images"):
-            raise ValueError(f"this model ({self.model_config.architecture}) takes no images")
-        end = 0
-        for m in media:
-            fixed = spec.tokens_per_image  # 0: the count follows the image (checked when encoded)
-            if m.start < end or m.end > len(prompt_ids) or (fixed and m.n_tokens != fixed) or m.n_tokens < 1:
-                raise ValueError(f"an image at {m.start} does not fit its prompt ({m.n_tokens} positions)")
-            if any(t != spec.image_token_id for t in prompt_ids[m.start : m.end]):
-                raise ValueError(f"the prompt holds no image placeholders at {m.start}..{m.end - 1}")
-            end = m.end
-
     def abort(self, seq: Sequence) -> None:
         if seq in self.running:
             self.running.remove(seq)
             seq.finish_reason = seq.finish_reason or FinishReason.ABORT
-
-    def device_report(self) -> dict:
-        """Where and how the model runs (/props, /metrics): device, its name, dtype, the
-        KV pool's bytes and cells, and how decode steps run."""
-        name = torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else "cpu"
-        if self.static is None:
-            decode = "general"
-        else:
-            decode = "cuda_graphs" if self.static.graphs is not None else "static_eager"
-        return {
-            "type": self.device.type,
-            "name": name,
-            "dtype": self.config.dtype,
-            "kv_bytes": self.memory.usage().bytes_total,
-            "kv_cells": self.memory_config.n_ctx,
-            "decode": decode,
-            "graph_batch_sizes": self.static.sizes if self.static is not None and self.static.graphs else [],
-        }
-
-    def memory_report(self) -> dict:
-        """Usage of the memory and the result of its integrity check (call it from the
-        thread that steps the engine)."""
-        usage = self.memory.usage()
-        try:
-            self.memory.integrity_check()
-            integrity = "ok"
-        except MemoryError_ as exc:
-            integrity = str(exc)
-        groups = [
-            {
-                "kind": g.kind,
-                "n_layers": g.n_layers,
-                "block_size": g.block_tokens,
-                "n_blocks_total": g.n_blocks_total,
-                "n_blocks_used": g.n_blocks_used,
-                "bytes_total": g.bytes_total,
-                "bytes_used": g.bytes_used,
-            }
-            for g in usage.groups
-        ]
-        return {
-            "kind": usage.kind,
-            "layout": self.memory_config.layout,
-            "n_cells_used": usage.n_cells_used,
-            "bytes_total": usage.bytes_total,
-            "bytes_used": usage.bytes_used,
-            "usage_ratio": usage.ratio,
-            "groups": groups,
-            "integrity": integrity,
-        }
 
     @property
     def has_work(self) -> bool:

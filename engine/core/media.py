@@ -40,6 +40,22 @@ class MediaItem:
         return self.start + self.n_tokens
 
 
+def check_media(model, model_config, prompt_ids: list[int], media: list[MediaItem]) -> None:
+    """ValueError unless the model encodes images and each item covers its placeholders
+    (in order, inside the prompt; the model's fixed count where it has one)."""
+    spec = model_config.media
+    if spec is None or not hasattr(model, "encode_images"):
+        raise ValueError(f"this model ({model_config.architecture}) takes no images")
+    end = 0
+    for m in media:
+        fixed = spec.tokens_per_image  # 0: the count follows the image (checked when encoded)
+        if m.start < end or m.end > len(prompt_ids) or (fixed and m.n_tokens != fixed) or m.n_tokens < 1:
+            raise ValueError(f"an image at {m.start} does not fit its prompt ({m.n_tokens} positions)")
+        if any(t != spec.image_token_id for t in prompt_ids[m.start : m.end]):
+            raise ValueError(f"the prompt holds no image placeholders at {m.start}..{m.end - 1}")
+        end = m.end
+
+
 def split_point(items: list[MediaItem], start: int, n: int) -> int:
     """Tokens of a chunk [start, start + n) to compute so that no image is cut and none
     runs before it is encoded: the chunk ends before an image it would cut or that has
