@@ -262,6 +262,10 @@ class EngineService:
     def health(self) -> Health:
         return self._sched.health()
 
+    def lora_use(self) -> tuple[set[int], set[int]]:
+        """Adapter ids in use by running requests, and by waiting ones (a racy read)."""
+        return self._sched.lora_use()
+
     def slots(self) -> list[SlotInfo]:
         """Per-slot state (a racy read, for monitoring)."""
         return self._sched.snapshot()

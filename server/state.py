@@ -7,10 +7,12 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 from engine import CheckpointError, EngineConfig, EngineService, SlotFiles
 from server.config.settings import ServerSettings
 from server.errors import APIError
+from server.telemetry.gateway_metrics import GatewayCollector
 from server.telemetry.metrics import Metrics
 from server.telemetry.progress import ProgressLine
 
@@ -34,6 +36,9 @@ class ServerState:
         self.loop: asyncio.AbstractEventLoop | None = None
         self.metrics = Metrics()
         self.metrics.bind(lambda: self.engine, lambda: self.ready()[0] == 200)
+        self.metrics.registry.register(  # the inference gateway's names (vllm:*) beside slotserve's
+            GatewayCollector(lambda: self.engine, lambda: self.settings.model_name, lambda: self.lora_names)
+        )
         self.slot_files = SlotFiles(settings.slot_save_path) if settings.slot_save_path is not None else None
         self._loader = threading.Thread(target=self._load, name="slotserve-loader", daemon=True)
         self._closing = threading.Event()
@@ -142,6 +147,16 @@ class ServerState:
         """How embeddings pool: --pooling, else the checkpoint's, else ``last``."""
         given = self.settings.pooling or (self.engine.embedding_pooling if self.engine else None)
         return given or "last"
+
+    @property
+    def lora_names(self) -> list[str]:
+        """Each loaded adapter's name, by id: its file's stem (a GGUF) or its folder's
+        name (PEFT). A request whose ``model`` is one of them runs that adapter alone at
+        scale 1 (vLLM's way, which the inference gateway routes on)."""
+        return [
+            Path(path).stem if str(path).endswith(".gguf") else Path(path).name
+            for path, _ in self.settings.lora_adapters
+        ]
 
     @property
     def lora_scales(self) -> list[float]:

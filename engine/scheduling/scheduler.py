@@ -185,6 +185,15 @@ class Scheduler:
         n_running = len(self.board.active)
         return Health(alive, stalled, self._n_waiting, n_running, self.n_faults, self.n_faults_in_row, clock)
 
+    def lora_use(self) -> tuple[set[int], set[int]]:
+        """The adapters (by id) that running requests use, and those waiting requests
+        will (a racy read, for metrics: the copies are taken whole under the GIL)."""
+
+        def used(tasks) -> set[int]:
+            return {i for t in tasks for i, scale in enumerate(t.req.lora) if scale}
+
+        return used(list(self.board.active.values())), used([*list(self.board.waiting), *list(self._inbox)])
+
     def snapshot(self) -> list[SlotInfo]:
         """Per-slot state for /slots (a racy read, good enough for monitoring)."""
         out = []

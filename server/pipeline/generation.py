@@ -44,12 +44,18 @@ async def build_request(
     s = state.settings
     cache_prompt = s.cache_prompt if body.cache_prompt is None else body.cache_prompt
     n_keep = s.keep if body.n_keep is None else body.n_keep
-    return Request(ids, params, n, body.id_slot, cache_prompt, n_keep, lora=lora_scales(state, body.lora))
+    lora = lora_scales(state, body.lora, getattr(body, "model", None))
+    return Request(ids, params, n, body.id_slot, cache_prompt, n_keep, lora=lora)
 
 
-def lora_scales(state: ServerState, given: list | None) -> tuple[float, ...]:
-    """Each adapter's scale: the request's (unlisted: 0), else the server's (/lora-adapters)."""
+def lora_scales(state: ServerState, given: list | None, model: str | None = None) -> tuple[float, ...]:
+    """Each adapter's scale: the request's (unlisted: 0); else, where ``model`` names an
+    adapter, that one at 1 and the others off (vLLM's LoRA by model name); else the
+    server's (/lora-adapters)."""
     if given is None:
+        names = state.lora_names
+        if model is not None and model in names:
+            return tuple(1.0 if name == model else 0.0 for name in names)
         return tuple(state.lora_scales)
     scales = [0.0] * len(state.lora_scales)
     for entry in given:

@@ -135,4 +135,8 @@ async def models(http: HTTPRequest) -> dict:
         "capabilities": ["completion", "multimodal"] if multimodal else ["completion"],
         "details": {"format": "gguf" if str(state.settings.model).endswith(".gguf") else "safetensors"},
     }
-    return {"object": "list", "data": [entry], "models": [native]}
+    adapters = [  # each LoRA adapter as a model of its own (vLLM's listing): a request's model may name it
+        {"id": name, "object": "model", "created": entry["created"], "owned_by": "slotserve", "parent": entry["id"]}
+        for name in state.lora_names
+    ]
+    return {"object": "list", "data": [entry, *adapters], "models": [native]}

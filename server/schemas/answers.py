@@ -169,12 +169,13 @@ class ChatCompletion(_Out):
 
 class ModelCard(_Out):
     id: str
-    aliases: list[str]  # every name the model answers to (--alias, comma-separated), sorted
-    tags: list[str]  # --tags
+    aliases: list[str] | None = None  # every name the model answers to (--alias, comma-separated), sorted
+    tags: list[str] | None = None  # --tags
     object: Literal["model"]
     created: int
     owned_by: str
-    meta: dict[str, int]
+    meta: dict[str, int] | None = None
+    parent: str | None = None  # a LoRA adapter's: the model it adapts (its id is the adapter's name)
 
 
 class ModelEntry(_Out):
