@@ -20,7 +20,8 @@ from server_proc import InProcessServer
 
 ROOT = Path(__file__).resolve().parents[1]
 K8S_VERSION = "1.33.0"
-CRD_GROUPS = ("monitoring.coreos.com/",)
+CRD_GROUPS = ("monitoring.coreos.com/", "inference.networking.k8s.io/", "gateway.networking.k8s.io/")
+PICKER = "endpoint-picker"  # the gateway overlay's endpoint picker: its resources carry this component label
 
 
 @pytest.fixture(scope="module")
@@ -32,7 +33,7 @@ def exposed() -> set[str]:
     return {s.name for f in text_string_to_metric_families(text) for s in f.samples}
 
 
-@pytest.fixture(scope="module", params=["base", "overlays/example"])
+@pytest.fixture(scope="module", params=["base", "overlays/example", "overlays/gateway"])
 def rendered(request) -> list[dict]:
     return build(ROOT / "deploy" / request.param)
 
@@ -45,8 +46,10 @@ def build(folder: Path) -> list[dict]:
     return [doc for doc in yaml.safe_load_all(out) if doc]
 
 
-def by_kind(docs: list[dict], kind: str) -> list[dict]:
-    return [d for d in docs if d["kind"] == kind]
+def by_kind(docs: list[dict], kind: str, picker: bool = False) -> list[dict]:
+    """The documents of ``kind``: slotserve's own, or (``picker``) the endpoint picker's."""
+    of_picker = lambda d: d["metadata"].get("labels", {}).get("app.kubernetes.io/component") == PICKER  # noqa: E731
+    return [d for d in docs if d["kind"] == kind and of_picker(d) == picker]
 
 
 def metric_names(expr: str) -> set[str]:
@@ -176,3 +179,47 @@ def test_grafana_dashboard_queries_our_metrics(rendered, exposed):
         "slotserve_slot_file_operations_total",
     ):
         assert needed in used, needed
+
+
+def test_the_gateway_overlay_routes_to_the_pool_through_its_picker(exposed):
+    """deploy/overlays/gateway: the InferencePool selects the slotserve pods on their
+    serving port, names the picker's Service and port; the HTTPRoute sends to the pool;
+    the picker runs for that pool with its scoring config mounted, may read pods and
+    pools, and the metrics it reads by default (vLLM's names) are what slotserve serves."""
+    docs = build(ROOT / "deploy" / "overlays" / "gateway")
+    (pool,) = [d for d in docs if d["kind"] == "InferencePool"]
+    (server,) = by_kind(docs, "Deployment")
+    pod = server["spec"]["template"]
+    assert pool["apiVersion"] == "inference.networking.k8s.io/v1"
+    assert pool["spec"]["selector"]["matchLabels"].items() <= pod["metadata"]["labels"].items()
+    ports = {p["containerPort"] for p in pod["spec"]["containers"][0]["ports"]}
+    assert [p["number"] for p in pool["spec"]["targetPorts"]] == [8080] and 8080 in ports
+    (picker_service,) = by_kind(docs, "Service", picker=True)
+    ref = pool["spec"]["endpointPickerRef"]
+    assert ref["name"] == picker_service["metadata"]["name"]
+    assert ref["port"]["number"] in {p["port"] for p in picker_service["spec"]["ports"]}
+    (route,) = [d for d in docs if d["kind"] == "HTTPRoute"]
+    backends = [b for rule in route["spec"]["rules"] for b in rule["backendRefs"]]
+    assert backends == [{"group": "inference.networking.k8s.io", "kind": "InferencePool", "name": "slotserve"}]
+    (picker,) = by_kind(docs, "Deployment", picker=True)
+    spec = picker["spec"]["template"]["spec"]
+    (epp,) = spec["containers"]
+    args = dict(zip(epp["args"][::2], epp["args"][1::2]))
+    assert args["--pool-name"] == pool["metadata"]["name"]
+    assert picker_service["spec"]["selector"].items() <= picker["spec"]["template"]["metadata"]["labels"].items()
+    config_map = next(v["configMap"]["name"] for v in spec["volumes"] if v["name"] == "config")
+    (config,) = [c for c in by_kind(docs, "ConfigMap", picker=True) if c["metadata"]["name"] == config_map]
+    mount = next(m["mountPath"] for m in epp["volumeMounts"] if m["name"] == "config")
+    name = args["--config-file"].removeprefix(mount + "/")
+    plugins = {p["type"] for p in yaml.safe_load(config["data"][name])["plugins"]}
+    assert {"queue-scorer", "kv-cache-utilization-scorer", "prefix-cache-scorer"} <= plugins
+    (role,) = by_kind(docs, "Role", picker=True)
+    granted = {(g, r) for rule in role["rules"] for g in rule["apiGroups"] for r in rule["resources"]}
+    assert {("", "pods"), ("inference.networking.k8s.io", "inferencepools")} <= granted
+    (binding,) = by_kind(docs, "RoleBinding", picker=True)
+    assert binding["subjects"][0]["name"] == spec["serviceAccountName"]
+    args = server["spec"]["template"]["spec"]["containers"][0]["args"]  # a follow-up elsewhere: the shared disk tier
+    slots = next(m["mountPath"] for m in pod["spec"]["containers"][0]["volumeMounts"] if m["name"] == "slots")
+    assert args[args.index("--cache-disk") + 1].startswith(slots + "/")
+    assert {"vllm:num_requests_waiting", "vllm:num_requests_running", "vllm:kv_cache_usage_perc"} <= exposed
+    assert {"vllm:cache_config_info", "vllm:lora_requests_info"} <= exposed
