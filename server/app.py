@@ -18,6 +18,7 @@ from server.middleware.body_limit import BodyLimitMiddleware
 from server.middleware.cors import CORSMiddleware, CORSPolicy, parse_origins
 from server.middleware.cross_site import CrossSiteGuard
 from server.middleware.header_case import HeaderCase
+from server.middleware.idle_sleep import IdleSleep, WakeOnRequest
 from server.middleware.json_body import JSONBodyMiddleware
 from server.middleware.path_prefix import PathPrefix
 from server.routes import (
@@ -43,10 +44,15 @@ def create_app(settings: ServerSettings) -> FastAPI:
     (outermost last). The model loads in the background once the app starts."""
     state = ServerState(settings)
 
+    sleep = IdleSleep(state, settings.sleep_idle_seconds) if settings.sleep_idle_seconds > 0 else None
+
     @asynccontextmanager
     async def lifespan(_: FastAPI):
         state.start_loading(asyncio.get_running_loop())  # returns at once: the listener answers while the model loads
+        watch = asyncio.create_task(sleep.watch()) if sleep is not None else None
         yield
+        if watch is not None:
+            watch.cancel()
         state.close()
 
     app = FastAPI(title="slotserve", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
@@ -68,6 +74,8 @@ def create_app(settings: ServerSettings) -> FastAPI:
     _add_probes(app, state)
     _add_metrics(app, state)
     _add_openapi(app, state, public)
+    if sleep is not None:  # innermost: after the key check and the path prefix, a request waits for the wake
+        app.add_middleware(WakeOnRequest, sleep=sleep)
     _add_middleware(app, state, public)
     return app
 

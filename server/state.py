@@ -28,7 +28,8 @@ class ServerState:
         self.settings = settings
         self.status = "loading"
         self.error: str | None = None
-        self.engine: EngineService | None = None  # set once loaded and started
+        self.engine: EngineService | None = None  # set once loaded and started (None again while asleep)
+        self.sleeping = False  # --sleep-idle-seconds: the model is freed until a request wakes it
         self.default_constraint = None  # --grammar / --json-schema, compiled once loaded
         self._lora_scales: list[float] | None = None
         self.n_inflight = 0  # HTTP requests between admission check and their last byte
@@ -53,61 +54,7 @@ class ServerState:
     def _load(self) -> None:
         s = self.settings
         try:
-            config = EngineConfig(
-                model=s.model,
-                dtype=s.dtype,
-                device=s.device,
-                enforce_eager=s.enforce_eager,
-                gpu_memory_utilization=s.gpu_memory_utilization,
-                quantization=s.quantization,
-                mmap=s.mmap,
-                repack=s.repack,
-                block_size=s.block_size,
-                n_ctx=s.ctx_size,
-                n_seq_max=s.parallel,
-                max_batch_tokens=s.step_tokens,
-                n_threads=s.threads,
-                context_shift=s.context_shift,
-                kv_unified=s.kv_unified,
-                swa_full=s.swa_full,
-                swa_checkpoints=s.ctx_checkpoints,
-                ssm_checkpoints=s.ssm_checkpoints,
-                ssm_checkpoint_every=s.ssm_checkpoint_every,
-                kv_cache_tokens=s.kv_cache_tokens,
-                chat_template=s.template_spec,
-                cache_type_k=s.cache_type_k,
-                cache_type_v=s.cache_type_v,
-                spec_type=None if s.spec_type in (None, "none") else s.spec_type,
-                model_draft=s.model_draft,
-                mmproj=s.mmproj,
-                image_tokens=(s.image_min_tokens, s.image_max_tokens),
-                special=s.special,
-                lora=tuple(path for path, _ in s.lora_adapters),
-                spec_draft_max=s.spec_ngram_simple_size_m if s.model_draft is None else s.spec_draft_n_max,
-                spec_draft_min=s.spec_draft_n_min,
-                spec_p_min=s.spec_draft_p_min,
-                spec_ngram_size=s.spec_ngram_simple_size_n,
-            )
-            engine = EngineService(config, self.slot_files, self.load_progress)
-            if s.default_constraint is not None:  # a server-wide grammar must compile, or no engine thread starts
-                kind, source = s.default_constraint
-                self.default_constraint = engine.compile_constraint(kind, source)
-            with self._starting:  # close() either sees this engine or stops the start
-                if self._closing.is_set():  # shut down while loading: start no engine thread
-                    return
-                engine.start(
-                    self.loop,
-                    s.slot_prompt_similarity,
-                    s.max_queue,
-                    s.stall_timeout,
-                    self.metrics.request_ended,
-                    s.cache_ram,
-                    s.cache_idle_slots,
-                    s.cache_disk,
-                    s.cache_disk_size,
-                    s.drain_timeout,
-                )
-                self.engine = engine
+            engine = self.load_engine()
         except Exception as exc:  # a bad checkpoint or setting: one clear line, then the process ends
             if s.verbose:
                 log.exception("loading the model failed")
@@ -117,11 +64,75 @@ class ServerState:
             if self.on_failed is not None:
                 self.on_failed()
             return
+        if engine is None:  # shut down while loading
+            return
         self.metrics.describe_cache(engine.cache_config())
         self.metrics.describe_weights(engine.weight_bytes)
         if self.status == "loading":
             self.status = "ready"
         log.info("model %s ready: %d slots, context %d", s.model_name, s.parallel, engine.n_ctx)
+
+    def load_engine(self) -> EngineService | None:
+        """Load the model and start its engine thread (at start, and when idle sleep
+        wakes it); sets ``engine``. None when the server shut down meanwhile; raises
+        what loading raises."""
+        s = self.settings
+        config = EngineConfig(
+            model=s.model,
+            dtype=s.dtype,
+            device=s.device,
+            enforce_eager=s.enforce_eager,
+            gpu_memory_utilization=s.gpu_memory_utilization,
+            quantization=s.quantization,
+            mmap=s.mmap,
+            repack=s.repack,
+            block_size=s.block_size,
+            n_ctx=s.ctx_size,
+            n_seq_max=s.parallel,
+            max_batch_tokens=s.step_tokens,
+            n_threads=s.threads,
+            context_shift=s.context_shift,
+            kv_unified=s.kv_unified,
+            swa_full=s.swa_full,
+            swa_checkpoints=s.ctx_checkpoints,
+            ssm_checkpoints=s.ssm_checkpoints,
+            ssm_checkpoint_every=s.ssm_checkpoint_every,
+            kv_cache_tokens=s.kv_cache_tokens,
+            chat_template=s.template_spec,
+            cache_type_k=s.cache_type_k,
+            cache_type_v=s.cache_type_v,
+            spec_type=None if s.spec_type in (None, "none") else s.spec_type,
+            model_draft=s.model_draft,
+            mmproj=s.mmproj,
+            image_tokens=(s.image_min_tokens, s.image_max_tokens),
+            special=s.special,
+            lora=tuple(path for path, _ in s.lora_adapters),
+            spec_draft_max=s.spec_ngram_simple_size_m if s.model_draft is None else s.spec_draft_n_max,
+            spec_draft_min=s.spec_draft_n_min,
+            spec_p_min=s.spec_draft_p_min,
+            spec_ngram_size=s.spec_ngram_simple_size_n,
+        )
+        engine = EngineService(config, self.slot_files, self.load_progress)
+        if s.default_constraint is not None:  # a server-wide grammar must compile, or no engine thread starts
+            kind, source = s.default_constraint
+            self.default_constraint = engine.compile_constraint(kind, source)
+        with self._starting:  # close() either sees this engine or stops the start
+            if self._closing.is_set():  # shut down while loading: start no engine thread
+                return None
+            engine.start(
+                self.loop,
+                s.slot_prompt_similarity,
+                s.max_queue,
+                s.stall_timeout,
+                self.metrics.request_ended,
+                s.cache_ram,
+                s.cache_idle_slots,
+                s.cache_disk,
+                s.cache_disk_size,
+                s.drain_timeout,
+            )
+            self.engine = engine
+        return engine
 
     def begin_drain(self) -> None:
         self.status = "draining"

@@ -357,6 +357,12 @@ class ServerSettings(SamplerSettings, LoraSettings):
         llama_env="LLAMA_ARG_TIMEOUT",
     )
     max_queue: int = setting(256, ge=0, description="requests waiting for a slot before 503", flags=("--max-queue",))
+    sleep_idle_seconds: float = setting(
+        -1,
+        description="free the model's weights and caches after this many seconds without a request "
+        "(the next request wakes it; slots go to the --cache-disk tier first); -1: never",
+        flags=("--sleep-idle-seconds",),
+    )
     drain_timeout: float = setting(
         30, ge=0, description="seconds in-flight requests get after SIGTERM", flags=("--drain-timeout",)
     )

@@ -27,6 +27,7 @@ from server.schemas.answers import (
     DetokenizeResult,
     NativeCompletion,
     Props,
+    SleepingProps,
     SlotState,
     Success,
     TokenizeResult,
@@ -115,9 +116,17 @@ def _default_params(state) -> dict:
     return params
 
 
-@router.get("/props", response_model=None, responses=documented(Props, 503))
+@router.get("/props", response_model=None, responses=documented(Props | SleepingProps, 503))
 async def props(http: HTTPRequest) -> dict:
     state = http.app.state.slotserve
+    if state.sleeping:  # --sleep-idle-seconds: what is known without the model (asking does not wake it)
+        return {
+            "is_sleeping": True,
+            "total_slots": state.settings.parallel,
+            "model_path": str(state.settings.model),
+            "model_alias": state.settings.model_name,
+            "build_info": "slotserve",
+        }
     engine = state.require_ready()
     memory = await engine.memory_report()
     tok = engine.tokenizer

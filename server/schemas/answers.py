@@ -241,6 +241,16 @@ class Success(_Out):
     success: bool
 
 
+class SleepingProps(_Out):
+    """/props while the model sleeps (--sleep-idle-seconds): what is known without it."""
+
+    is_sleeping: Literal[True]
+    total_slots: int
+    model_path: str
+    model_alias: str
+    build_info: str
+
+
 class Props(_Out):
     default_generation_settings: dict[str, Any]
     total_slots: int

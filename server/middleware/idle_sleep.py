@@ -1,0 +1,92 @@
+"""Idle sleep (llama-server's ``--sleep-idle-seconds``): after N seconds without a
+request, the model's weights and caches are freed; the next request that needs the model
+wakes it (it waits for the reload, as for a first start), and the probes, /props,
+/metrics and /v1/models answer meanwhile without waking it (/ready stays 200:
+asleep is ready; /props says ``is_sleeping``).
+
+Going to sleep is the shutdown path of the engine thread: with a disk tier
+(``--cache-disk``), the idle slots' states and the RAM tier's entries are written there
+first, so the woken model finds its conversations again. One lock orders sleeping and
+waking: a request that arrives while the model is going to sleep waits, then wakes it."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import logging
+import time
+
+log = logging.getLogger("slotserve")
+AWAKE_FREE = ("/health", "/ready", "/metrics", "/props", "/v1/models", "/models", "/openapi.json")  # never wake it
+
+
+class IdleSleep:
+    def __init__(self, state, seconds: float):
+        self.state, self.seconds = state, seconds
+        self.last_active = time.monotonic()
+        self._lock = asyncio.Lock()
+        self.n_sleeps = 0
+
+    def touch(self) -> None:
+        self.last_active = time.monotonic()
+
+    def _idle(self) -> bool:
+        state, engine = self.state, self.state.engine
+        if state.status != "ready" or state.sleeping or engine is None:
+            return False
+        health = engine.health()
+        if health.n_running or health.n_waiting or state.n_inflight:
+            self.touch()
+            return False
+        return time.monotonic() - self.last_active >= self.seconds
+
+    async def watch(self) -> None:
+        """Put the model to sleep whenever it has been idle ``seconds`` (runs until cancelled)."""
+        while True:
+            await asyncio.sleep(min(1.0, self.seconds / 4))
+            if self._idle():
+                async with self._lock:
+                    if self._idle():  # still, now that the lock is held
+                        await self._sleep()
+
+    async def _sleep(self) -> None:
+        state = self.state
+        state.sleeping, engine = True, state.engine
+        state.engine = None  # routes that need the model now wait for wake() (the middleware)
+        log.info("idle for %.0f s: the model sleeps (weights and caches freed)", self.seconds)
+        await asyncio.to_thread(engine.stop, state.settings.drain_timeout)  # the disk tier gets the slots first
+        del engine
+        gc.collect()
+        self.n_sleeps += 1
+
+    async def wake(self) -> None:
+        """Load the model again if it sleeps (the callers wait for it)."""
+        async with self._lock:
+            if not self.state.sleeping:
+                return
+            log.info("a request wakes the model")
+            try:
+                await asyncio.to_thread(self.state.load_engine)
+            except Exception as exc:  # the files changed under the sleeping server: it cannot serve again
+                log.error("the model cannot wake: %s", exc)
+                self.state.error, self.state.status = f"the model failed to wake: {exc}", "failed"
+            self.state.sleeping = False
+            self.touch()
+
+
+class WakeOnRequest:
+    """ASGI middleware: a request that needs the model wakes it first and counts as
+    activity (from its start to its last byte); probes, /props and /metrics do neither."""
+
+    def __init__(self, app, sleep: IdleSleep):
+        self.app, self.sleep = app, sleep
+
+    async def __call__(self, scope, receive, send) -> None:
+        active = scope["type"] == "http" and not scope["path"].startswith(AWAKE_FREE)
+        if active:
+            self.sleep.touch()
+            if self.sleep.state.sleeping:
+                await self.sleep.wake()
+        await self.app(scope, receive, send)
+        if active:
+            self.sleep.touch()
