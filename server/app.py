@@ -106,7 +106,7 @@ def _add_metrics(app: FastAPI, state: ServerState) -> None:
         if not state.settings.metrics:
             raise APIError(501, "this server does not serve metrics: start it with --metrics", "not_supported_error")
         body = generate_latest(state.metrics.registry)
-        engine = state.engine
+        engine = state.metrics_source()
         if engine is not None:
             body += state.metrics.llamacpp.render(engine.health(), engine.cache_stats()).encode()
         return Response(body, media_type=CONTENT_TYPE_LATEST, headers={"Process-Start-Time-Unix": started})

@@ -36,9 +36,10 @@ class ServerState:
         self.t_started = time.time()
         self.loop: asyncio.AbstractEventLoop | None = None
         self.metrics = Metrics()
-        self.metrics.bind(lambda: self.engine, lambda: self.ready()[0] == 200)
+        self.asleep = None  # while the model sleeps: what /metrics read of it when it went to sleep
+        self.metrics.bind(self.metrics_source, lambda: self.ready()[0] == 200)
         self.metrics.registry.register(  # the inference gateway's names (vllm:*) beside slotserve's
-            GatewayCollector(lambda: self.engine, lambda: self.settings.model_name, lambda: self.lora_names)
+            GatewayCollector(self.metrics_source, lambda: self.settings.model_name, lambda: self.lora_names)
         )
         self.slot_files = SlotFiles(settings.slot_save_path) if settings.slot_save_path is not None else None
         self._loader = threading.Thread(target=self._load, name="slotserve-loader", daemon=True)
@@ -46,6 +47,11 @@ class ServerState:
         self._starting = threading.Lock()  # the loader's start of the engine thread vs close()
         self.load_progress = ProgressLine(f"loading {settings.model_name}")
         self.on_failed: Callable[[], None] | None = None  # serve(): end the process (the load cannot be retried)
+
+    def metrics_source(self):
+        """What /metrics reads: the engine, or while it sleeps its snapshot (as llama-server
+        serves the metrics it had on entering sleep)."""
+        return self.engine if self.engine is not None else self.asleep
 
     def start_loading(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop  # the scheduler hands events to this loop

@@ -2,7 +2,8 @@
 request, the model's weights and caches are freed; the next request that needs the model
 wakes it (it waits for the reload, as for a first start), and the probes, /props,
 /metrics and /v1/models answer meanwhile without waking it (/ready stays 200:
-asleep is ready; /props says ``is_sleeping``).
+asleep is ready; /props says ``is_sleeping``; /metrics serves the figures the model
+had when it went to sleep, as llama-server does).
 
 Going to sleep is the shutdown path of the engine thread: with a disk tier
 (``--cache-disk``), the idle slots' states and the RAM tier's entries are written there
@@ -18,6 +19,27 @@ import time
 
 log = logging.getLogger("slotserve")
 AWAKE_FREE = ("/health", "/ready", "/metrics", "/props", "/v1/models", "/models", "/openapi.json")  # never wake it
+
+
+class EngineSnapshot:
+    """What /metrics reads of an engine (health, cache statistics, images, adapters in
+    use), as it was when the model went to sleep: the same figures while it sleeps."""
+
+    def __init__(self, engine):
+        self._health, self._stats = engine.health(), engine.cache_stats()
+        self.takes_images, self._images, self._lora = engine.takes_images, engine.image_stats(), engine.lora_use()
+
+    def health(self):
+        return self._health
+
+    def cache_stats(self):
+        return self._stats
+
+    def image_stats(self):
+        return self._images
+
+    def lora_use(self):
+        return self._lora
 
 
 class IdleSleep:
@@ -52,6 +74,7 @@ class IdleSleep:
     async def _sleep(self) -> None:
         state = self.state
         state.sleeping, engine = True, state.engine
+        state.asleep = EngineSnapshot(engine)  # /metrics meanwhile
         state.engine = None  # routes that need the model now wait for wake() (the middleware)
         log.info("idle for %.0f s: the model sleeps (weights and caches freed)", self.seconds)
         await asyncio.to_thread(engine.stop, state.settings.drain_timeout)  # the disk tier gets the slots first
@@ -70,7 +93,7 @@ class IdleSleep:
             except Exception as exc:  # the files changed under the sleeping server: it cannot serve again
                 log.error("the model cannot wake: %s", exc)
                 self.state.error, self.state.status = f"the model failed to wake: {exc}", "failed"
-            self.state.sleeping = False
+            self.state.sleeping, self.state.asleep = False, None
             self.touch()
 
 

@@ -12,7 +12,8 @@ served model's name), as vLLM's do.
 - ``vllm:cache_config_info`` (1): labels ``block_size`` (tokens a block of the
   attention cache holds) and ``num_gpu_blocks`` (its blocks; the name is vLLM's, the
   blocks are wherever the cache lives).
-- ``vllm:lora_requests_info``: the scrape's time, labels ``max_lora`` (adapters loaded),
+- ``vllm:lora_requests_info``: when the adapters in use last changed (as seen by the
+  scrapes), labels ``max_lora`` (adapters loaded),
   ``running_lora_adapters`` and ``waiting_lora_adapters`` (comma-separated names of the
   adapters running and waiting requests use; a request's ``model`` may name one).
 """
@@ -29,6 +30,8 @@ from prometheus_client.registry import Collector
 class GatewayCollector(Collector):
     def __init__(self, engine_of: Callable, model_name: Callable[[], str], lora_names: Callable[[], list[str]]):
         self.engine_of, self.model_name, self.lora_names = engine_of, model_name, lora_names
+        self._lora: tuple | None = None  # the adapters in use at the last scrape, and since when
+        self._lora_since = time.time()
 
     def describe(self) -> Iterable:
         return []  # read at scrape time
@@ -62,4 +65,6 @@ class GatewayCollector(Collector):
             "running_lora_adapters": ",".join(names[i] for i in sorted(running) if i < len(names)),
             "waiting_lora_adapters": ",".join(names[i] for i in sorted(waiting) if i < len(names)),
         }
-        yield gauge("vllm:lora_requests_info", "Running and waiting LoRA adapters", time.time(), lora)
+        if (running, waiting) != self._lora:  # the value is when this last changed (vLLM's: its update time)
+            self._lora, self._lora_since = (running, waiting), time.time()
+        yield gauge("vllm:lora_requests_info", "Running and waiting LoRA adapters", self._lora_since, lora)
