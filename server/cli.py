@@ -38,6 +38,10 @@ def _serve(args: argparse.Namespace) -> int:
             where = ".".join(str(p) for p in err["loc"]) or "settings"
             print(f"error: {where}: {err['msg']}", file=sys.stderr)
         return 2
+    if settings.models_dir is not None or settings.models_preset is not None:  # router mode
+        from server.router.serve import serve_router
+
+        return serve_router(settings, getattr(args, "argv", sys.argv[2:]))
     return serve(settings)
 
 
@@ -68,7 +72,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
     args = build_parser().parse_args(argv)
+    args.argv = argv[1:]  # the subcommand's own flags (router mode passes most to its children)
     return args.func(args)
 
 

@@ -15,11 +15,12 @@ from pydantic_settings import PydanticBaseSettingsSource, SettingsConfigDict
 from engine import DEMO_MODEL
 from server.config.llama_env import LlamaEnv
 from server.config.lora_settings import LoraSettings
+from server.config.router_settings import RouterSettings
 from server.config.sampler_settings import SamplerSettings
 from server.config.setting import setting
 
 
-class ServerSettings(SamplerSettings, LoraSettings):
+class ServerSettings(SamplerSettings, LoraSettings, RouterSettings):
     model_config = SettingsConfigDict(env_prefix="SLOTSERVE_", extra="forbid", protected_namespaces=())
 
     model: Path = setting(

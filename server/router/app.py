@@ -1,0 +1,194 @@
+"""The router's HTTP side (``--models-dir``): llama-server's router routes — ``GET
+/models`` and ``/v1/models`` (each model's state), ``POST /models/load`` and
+``/models/unload``, ``/props`` (``role: router``) — and every other request proxied to
+the child server of the model its body's ``model`` names (a GET without a body: the
+only loaded model, if there is one). Streams pass through unbuffered; a client that
+leaves closes the child's stream, which cancels the request there. ``/metrics`` joins
+the children's, each sample with a ``model`` label; ``/health`` is the router's own,
+``/ready`` says which models are ready. An unknown model: 404 in OpenAI's shape; a
+model that cannot load: 503 with its load error; the router itself stays up."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from contextlib import asynccontextmanager
+
+import httpx
+from fastapi import FastAPI, Request
+from fastapi.responses import PlainTextResponse, Response, StreamingResponse
+from prometheus_client.parser import text_string_to_metric_families
+
+from server import errors
+from server.errors import APIError
+from server.middleware.auth import PUBLIC, APIKeyMiddleware
+from server.router.catalog import catalog
+from server.router.children import Child, Children
+
+HOP_HEADERS = {"host", "content-length", "connection", "keep-alive", "transfer-encoding", "te", "upgrade"}
+
+
+def create_router_app(settings, shared_args: list[str]) -> FastAPI:
+    entries = catalog(settings.models_dir, settings.models_preset)
+    children = Children(entries, shared_args, settings.models_max, settings.slot_save_path)
+    client = httpx.AsyncClient(timeout=httpx.Timeout(None, connect=10))
+    started = int(time.time())
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI):
+        yield
+        await children.stop_all(settings.drain_timeout)
+        await client.aclose()
+
+    app = FastAPI(title="slotserve router", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.children = children
+    errors.install(app)
+
+    def listed(child: Child) -> dict:
+        status: dict = {"value": child.state}
+        if child.error:
+            status["error"] = child.error
+        if child.proc is not None:
+            status["pid"] = child.proc.pid  # its server's process (operators; slotserve's addition)
+        return {
+            "id": child.entry.name,
+            "object": "model",
+            "owned_by": "slotserve",
+            "created": started,
+            "path": str(child.entry.path),
+            "status": status,
+        }
+
+    @app.get("/models")
+    @app.get("/v1/models")
+    async def models(reload: int = 0) -> dict:
+        if reload:  # models added to the folder since: listed (running ones are kept)
+            for name, entry in catalog(settings.models_dir, settings.models_preset).items():
+                children.children.setdefault(name, Child(entry))
+        children.refresh()
+        return {"object": "list", "data": [listed(c) for c in children.children.values()]}
+
+    def child_of(name) -> Child:
+        if not isinstance(name, str) or not name:
+            raise APIError(400, 'the request must name its model ("model"): this server routes between models')
+        if name not in children.children:
+            raise APIError(404, f"model '{name}' not found", "not_found_error")
+        return children.children[name]
+
+    async def loaded(child: Child) -> Child:
+        try:
+            return await children.ensure(child.entry.name)
+        except RuntimeError as exc:
+            raise APIError(503, str(exc), "unavailable_error") from None
+
+    @app.post("/models/load")
+    async def load(request: Request) -> dict:
+        child = child_of((await request.json()).get("model"))
+        await loaded(child)
+        return {"success": True}
+
+    @app.post("/models/unload")
+    async def unload(request: Request) -> dict:
+        child = child_of((await request.json()).get("model"))
+        await children.unload(child.entry.name)
+        return {"success": True}
+
+    @app.get("/health")
+    async def health() -> dict:
+        return {"status": "ok"}
+
+    @app.get("/ready")
+    async def ready() -> dict:
+        children.refresh()
+        return {"status": "ok", "models": {n: c.state for n, c in children.children.items()}}
+
+    @app.get("/props")
+    async def props() -> dict:
+        return {
+            "role": "router",
+            "max_instances": settings.models_max,
+            "models_autoload": settings.models_autoload,
+            "build_info": "slotserve",
+        }
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        children.refresh()
+        live = [c for c in children.children.values() if c.state == "loaded"]
+        texts = await asyncio.gather(*(_scrape(client, c) for c in live))
+        return PlainTextResponse(_joined(dict(zip((c.entry.name for c in live), texts))))
+
+    @app.api_route("/{path:path}", methods=["GET", "POST", "PUT", "DELETE", "PATCH"])
+    async def proxy(path: str, request: Request) -> Response:
+        body = await request.body()
+        name = None
+        if body:
+            try:
+                parsed = json.loads(body)
+            except ValueError:
+                raise APIError(400, "the request body is not JSON") from None
+            name = parsed.get("model") if isinstance(parsed, dict) else None
+        elif (alive := [c for c in children.children.values() if c.state == "loaded"]) and len(alive) == 1:
+            name = alive[0].entry.name
+        child = child_of(name)
+        if child.state != "loaded" and not settings.models_autoload:
+            why = f"model '{name}' is not loaded (POST /models/load first: the router runs --no-models-autoload)"
+            raise APIError(400, why)
+        child = await loaded(child)
+        headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_HEADERS}
+        upstream = client.build_request(
+            request.method, f"{child.url}/{path}", params=request.query_params, headers=headers, content=body
+        )
+        child.inflight += 1
+        try:
+            response = await client.send(upstream, stream=True)
+        except httpx.HTTPError as exc:
+            child.inflight -= 1
+            children.refresh()
+            raise APIError(502, f"model '{name}': its server did not answer ({type(exc).__name__})") from None
+
+        async def relay():
+            try:
+                async for chunk in response.aiter_raw():
+                    yield chunk
+            except httpx.HTTPError:  # the child died mid-stream: the client's stream ends here
+                children.refresh()
+            finally:
+                await response.aclose()  # also when the client left: the child sees the stream close
+                child.inflight -= 1
+                child.last_used = time.monotonic()
+
+        out_headers = {k: v for k, v in response.headers.items() if k.lower() not in HOP_HEADERS}
+        return StreamingResponse(relay(), status_code=response.status_code, headers=out_headers)
+
+    keys = settings.api_keys
+    app.add_middleware(APIKeyMiddleware, keys=keys, public=PUBLIC | {"/metrics"} if settings.metrics_public else PUBLIC)
+    return app
+
+
+async def _scrape(client: httpx.AsyncClient, child: Child) -> str:
+    try:
+        return (await client.get(child.url + "/metrics", timeout=10)).text
+    except httpx.HTTPError:
+        return ""
+
+
+def _joined(texts: dict[str, str]) -> str:
+    """The children's Prometheus texts as one, each sample labelled with its ``model``."""
+    families: dict[str, tuple[str, str, list[str]]] = {}  # name -> (type, help, sample lines)
+    for model, text in texts.items():
+        for family in text_string_to_metric_families(text):
+            kind, doc, lines = families.setdefault(family.name, (family.type, family.documentation, []))
+            for s in family.samples:
+                labels = {"model": model, **s.labels}
+                rendered = ",".join(f'{k}="{_escaped(v)}"' for k, v in labels.items())
+                lines.append(f"{s.name}{{{rendered}}} {s.value}")
+    out = []
+    for name, (kind, doc, lines) in families.items():
+        out += [f"# HELP {name} {doc}", f"# TYPE {name} {kind}", *lines]
+    return "\n".join(out) + "\n"
+
+
+def _escaped(value: str) -> str:
+    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
