@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("server", "engine", "memory")
 ROOMS = {
     "engine": ("core", "scheduling", "prompt_cache", "sampling", "text", "loading", "models", "kernels"),
-    "server": ("config", "middleware", "schemas", "pipeline", "routes", "telemetry"),
+    "server": ("config", "middleware", "schemas", "pipeline", "routes", "telemetry", "router"),
     "memory": ("attention", "recurrent", "composite", "files"),
 }
 # Inside server/ and memory/: each room or top module, lowest first. A module imports only
@@ -34,6 +34,7 @@ ORDER = {
         "routes",
         "app",
         "serve",
+        "router",  # router mode: proxies to child servers (started as ``cli``), imports no model
         "cli",
     ),
     "memory": (
