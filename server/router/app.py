@@ -1,8 +1,8 @@
 """The router's HTTP side (``--models-dir``): llama-server's router routes — ``GET
 /models`` and ``/v1/models`` (each model's state), ``POST /models/load`` and
 ``/models/unload``, ``/props`` (``role: router``) — and every other request proxied to
-the child server of the model its body's ``model`` names (a GET without a body: the
-only loaded model, if there is one). Streams pass through unbuffered; a client that
+the child server of the model its body's ``model`` names (none named: the only model
+of the catalog; a GET without a body: the only loaded model). Streams pass through unbuffered; a client that
 leaves closes the child's stream, which cancels the request there. ``/metrics`` joins
 the children's, each sample with a ``model`` label; ``/health`` is the router's own,
 ``/ready`` says which models are ready. An unknown model: 404 in OpenAI's shape; a
@@ -129,8 +129,10 @@ def create_router_app(settings, shared_args: list[str]) -> FastAPI:
             except ValueError:
                 raise APIError(400, "the request body is not JSON") from None
             name = parsed.get("model") if isinstance(parsed, dict) else None
-        elif (alive := [c for c in children.children.values() if c.state == "loaded"]) and len(alive) == 1:
-            name = alive[0].entry.name
+        if name is None and len(children.children) == 1:  # one model: no need to name it
+            name = next(iter(children.children))
+        elif name is None and len(alive := [c for c in children.children.values() if c.state == "loaded"]) == 1:
+            name = alive[0].entry.name if not body else None  # a GET: the only loaded model
         child = child_of(name)
         if child.state != "loaded" and not settings.models_autoload:
             why = f"model '{name}' is not loaded (POST /models/load first: the router runs --no-models-autoload)"
