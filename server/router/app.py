@@ -6,7 +6,10 @@ of the catalog; a GET without a body: the only loaded model). Streams pass throu
 leaves closes the child's stream, which cancels the request there. ``/metrics`` joins
 the children's, each sample with a ``model`` label; ``/health`` is the router's own,
 ``/ready`` says which models are ready. An unknown model: 404 in OpenAI's shape; a
-model that cannot load: 503 with its load error; the router itself stays up."""
+model that cannot load: 503 with its load error; the router itself stays up. A request
+that meets a child being stopped (unloaded, or past ``--models-max``) before any byte
+came back is sent again to its model's next child (the body is held), so unloads in
+between requests fail none."""
 
 from __future__ import annotations
 
@@ -26,6 +29,7 @@ from server.middleware.auth import PUBLIC, APIKeyMiddleware
 from server.router.catalog import catalog
 from server.router.children import Child, Children
 
+RETRIES = 2  # a request that met a child being stopped (no byte relayed yet) goes to its model's next child
 HOP_HEADERS = {"host", "content-length", "connection", "keep-alive", "transfer-encoding", "te", "upgrade"}
 
 
@@ -137,18 +141,27 @@ def create_router_app(settings, shared_args: list[str]) -> FastAPI:
         if child.state != "loaded" and not settings.models_autoload:
             why = f"model '{name}' is not loaded (POST /models/load first: the router runs --no-models-autoload)"
             raise APIError(400, why)
-        child = await loaded(child)
         headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_HEADERS}
-        upstream = client.build_request(
-            request.method, f"{child.url}/{path}", params=request.query_params, headers=headers, content=body
-        )
-        child.inflight += 1
-        try:
-            response = await client.send(upstream, stream=True)
-        except httpx.HTTPError as exc:
-            child.inflight -= 1
-            children.refresh()
-            raise APIError(502, f"model '{name}': its server did not answer ({type(exc).__name__})") from None
+        for attempt in range(RETRIES + 1):
+            child = await loaded(child)
+            proc = child.proc
+            upstream = client.build_request(
+                request.method, f"{child.url}/{path}", params=request.query_params, headers=headers, content=body
+            )
+            child.inflight += 1
+            try:
+                response = await client.send(upstream, stream=True)
+            except httpx.HTTPError as exc:
+                child.inflight -= 1
+                children.refresh()
+                if child.proc is not proc and attempt < RETRIES:  # stopped or died under us: nothing was sent back
+                    continue
+                raise APIError(502, f"model '{name}': its server did not answer ({type(exc).__name__})") from None
+            if response.status_code == 503 and child.proc is not proc and attempt < RETRIES:
+                await response.aclose()  # a child that was stopped meanwhile (it drains): ask the new one
+                child.inflight -= 1
+                continue
+            break
 
         async def relay():
             try:
