@@ -200,22 +200,10 @@ def test_a_restored_slot_continues_the_conversation_as_transformers_does(qwen, s
     """The slot that answered about an image is saved, erased and restored; the next turn
     of the conversation reuses the image's cache (its M-RoPE positions are the keys'),
     and its answer is transformers' on the whole conversation."""
-    import httpx
-    from openai import OpenAI
+    from vision_tools import restored_turn
 
     image = picture(9, 84, 112)
-    client = OpenAI(base_url=server.url + "/v1", api_key="none")
-    turn = [{"role": "user", "content": [{"type": "text", "text": "look: "}, image_part(image)]}]
-    first = client.chat.completions.create(model="m", messages=turn, max_tokens=4, temperature=0,
-                                           extra_body={"id_slot": 1})  # fmt: skip
-    slot = lambda action, **body: httpx.post(f"{server.url}/slots/1", params={"action": action}, json=body)  # noqa: E731
-    assert slot("save", filename="qwen.slot").status_code == 200
-    assert slot("erase").json()["n_erased"] > 10
-    assert slot("restore", filename="qwen.slot").status_code == 200
-    said = first.choices[0].message.content
-    turns = turn + [{"role": "assistant", "content": said}, {"role": "user", "content": "why?"}]
-    answer = client.chat.completions.create(model="m", messages=turns, max_tokens=N_NEW, temperature=0,
-                                            extra_body={"id_slot": 1})  # fmt: skip
+    said, answer = restored_turn(server.url, image, "qwen.slot", N_NEW, 10)
     ids, media = prompt_ids(qwen, f"user: look: <__media__>\nassistant: {said}\nuser: why?\n", [image])
     expect, _ = reference(qwen[1], ids, [image])
     assert answer.usage.prompt_tokens == len(ids)

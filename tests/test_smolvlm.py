@@ -192,23 +192,10 @@ def test_a_restored_slot_continues_the_conversation_as_transformers_does(smolvlm
     """A slot holding a tiled image (five frames) is saved, erased and restored; the next
     turn reuses every frame's cache, and its answer is transformers' on the whole
     conversation."""
-    import httpx
-    from openai import OpenAI
-    from vision_tools import image_part
+    from vision_tools import restored_turn
 
     image = picture(10, 40, 70)
-    client = OpenAI(base_url=server.url + "/v1", api_key="none")
-    turn = [{"role": "user", "content": [{"type": "text", "text": "look: "}, image_part(image)]}]
-    first = client.chat.completions.create(model="m", messages=turn, max_tokens=4, temperature=0,
-                                           extra_body={"id_slot": 1})  # fmt: skip
-    slot = lambda action, **body: httpx.post(f"{server.url}/slots/1", params={"action": action}, json=body)  # noqa: E731
-    assert slot("save", filename="smol.slot").status_code == 200
-    assert slot("erase").json()["n_erased"] > 20
-    assert slot("restore", filename="smol.slot").status_code == 200
-    said = first.choices[0].message.content
-    turns = turn + [{"role": "assistant", "content": said}, {"role": "user", "content": "why?"}]
-    answer = client.chat.completions.create(model="m", messages=turns, max_tokens=N_NEW, temperature=0,
-                                            extra_body={"id_slot": 1})  # fmt: skip
+    said, answer = restored_turn(server.url, image, "smol.slot", N_NEW, 20)
     ids, media, pixels = prompt_ids(smolvlm, f"user: look: <__media__>\nassistant: {said}\nuser: why?\n", [image])
     expect, _ = reference(smolvlm[1], ids, pixels)
     assert len(media) == 5 and answer.usage.prompt_tokens == len(ids)

@@ -76,3 +76,24 @@ def convert_pair(text: Path, vision: Path, root: Path) -> tuple[Path, Path]:
         ("convert_hf_to_gguf.py", ["--outfile", str(mmproj), "--outtype", "f32", "--mmproj", str(vision)]),
     ]])  # fmt: skip
     return model, mmproj
+
+
+def restored_turn(url: str, image, filename: str, n_new: int, n_erased_min: int):
+    """A chat turn about ``image`` in slot 1, the slot saved, erased and restored, then the
+    next turn ("why?") in it: (what the first turn said, the second turn's answer)."""
+    import httpx
+    from openai import OpenAI
+
+    client = OpenAI(base_url=url + "/v1", api_key="none")
+    turn = [{"role": "user", "content": [{"type": "text", "text": "look: "}, image_part(image)]}]
+    first = client.chat.completions.create(model="m", messages=turn, max_tokens=4, temperature=0,
+                                           extra_body={"id_slot": 1})  # fmt: skip
+    slot = lambda action, **body: httpx.post(f"{url}/slots/1", params={"action": action}, json=body)  # noqa: E731
+    assert slot("save", filename=filename).status_code == 200
+    assert slot("erase").json()["n_erased"] > n_erased_min
+    assert slot("restore", filename=filename).status_code == 200
+    said = first.choices[0].message.content
+    turns = turn + [{"role": "assistant", "content": said}, {"role": "user", "content": "why?"}]
+    answer = client.chat.completions.create(model="m", messages=turns, max_tokens=n_new, temperature=0,
+                                            extra_body={"id_slot": 1})  # fmt: skip
+    return said, answer
