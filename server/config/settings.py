@@ -15,12 +15,13 @@ from pydantic_settings import PydanticBaseSettingsSource, SettingsConfigDict
 from engine import DEMO_MODEL
 from server.config.llama_env import LlamaEnv
 from server.config.lora_settings import LoraSettings
+from server.config.media_settings import MediaSettings
 from server.config.router_settings import RouterSettings
 from server.config.sampler_settings import SamplerSettings
 from server.config.setting import setting
 
 
-class ServerSettings(SamplerSettings, LoraSettings, RouterSettings):
+class ServerSettings(SamplerSettings, LoraSettings, RouterSettings, MediaSettings):
     model_config = SettingsConfigDict(env_prefix="SLOTSERVE_", extra="forbid", protected_namespaces=())
 
     model: Path = setting(
@@ -229,33 +230,6 @@ class ServerSettings(SamplerSettings, LoraSettings, RouterSettings):
         description="draft model for speculative decoding (HF folder or GGUF with the model's vocabulary)",
         flags=("-md", "--model-draft", "--spec-draft-model"),
     )
-    mmproj: Path | None = setting(
-        None,
-        description="a GGUF model's multimodal projector (convert_hf_to_gguf.py --mmproj): images in prompts",
-        flags=("-mm", "--mmproj"),
-        llama_env="LLAMA_ARG_MMPROJ",
-    )
-    mmproj_offload: bool = setting(
-        True,
-        description="accepted for llama.cpp compatibility: the projector runs where the model does",
-        flags=("--mmproj-offload",),
-        off=("--no-mmproj-offload",),
-        llama_env="LLAMA_ARG_MMPROJ_OFFLOAD",
-    )
-    image_min_tokens: int | None = setting(
-        None,
-        ge=1,
-        description="fewest tokens an image takes, for models whose image size varies (Qwen2.5-VL)",
-        flags=("--image-min-tokens",),
-        llama_env="LLAMA_ARG_IMAGE_MIN_TOKENS",
-    )
-    image_max_tokens: int | None = setting(
-        None,
-        ge=1,
-        description="most tokens an image takes, for models whose image size varies (Qwen2.5-VL)",
-        flags=("--image-max-tokens",),
-        llama_env="LLAMA_ARG_IMAGE_MAX_TOKENS",
-    )
     spec_draft_n_max: int = setting(
         3,
         ge=0,
@@ -401,18 +375,6 @@ class ServerSettings(SamplerSettings, LoraSettings, RouterSettings):
         description="let the CORS proxy reach loopback, link-local and private addresses (refused: 403)",
         flags=("--ui-mcp-proxy-private",),
         off=("--no-ui-mcp-proxy-private",),
-    )
-    media_urls: bool = setting(
-        False,
-        description="fetch http(s) image URLs of requests (public addresses; 20 MiB, 30 s each); off: data: URLs only",
-        flags=("--media-urls",),
-        off=("--no-media-urls",),
-    )
-    media_urls_private: bool = setting(
-        False,
-        description="let image URLs reach loopback, link-local and private addresses (a media server on the LAN)",
-        flags=("--media-urls-private",),
-        off=("--no-media-urls-private",),
     )
     verbose: bool = setting(
         False,
