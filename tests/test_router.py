@@ -105,6 +105,16 @@ def test_a_killed_child_fails_only_its_own_requests(router):
     assert again.status_code == 200 and statuses(router.url)["gamma"]["pid"] != pid
 
 
+def test_a_page_on_another_site_cannot_unload(router):
+    """The router's state-changing routes carry the server's cross-site refusal: a
+    browser's simple POST (text/plain, a foreign Origin) is a 403 and nothing changes."""
+    before = statuses(router.url)
+    headers = {"Origin": "https://evil.example", "Content-Type": "text/plain"}
+    r = httpx.post(router.url + "/models/unload", content='{"model": "beta"}', headers=headers)
+    assert r.status_code == 403
+    assert statuses(router.url)["beta"]["value"] == before["beta"]["value"]
+
+
 def test_load_unload_and_metrics(router):
     assert httpx.post(router.url + "/models/unload", json={"model": "beta"}).json() == {"success": True}
     assert statuses(router.url)["beta"]["value"] == "unloaded"

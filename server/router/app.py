@@ -26,6 +26,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from server import errors
 from server.errors import APIError
 from server.middleware.auth import PUBLIC, APIKeyMiddleware
+from server.middleware.cors import CORSMiddleware, CORSPolicy, parse_origins
+from server.middleware.cross_site import CrossSiteGuard
 from server.router.catalog import catalog
 from server.router.children import Child, Children
 
@@ -179,6 +181,11 @@ def create_router_app(settings, shared_args: list[str]) -> FastAPI:
 
     keys = settings.api_keys
     app.add_middleware(APIKeyMiddleware, keys=keys, public=PUBLIC | {"/metrics"} if settings.metrics_public else PUBLIC)
+    cors = CORSPolicy(
+        parse_origins(settings.cors_origins), settings.cors_methods, settings.cors_headers, settings.cors_credentials
+    )
+    app.add_middleware(CrossSiteGuard, policy=cors)  # a page on another site cannot load, unload or ask
+    app.add_middleware(CORSMiddleware, policy=cors)
     return app
 
 
