@@ -20,6 +20,7 @@ from torch import nn
 
 from engine.models.config import ModelConfig
 from engine.models.gemma import Gemma3ForCausalLM, GemmaRMSNorm
+from engine.models.vision import ImageModel
 from engine.models.vision.siglip import SiglipVision, VisionConfig
 
 
@@ -39,7 +40,7 @@ class Gemma3Projector(nn.Module):
         return (self.mm_soft_emb_norm(pooled) @ self.mm_input_projection_weight).type_as(x)  # [N, T, D]
 
 
-class Gemma3ForConditionalGeneration(Gemma3ForCausalLM):
+class Gemma3ForConditionalGeneration(ImageModel, Gemma3ForCausalLM):
     media_bidirectional = True
     media_prefixes = ("vision_tower.", "multi_modal_projector.")  # what a --mmproj file holds
     checkpoint_prefixes = (
@@ -60,10 +61,6 @@ class Gemma3ForConditionalGeneration(Gemma3ForCausalLM):
         vision = VisionConfig.from_hf(cfg.media.vision)
         self.vision_tower = SiglipVision(vision)
         self.multi_modal_projector = Gemma3Projector(vision, cfg.hidden_size, cfg.media.tokens_per_image)
-
-    def encode_images(self, pixels: torch.Tensor) -> torch.Tensor:
-        """pixels [N, C, H, W] (preprocessed) -> image tokens [N, tokens_per_image, hidden]."""
-        return self.multi_modal_projector(self.vision_tower(pixels))
 
     @property
     def encoder(self) -> SiglipVision:

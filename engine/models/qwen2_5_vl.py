@@ -20,6 +20,7 @@ import torch
 
 from engine.models.config import ModelConfig
 from engine.models.qwen2 import Qwen2ForCausalLM
+from engine.models.vision import ImageModel
 from engine.models.vision.qwen_vit import QwenVision, QwenVisionConfig
 from memory import ForwardView
 
@@ -32,7 +33,7 @@ def _sections(raw: dict) -> list[int]:
     return [16, 24, 24]
 
 
-class Qwen2_5_VLForConditionalGeneration(Qwen2ForCausalLM):
+class Qwen2_5_VLForConditionalGeneration(ImageModel, Qwen2ForCausalLM):
     mrope = True  # the runner gives rotary positions [3, T] (engine/core/media.py)
     media_prefixes = ("visual.",)  # what a --mmproj file holds
     checkpoint_prefixes = (("model.language_model.", "model."), ("model.visual.", "visual."))
@@ -53,13 +54,6 @@ class Qwen2_5_VLForConditionalGeneration(Qwen2ForCausalLM):
     def encode_end(self, x: torch.Tensor) -> torch.Tensor:
         """The last block's output [N, R, C, 4, D] -> image tokens [N, R * C, hidden]."""
         return self.visual.merger(x)
-
-    def encode_images(self, pixels: torch.Tensor) -> torch.Tensor:
-        """Patches [N, R, C, 4, K] (one image size) -> image tokens [N, R * C, hidden]."""
-        x = pixels
-        for i in range(self.visual.n_stages):
-            x = self.visual.stage(i, x)
-        return self.encode_end(x)
 
     def hidden(
         self,

@@ -18,6 +18,7 @@ from torch import nn
 
 from engine.models.config import ModelConfig
 from engine.models.llama import LlamaForCausalLM
+from engine.models.vision import ImageModel
 from engine.models.vision.siglip import SiglipVision, VisionConfig
 
 
@@ -48,7 +49,7 @@ class SmolVLMConnector(nn.Module):
         return self.modality_projection.proj(pixel_shuffle(x, self.scale))
 
 
-class SmolVLMForConditionalGeneration(LlamaForCausalLM):
+class SmolVLMForConditionalGeneration(ImageModel, LlamaForCausalLM):
     media_bidirectional = False  # causal over image tokens, as transformers' SmolVLM
     media_prefixes = ("vision_model.", "connector.")  # what a --mmproj file holds
     checkpoint_prefixes = (
@@ -65,10 +66,6 @@ class SmolVLMForConditionalGeneration(LlamaForCausalLM):
         self.vision_model = SiglipVision(vision, navit=True)
         scale = cfg.media.vision.get("scale_factor", cfg.raw.get("scale_factor", 2))  # a GGUF projector's / config's
         self.connector = SmolVLMConnector(vision, cfg.hidden_size, int(scale))
-
-    def encode_images(self, pixels: torch.Tensor) -> torch.Tensor:
-        """Frames [N, C, side*patch, side*patch] (preprocessed) -> [N, tokens_per_image, hidden]."""
-        return self.connector(self.vision_model(pixels))
 
     @property
     def encoder(self) -> SiglipVision:
