@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import time
 from pathlib import Path
 
 import httpx
@@ -170,3 +171,141 @@ def test_no_child_outlives_a_killed_router(models):
         return Path(f"/proc/{pid}/status").read_text().find("State:\tZ") >= 0  # a zombie: exited
 
     wait_for(gone, 60, "the child gone")
+
+
+def test_the_load_queue_keeps_busy_models_and_serves_in_order(models):
+    """``--models-max 1`` is a hard limit (llama-server's queue): a request for another
+    model waits while the loaded one is busy, and its own request is not cut; a client
+    that leaves the queue costs no model its place; requests for one model share one
+    place in the line; the line is served first come, first served. The router's test
+    delay (1 s on each load and request) keeps each model busy long enough to queue."""
+    import socket
+    import threading
+
+    flags = ("--models-dir", str(models), "--models-max", "1", "-np", "1", "-c", "256")
+    with ServerProcess(*flags, env={"SLOTSERVE_ROUTER_DEBUG_DELAY_S": "1"}) as srv:
+        srv.wait_ready()
+        url = srv.url
+        assert httpx.post(url + "/models/load", json={"model": "alpha"}, timeout=120).json() == {"success": True}
+        solo = complete(url, "alpha").json()["choices"][0]["text"]
+        done: dict[str, tuple[float, httpx.Response]] = {}
+
+        def run(key: str, model: str) -> threading.Thread:
+            def go():
+                r = complete(url, model)
+                done[key] = (time.monotonic(), r)
+
+            thread = threading.Thread(target=go)
+            thread.start()
+            return thread
+
+        def status(model: str) -> dict:
+            return statuses(url)[model]
+
+        # a client that leaves while queued gives up its place; nothing is stopped for it
+        busy = run("busy", "alpha")
+        wait_for(lambda: status("alpha").get("in_flight") == 1, 60, "alpha busy")
+        host, port = url.removeprefix("http://").split(":")
+        leaver = socket.create_connection((host, int(port)))
+        body = json.dumps({"model": "beta", "prompt": "x", "max_tokens": 1}).encode()
+        leaver.sendall(
+            b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            + f"Content-Length: {len(body)}\r\n\r\n".encode()
+            + body
+        )
+        wait_for(lambda: status("beta").get("queued") == 1, 60, "beta queued")
+        leaver.close()
+        wait_for(lambda: "queued" not in status("beta"), 60, "beta's place given up")
+        busy.join()
+        assert done["busy"][1].status_code == 200
+        assert status("alpha")["value"] == "loaded" and status("beta")["value"] == "unloaded"
+
+        # alpha busy again; beta then gamma (twice, sharing one place) wait their turns
+        busy = run("busy", "alpha")
+        wait_for(lambda: status("alpha").get("in_flight") == 1, 60, "alpha busy")
+        waiters = [run("beta", "beta")]
+        wait_for(lambda: status("beta").get("queued") == 1, 60, "beta queued")
+        waiters += [run("gamma1", "gamma"), run("gamma2", "gamma")]
+        wait_for(lambda: status("gamma").get("queued") == 2, 60, "gamma queued, twice in one place")
+        for thread in (busy, *waiters):
+            thread.join()
+        assert all(r.status_code == 200 for _, r in done.values()), {k: r.text for k, (_, r) in done.items()}
+        assert done["busy"][1].json()["choices"][0]["text"] == solo  # the busy model was not cut off
+        assert done["beta"][0] < min(done["gamma1"][0], done["gamma2"][0])  # first come, first served
+        assert {m: s["value"] for m, s in statuses(url).items()} == {
+            "alpha": "unloaded",
+            "beta": "unloaded",
+            "gamma": "loaded",
+        }
+
+
+def hub_repo(cache: Path, repo: str, files: dict[str, str]) -> Path:
+    """A repository in a Hugging Face hub cache (refs/main -> its snapshot) holding ``files``."""
+    folder = cache / ("models--" + repo.replace("/", "--"))
+    snap = folder / "snapshots" / ("a" * 40)
+    snap.mkdir(parents=True)
+    (folder / "refs").mkdir()
+    (folder / "refs" / "main").write_text("a" * 40)
+    for name, text in files.items():
+        (snap / name).write_text(text)
+    return snap
+
+
+def test_a_hub_cache_lists_as_llama_server_lists_it(tmp_path):
+    """``--models-dir`` at a Hugging Face hub cache: each GGUF model file is
+    ``OWNER/NAME:TAG`` (a split model once, projectors with their models, draft heads
+    and untagged files left out), a Hugging Face snapshot is ``OWNER/NAME``; a preset's
+    ``hf-repo`` picks from the cache (Q4_K_M first when no tag is given), and
+    ``dedup-cache-models`` hides the cache entry it uses."""
+    from server.router.hub_cache import resolve
+
+    cache = tmp_path / "hub"
+    snap = hub_repo(
+        cache,
+        "org/tiny-GGUF",
+        {
+            "tiny-Q8_0.gguf": "",
+            "tiny-Q4_K_M.gguf": "",
+            "tiny-Q2_K-00001-of-00002.gguf": "",
+            "tiny-Q2_K-00002-of-00002.gguf": "",
+            "mmproj-tiny-F16.gguf": "",
+            "mtp-tiny-Q8_0.gguf": "",
+            "untagged.gguf": "",
+        },
+    )
+    hf = hub_repo(cache, "org/tiny-hf", {"config.json": "{}", "model.safetensors": ""})
+    found = catalog(cache, None)
+    assert set(found) == {"org/tiny-GGUF:Q8_0", "org/tiny-GGUF:Q4_K_M", "org/tiny-GGUF:Q2_K", "org/tiny-hf"}
+    assert found["org/tiny-GGUF:Q2_K"].path == snap / "tiny-Q2_K-00001-of-00002.gguf"
+    assert found["org/tiny-GGUF:Q8_0"].mmproj == snap / "mmproj-tiny-F16.gguf"
+    assert found["org/tiny-hf"].path == hf
+    assert resolve("org/tiny-GGUF", cache).path.name == "tiny-Q4_K_M.gguf"
+    assert resolve("org/tiny-GGUF:q8_0", cache).path.name == "tiny-Q8_0.gguf"
+    assert resolve("org/absent", cache) is None
+    preset = tmp_path / "preset.ini"
+    preset.write_text("[*]\nctx-size = 512\n\n[mine]\nhf-repo = org/tiny-GGUF:Q8_0\ndedup-cache-models = true\n")
+    found = catalog(cache, preset)
+    assert found["mine"].path == snap / "tiny-Q8_0.gguf" and found["mine"].args == ("--ctx-size", "512")
+    assert found["org/tiny-GGUF:Q8_0"].hidden and not found["org/tiny-GGUF:Q4_K_M"].hidden
+    preset.write_text("[mine]\nhf-repo = org/absent\n")
+    with pytest.raises(ValueError, match="not in the hub cache"):
+        catalog(cache, preset)
+
+
+def test_models_reload_reads_the_preset_again(models, tmp_path):
+    """``GET /models?reload=1``: a model gone from the preset is gone, a new one is
+    listed, an unchanged one stays; a preset that no longer parses is a 400 and the
+    list stays as it was."""
+    preset = tmp_path / "preset.ini"
+    preset.write_text(f"[one]\nmodel = {models / 'alpha'}\n\n[two]\nmodel = {models / 'beta'}\n")
+    with ServerProcess("--models-preset", str(preset), "-np", "1", "-c", "256") as srv:
+        srv.wait_ready()
+        assert set(statuses(srv.url)) == {"one", "two"}
+        preset.write_text(f"[two]\nmodel = {models / 'beta'}\n\n[three]\nmodel = {models / 'gamma'}\n")
+        assert set(statuses(srv.url)) == {"one", "two"}  # read again only when asked
+        listed = httpx.get(srv.url + "/models?reload=1").json()["data"]
+        assert {m["id"] for m in listed} == {"two", "three"}
+        preset.write_text("[broken\n")
+        r = httpx.get(srv.url + "/models?reload=1")
+        assert r.status_code == 400 and "models-preset" in r.json()["error"]["message"]
+        assert set(statuses(srv.url)) == {"two", "three"}

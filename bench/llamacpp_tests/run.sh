@@ -45,14 +45,22 @@ if [ ! -f "$GGUF" ] && [ -x "$CACHE/venv/bin/python" ]; then
 fi
 [ -f "$GGUF" ] || GGUF="$ROOT/engine/demo_model"
 
+ROUTER_GGUF="$CACHE/router-model/tiny.gguf"  # unit/test_router.py's cached repositories (shim.py links them here)
+if [ ! -f "$ROUTER_GGUF" ]; then
+  "$PY" -c "import sys; sys.path.insert(0, '$ROOT/tests'); from pathlib import Path; \
+from checkpoints import make_checkpoint; from gguf_tools import convert; f = Path('$CACHE/router-model'); \
+convert(make_checkpoint(f / 'hf', 'llama'), f / 'tiny.gguf')"
+fi
+
 cd "$TESTS"
-: > "$OUT/summary.txt"
+touch "$OUT/summary.txt"  # a line per file: a rerun replaces its own line
 for f in $FILES; do
   name=$(basename "$f" .py)
   set +e
-  SHIM_MODEL="$GGUF" SHIM_FIM_MODEL="$FIM" SHIM_VISION_MODEL="$VISION" LLAMA_SERVER_BIN_PATH="$ROOT/bench/llamacpp_tests/llama-server" PYTHONPATH="$ROOT" \
+  SHIM_MODEL="$GGUF" SHIM_ROUTER_GGUF="$ROUTER_GGUF" SHIM_FIM_MODEL="$FIM" SHIM_VISION_MODEL="$VISION" LLAMA_SERVER_BIN_PATH="$ROOT/bench/llamacpp_tests/llama-server" PYTHONPATH="$ROOT" \
     "$PY" -m pytest -q -p no:cacheprovider "$f" --junitxml="$OUT/$name.xml" -o junit_family=xunit1 \
     > "$OUT/$name.log" 2>&1
   set -e
+  sed -i "/^$name: /d" "$OUT/summary.txt"
   echo "$name: $(tail -1 "$OUT/$name.log")" | tee -a "$OUT/summary.txt"
 done

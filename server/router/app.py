@@ -2,14 +2,14 @@
 /models`` and ``/v1/models`` (each model's state), ``POST /models/load`` and
 ``/models/unload``, ``/props`` (``role: router``) — and every other request proxied to
 the child server of the model its body's ``model`` names (none named: the only model
-of the catalog; a GET without a body: the only loaded model). Streams pass through unbuffered; a client that
-leaves closes the child's stream, which cancels the request there. ``/metrics`` joins
-the children's, each sample with a ``model`` label; ``/health`` is the router's own,
-``/ready`` says which models are ready. An unknown model: 404 in OpenAI's shape; a
-model that cannot load: 503 with its load error; the router itself stays up. A request
-that meets a child being stopped (unloaded, or past ``--models-max``) before any byte
-came back is sent again to its model's next child (the body is held), so unloads in
-between requests fail none."""
+of the catalog; a GET without a body: the only loaded model). A model that is not
+loaded is waited for in the load queue (server/router/children.py). Streams pass
+through unbuffered; a client that leaves closes the child's stream, which cancels the
+request there. ``/metrics`` joins the children's, each sample with a ``model`` label;
+``/health`` and ``/ready`` say each model's state. An unknown model: 404 in OpenAI's
+shape; a model that cannot load: 503 with its load error; the router itself stays up.
+A request that meets a child being stopped before any byte came back is sent again to
+its model's next child (the body is held), so unloads in between requests fail none."""
 
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ from server.middleware.auth import PUBLIC, APIKeyMiddleware
 from server.middleware.cors import CORSMiddleware, CORSPolicy, parse_origins
 from server.middleware.cross_site import CrossSiteGuard
 from server.router.catalog import catalog
-from server.router.children import Child, Children
+from server.router.children import DEBUG_DELAY_S, Child, Children
 
 RETRIES = 2  # a request that met a child being stopped (no byte relayed yet) goes to its model's next child
 HOP_HEADERS = {"host", "content-length", "connection", "keep-alive", "transfer-encoding", "te", "upgrade"}
@@ -52,11 +52,13 @@ def create_router_app(settings, shared_args: list[str]) -> FastAPI:
     errors.install(app)
 
     def listed(child: Child) -> dict:
-        status: dict = {"value": child.state}
+        status: dict = {"value": "unloading" if child.stopping else child.state}
         if child.error:
-            status["error"] = child.error
-        if child.proc is not None:
-            status["pid"] = child.proc.pid  # its server's process (operators; slotserve's addition)
+            status.update(error=child.error, failed=True)
+        if child.proc is not None:  # slotserve's additions, for operators: its server's process, its requests
+            status.update(pid=child.proc.pid, in_flight=child.inflight)
+        if waiting := next((e.waiters for e in children.queue.entries if e.name == child.entry.name), 0):
+            status["queued"] = waiting  # requests waiting for it to load
         return {
             "id": child.entry.name,
             "object": "model",
@@ -69,11 +71,14 @@ def create_router_app(settings, shared_args: list[str]) -> FastAPI:
     @app.get("/models")
     @app.get("/v1/models")
     async def models(reload: int = 0) -> dict:
-        if reload:  # models added to the folder since: listed (running ones are kept)
-            for name, entry in catalog(settings.models_dir, settings.models_preset).items():
-                children.children.setdefault(name, Child(entry))
+        if reload:  # the folder and the preset read again (server/router/children.py, reload)
+            try:
+                entries = catalog(settings.models_dir, settings.models_preset)
+            except ValueError as exc:
+                raise APIError(400, str(exc)) from None
+            await children.reload(entries)
         children.refresh()
-        return {"object": "list", "data": [listed(c) for c in children.children.values()]}
+        return {"object": "list", "data": [listed(c) for c in children.children.values() if not c.entry.hidden]}
 
     def child_of(name) -> Child:
         if not isinstance(name, str) or not name:
@@ -82,16 +87,19 @@ def create_router_app(settings, shared_args: list[str]) -> FastAPI:
             raise APIError(404, f"model '{name}' not found", "not_found_error")
         return children.children[name]
 
-    async def loaded(child: Child) -> Child:
+    async def acquired(child: Child, request: Request) -> Child:
+        """The child, loaded, with the request counted in flight (children.release it)."""
         try:
-            return await children.ensure(child.entry.name)
+            return await children.acquire(child.entry.name, request.is_disconnected)
         except RuntimeError as exc:
             raise APIError(503, str(exc), "unavailable_error") from None
+        except LookupError as exc:  # the client left while queued: nobody reads this
+            raise APIError(408, str(exc)) from None
 
     @app.post("/models/load")
     async def load(request: Request) -> dict:
         child = child_of((await request.json()).get("model"))
-        await loaded(child)
+        children.release(await acquired(child, request))
         return {"success": True}
 
     @app.post("/models/unload")
@@ -101,13 +109,11 @@ def create_router_app(settings, shared_args: list[str]) -> FastAPI:
         return {"success": True}
 
     @app.get("/health")
-    async def health() -> dict:
-        return {"status": "ok"}
-
     @app.get("/ready")
-    async def ready() -> dict:
+    async def health() -> dict:
+        """The router is up (200); ``models``: each model's state (``loaded``: ready)."""
         children.refresh()
-        return {"status": "ok", "models": {n: c.state for n, c in children.children.items()}}
+        return {"status": "ok", "models": {n: listed(c)["status"]["value"] for n, c in children.children.items()}}
 
     @app.get("/props")
     async def props() -> dict:
@@ -140,28 +146,29 @@ def create_router_app(settings, shared_args: list[str]) -> FastAPI:
         elif name is None and len(alive := [c for c in children.children.values() if c.state == "loaded"]) == 1:
             name = alive[0].entry.name if not body else None  # a GET: the only loaded model
         child = child_of(name)
-        if child.state != "loaded" and not settings.models_autoload:
+        if child.state not in ("loaded", "loading") and not settings.models_autoload:
             why = f"model '{name}' is not loaded (POST /models/load first: the router runs --no-models-autoload)"
             raise APIError(400, why)
         headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_HEADERS}
         for attempt in range(RETRIES + 1):
-            child = await loaded(child)
+            child = await acquired(child, request)
+            if DEBUG_DELAY_S:  # tests of the queue: the request holds its model a while
+                await asyncio.sleep(DEBUG_DELAY_S)
             proc = child.proc
             upstream = client.build_request(
                 request.method, f"{child.url}/{path}", params=request.query_params, headers=headers, content=body
             )
-            child.inflight += 1
             try:
                 response = await client.send(upstream, stream=True)
             except httpx.HTTPError as exc:
-                child.inflight -= 1
+                children.release(child)
                 children.refresh()
-                if child.proc is not proc and attempt < RETRIES:  # stopped or died under us: nothing was sent back
+                if (child.stopping or child.proc is not proc) and attempt < RETRIES:  # stopped or died under us
                     continue
                 raise APIError(502, f"model '{name}': its server did not answer ({type(exc).__name__})") from None
-            if response.status_code == 503 and child.proc is not proc and attempt < RETRIES:
-                await response.aclose()  # a child that was stopped meanwhile (it drains): ask the new one
-                child.inflight -= 1
+            if response.status_code == 503 and (child.stopping or child.proc is not proc) and attempt < RETRIES:
+                await response.aclose()  # a child being stopped (it drains): ask its next one
+                children.release(child)
                 continue
             break
 
@@ -173,8 +180,7 @@ def create_router_app(settings, shared_args: list[str]) -> FastAPI:
                 children.refresh()
             finally:
                 await response.aclose()  # also when the client left: the child sees the stream close
-                child.inflight -= 1
-                child.last_used = time.monotonic()
+                children.release(child)
 
         out_headers = {k: v for k, v in response.headers.items() if k.lower() not in HOP_HEADERS}
         return StreamingResponse(relay(), status_code=response.status_code, headers=out_headers)

@@ -4,9 +4,12 @@ a slot folder under the router's. States: ``unloaded`` -> ``loading`` -> ``loade
 ``failed`` when a start fails (the next request tries again); a child that dies is
 ``unloaded`` again, so the next request for its model starts a new one.
 
-``--models-max``: past it, loading a model first stops the least recently used idle
-one (one without requests in flight); when every loaded model is busy, the new one
-loads anyway (a stop never cuts a request off)."""
+``--models-max`` is a hard limit, as llama-server's: a request for a model that is not
+loaded waits in the load queue (server/router/load_queue.py) until there is room. Room
+is made by stopping the least recently used idle model (no request in flight, none
+waiting for it); while every loaded model is busy, the queue waits for one to finish.
+A request that leaves while waiting gives up its place, and nothing is stopped for it.
+"""
 
 from __future__ import annotations
 
@@ -19,15 +22,18 @@ import socket
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import httpx
 
-from server.router.catalog import ModelEntry
+from server.router.entry import ModelEntry
+from server.router.load_queue import LoadQueue
 
 log = logging.getLogger("slotserve")
 LOAD_TIMEOUT_S = 600.0
+DEBUG_DELAY_S = float(os.environ.get("SLOTSERVE_ROUTER_DEBUG_DELAY_S", "0"))  # tests: each load and request
 PR_SET_PDEATHSIG = 1
 
 
@@ -57,6 +63,7 @@ class Child:
     last_used: float = 0.0
     inflight: int = 0  # requests being proxied to it
     error: str | None = None
+    stopping: bool = False  # SIGTERM sent: it drains, takes nothing new
 
     @property
     def url(self) -> str:
@@ -70,7 +77,9 @@ class Children:
     def __init__(self, entries: dict[str, ModelEntry], shared_args: list[str], models_max: int, slots: Path | None):
         self.children = {name: Child(entry) for name, entry in entries.items()}
         self.shared_args, self.models_max, self.slots = shared_args, models_max, slots
-        self._lock = asyncio.Lock()  # starts and stops, one at a time
+        self.queue = LoadQueue()
+        self._changed = asyncio.Event()  # set (and replaced) whenever a child or the queue changes
+        self._stops: set[asyncio.Task] = set()
 
     def command(self, child: Child) -> list[str]:
         e = child.entry
@@ -88,33 +97,104 @@ class Children:
             if child.state in ("loaded", "loading") and child.proc is not None and child.proc.poll() is not None:
                 log.warning("model %s: its server exited (code %s)", name, child.proc.returncode)
                 child.state, child.proc = "unloaded", None
+                self._notify()
 
-    async def ensure(self, name: str) -> Child:
-        """The model's child, loaded (started now if need be). Raises RuntimeError with
-        the load's error when it cannot start."""
+    def _notify(self) -> None:
+        self._changed.set()
+        self._changed = asyncio.Event()
+
+    async def _changes(self, timeout: float = 0.2) -> None:
+        try:
+            await asyncio.wait_for(self._changed.wait(), timeout)
+        except TimeoutError:
+            pass
+
+    def ready(self, child: Child) -> bool:
+        return child.state == "loaded" and not child.stopping
+
+    async def acquire(self, name: str, gone: Callable[[], Awaitable[bool]] | None = None) -> Child:
+        """The model's child, loaded, with this request counted in flight (``release`` it).
+        Waits in the load queue when the model is not loaded. Raises RuntimeError with
+        the load's error when it cannot start, and LookupError when ``gone()`` says the
+        client left while waiting."""
         self.refresh()
         child = self.children[name]
-        if child.state != "loaded":
-            async with self._lock:
-                self.refresh()
-                if child.state != "loaded":
-                    await self._make_room(child)
-                    await self._start(child)
+        if self.ready(child):
+            child.inflight += 1
+        else:
+            await self._wait_loaded(child, gone)
         child.last_used = time.monotonic()
         return child
 
-    async def _make_room(self, wanted: Child) -> None:
-        loaded = [c for c in self.children.values() if c.state == "loaded" and c is not wanted]
-        while self.models_max and len(loaded) >= self.models_max:
-            idle = [c for c in loaded if c.inflight == 0]
+    def release(self, child: Child) -> None:
+        child.inflight -= 1
+        child.last_used = time.monotonic()
+        self.tick()
+        self._notify()
+
+    async def _wait_loaded(self, child: Child, gone) -> None:
+        entry, saw_loading = self.queue.join(child.entry.name), False
+        try:
+            while True:
+                self.refresh()
+                if self.ready(child):
+                    child.inflight += 1  # before leaving the queue: busy, so never the next victim
+                    return
+                if child.state == "loading":
+                    saw_loading = True
+                elif saw_loading:  # the load another waiter started fell over
+                    raise RuntimeError(f"model {child.entry.name} failed to load: {child.error or 'it stopped'}")
+                elif not child.stopping and self.queue.first() is entry and not entry.loading and self._room():
+                    entry.loading = True  # kept once loaded: its model has its room until the waiters leave
+                    try:
+                        await self._start(child)
+                    except BaseException:
+                        entry.loading = False
+                        raise
+                    continue
+                self.tick()
+                if gone is not None and await gone():
+                    raise LookupError("the client left while its model was waiting to load")
+                await self._changes()
+        finally:
+            self.queue.leave(entry)
+            self.tick()  # room made for this entry goes to the next one
+            self._notify()
+
+    def _running(self) -> list[Child]:
+        return [c for c in self.children.values() if c.state in ("loading", "loaded")]
+
+    def _room(self) -> bool:
+        return self.models_max <= 0 or len(self._running()) < self.models_max
+
+    def tick(self) -> None:
+        """Stops idle models, least recently used first, while the queue needs more room
+        than is free or being freed. Never waits: the stops run on their own."""
+        if self.models_max <= 0 or not self.queue.entries:
+            return
+        running = self._running()
+        free = self.models_max - len(running) + sum(c.stopping for c in running)
+        while free < self.queue.needed():
+            idle = [
+                c
+                for c in running
+                if c.state == "loaded" and c.inflight == 0 and not c.stopping and not self.queue.wants(c.entry.name)
+            ]
             if not idle:
-                return  # every loaded model is busy: load past the limit rather than cut a request
-            oldest = min(idle, key=lambda c: c.last_used)
-            await self._stop(oldest)
-            loaded.remove(oldest)
+                return  # every model is busy: the queue waits for a request to end
+            victim = min(idle, key=lambda c: c.last_used)
+            log.info("model %s: stopped to make room for a queued request", victim.entry.name)
+            victim.stopping = True
+            task = asyncio.get_running_loop().create_task(self._stop(victim))
+            self._stops.add(task)
+            task.add_done_callback(self._stops.discard)
+            free += 1
 
     async def _start(self, child: Child) -> None:
-        child.port, child.state, child.error = free_port(), "loading", None
+        child.state, child.error = "loading", None
+        if DEBUG_DELAY_S:
+            await asyncio.sleep(DEBUG_DELAY_S)
+        child.port = free_port()
         cmd = self.command(child)
         log.info("model %s: starting (%s)", child.entry.name, " ".join(cmd[3:]))
         child.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, start_new_session=True, preexec_fn=_death_signal())
@@ -124,10 +204,12 @@ class Children:
                 if child.proc.poll() is not None:
                     child.state, child.error = "failed", f"its server exited with code {child.proc.returncode}"
                     child.proc = None
+                    self._notify()
                     raise RuntimeError(f"model {child.entry.name} failed to load: {child.error}")
                 try:
                     if (await client.get(child.url + "/ready", timeout=2)).status_code == 200:
                         child.state = "loaded"
+                        self._notify()
                         return
                 except httpx.HTTPError:
                     pass
@@ -138,23 +220,44 @@ class Children:
 
     async def _stop(self, child: Child, drain_s: float = 30.0) -> None:
         """SIGTERM (the child drains its requests), then SIGKILL past ``drain_s``."""
-        proc, child.proc, child.state = child.proc, None, "unloaded"
-        if proc is None or proc.poll() is not None:
-            return
-        log.info("model %s: stopping", child.entry.name)
-        proc.send_signal(signal.SIGTERM)
+        proc, child.stopping = child.proc, True
         try:
-            await asyncio.to_thread(proc.wait, drain_s)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            await asyncio.to_thread(proc.wait)
+            if proc is not None and proc.poll() is None:
+                log.info("model %s: stopping", child.entry.name)
+                proc.send_signal(signal.SIGTERM)
+                try:
+                    await asyncio.to_thread(proc.wait, drain_s)
+                except subprocess.TimeoutExpired:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                    await asyncio.to_thread(proc.wait)
+        finally:
+            if child.proc is proc:
+                child.state, child.proc = "unloaded", None
+            child.stopping = False
+            self._notify()
+
+    async def reload(self, entries: dict[str, ModelEntry]) -> None:
+        """The catalog read again: a model gone from it, or whose file or flags changed,
+        is stopped (and forgotten when gone); new models are added."""
+        for name, child in list(self.children.items()):
+            new = entries.get(name)
+            if new is not None and replace(new, hidden=False) == replace(child.entry, hidden=False):
+                child.entry = new
+                continue
+            if child.proc is not None:
+                await self._stop(child)
+            if new is None:
+                del self.children[name]
+            else:
+                child.entry, child.state, child.error = new, "unloaded", None
+        for name, entry in entries.items():
+            self.children.setdefault(name, Child(entry))
 
     async def unload(self, name: str) -> None:
-        async with self._lock:
-            await self._stop(self.children[name])
+        await self._stop(self.children[name])
 
     async def load(self, name: str) -> None:
-        await self.ensure(name)
+        self.release(await self.acquire(name))
 
     async def stop_all(self, drain_s: float) -> None:
         """At the router's shutdown: every child drains at once, then goes."""

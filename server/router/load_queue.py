@@ -1,0 +1,48 @@
+"""The line of requests waiting for a model that is not loaded (llama-server's LRU
+scheduler): one entry per model, first come first served.
+
+Requests for the same model share its entry, so many of them cost one load and one
+eviction. The head entry loads its model when the ``--models-max`` limit leaves room; an
+entry stays in the line until its last waiter has its model (or leaves), and a model
+with waiters in the line is never the one stopped to make room."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass
+class Waiting:
+    name: str
+    waiters: int = 1
+    loading: bool = False  # one of its waiters is starting the model now
+
+
+class LoadQueue:
+    def __init__(self) -> None:
+        self.entries: list[Waiting] = []
+
+    def join(self, name: str) -> Waiting:
+        """The model's entry, one waiter more (a new entry at the back if it had none)."""
+        for entry in self.entries:
+            if entry.name == name:
+                entry.waiters += 1
+                return entry
+        self.entries.append(Waiting(name))
+        return self.entries[-1]
+
+    def leave(self, entry: Waiting) -> None:
+        """One waiter fewer; the entry goes with its last one."""
+        entry.waiters -= 1
+        if entry.waiters <= 0 and entry in self.entries:
+            self.entries.remove(entry)
+
+    def first(self) -> Waiting | None:
+        return self.entries[0] if self.entries else None
+
+    def wants(self, name: str) -> bool:
+        return any(e.name == name for e in self.entries)
+
+    def needed(self) -> int:
+        """Models the line still needs room for (those being started hold theirs)."""
+        return sum(1 for e in self.entries if not e.loading)
