@@ -309,3 +309,37 @@ def test_models_reload_reads_the_preset_again(models, tmp_path):
         r = httpx.get(srv.url + "/models?reload=1")
         assert r.status_code == 400 and "models-preset" in r.json()["error"]["message"]
         assert set(statuses(srv.url)) == {"two", "three"}
+
+
+def test_a_model_kept_busy_cannot_starve_a_queued_one(models):
+    """Three clients, out of step, keep alpha busy without a pause (``--models-max 1``): beta's request
+    still gets its turn once it has waited the queue's patience — alpha is reserved,
+    takes no new request, finishes those it has and stops — and every alpha request
+    is answered in full (those that came meanwhile wait for alpha to load again)."""
+    import threading
+
+    from server.router.children import PATIENCE_S
+
+    flags = ("--models-dir", str(models), "--models-max", "1", "-np", "1", "-c", "256")
+    with ServerProcess(*flags, env={"SLOTSERVE_ROUTER_DEBUG_DELAY_S": "1"}) as srv:
+        srv.wait_ready()
+        solo = complete(srv.url, "alpha").json()["choices"][0]["text"]
+        beta_done, answers = threading.Event(), []
+        deadline = time.monotonic() + PATIENCE_S + 25
+
+        def keep_busy(offset: float):
+            time.sleep(offset)  # out of step with the others: one is always in flight
+            while not beta_done.is_set() and time.monotonic() < deadline:
+                answers.append(complete(srv.url, "alpha"))
+
+        clients = [threading.Thread(target=keep_busy, args=(offset,)) for offset in (0.0, 0.35, 0.7)]
+        for c in clients:
+            c.start()
+        wait_for(lambda: statuses(srv.url)["alpha"].get("in_flight", 0) >= 1, 60, "alpha busy")
+        beta = complete(srv.url, "beta")
+        served_while_busy = time.monotonic() < deadline  # not only once the clients gave up
+        beta_done.set()
+        for c in clients:
+            c.join()
+        assert beta.status_code == 200 and served_while_busy, beta.text
+        assert answers and all(r.status_code == 200 and r.json()["choices"][0]["text"] == solo for r in answers)

@@ -7,8 +7,12 @@ a slot folder under the router's. States: ``unloaded`` -> ``loading`` -> ``loade
 ``--models-max`` is a hard limit, as llama-server's: a request for a model that is not
 loaded waits in the load queue (server/router/load_queue.py) until there is room. Room
 is made by stopping the least recently used idle model (no request in flight, none
-waiting for it); while every loaded model is busy, the queue waits for one to finish.
-A request that leaves while waiting gives up its place, and nothing is stopped for it.
+waiting for it). While every loaded model is busy, the queue waits for one to finish,
+but not forever: an entry that has waited PATIENCE_S reserves the least recently used
+busy model, which then takes no new request (they queue for it in turn), finishes the
+ones it has and stops. No request is cut off, and a model kept busy by a steady stream
+of clients cannot starve the others. A request that leaves while waiting gives up its
+place; a reservation no longer needed is taken back.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ from server.router.load_queue import LoadQueue
 
 log = logging.getLogger("slotserve")
 LOAD_TIMEOUT_S = 600.0
+PATIENCE_S = 5.0  # how long a queued model waits for an idle one before a busy one is reserved
 DEBUG_DELAY_S = float(os.environ.get("SLOTSERVE_ROUTER_DEBUG_DELAY_S", "0"))  # tests: each load and request
 PR_SET_PDEATHSIG = 1
 
@@ -64,6 +69,7 @@ class Child:
     inflight: int = 0  # requests being proxied to it
     error: str | None = None
     stopping: bool = False  # SIGTERM sent: it drains, takes nothing new
+    reserved: bool = False  # picked to make room while busy: takes nothing new, stops when idle
 
     @property
     def url(self) -> str:
@@ -110,7 +116,7 @@ class Children:
             pass
 
     def ready(self, child: Child) -> bool:
-        return child.state == "loaded" and not child.stopping
+        return child.state == "loaded" and not child.stopping and not child.reserved
 
     async def acquire(self, name: str, gone: Callable[[], Awaitable[bool]] | None = None) -> Child:
         """The model's child, loaded, with this request counted in flight (``release`` it).
@@ -144,7 +150,7 @@ class Children:
                     saw_loading = True
                 elif saw_loading:  # the load another waiter started fell over
                     raise RuntimeError(f"model {child.entry.name} failed to load: {child.error or 'it stopped'}")
-                elif not child.stopping and self.queue.first() is entry and not entry.loading and self._room():
+                elif child.state in ("unloaded", "failed") and self._head(entry) and self._room():
                     entry.loading = True  # kept once loaded: its model has its room until the waiters leave
                     try:
                         await self._start(child)
@@ -161,6 +167,9 @@ class Children:
             self.tick()  # room made for this entry goes to the next one
             self._notify()
 
+    def _head(self, entry) -> bool:
+        return self.queue.first() is entry and not entry.loading
+
     def _running(self) -> list[Child]:
         return [c for c in self.children.values() if c.state in ("loading", "loaded")]
 
@@ -168,27 +177,44 @@ class Children:
         return self.models_max <= 0 or len(self._running()) < self.models_max
 
     def tick(self) -> None:
-        """Stops idle models, least recently used first, while the queue needs more room
-        than is free or being freed. Never waits: the stops run on their own."""
-        if self.models_max <= 0 or not self.queue.entries:
+        """Makes room for the queue: while it needs more than is free or being freed,
+        stops idle models, least recently used first, and once an entry has waited
+        PATIENCE_S reserves busy ones; takes reservations back when no longer needed.
+        Never waits: the stops run on their own."""
+        if self.models_max <= 0:
             return
         running = self._running()
-        free = self.models_max - len(running) + sum(c.stopping for c in running)
+        for child in running:
+            if child.reserved and child.inflight == 0 and not child.stopping:
+                self._stop_soon(child, "reserved for a queued request, now idle")
+        free = self.models_max - len(running) + sum(c.stopping or c.reserved for c in running)
+        for child in sorted((c for c in running if c.reserved and not c.stopping), key=lambda c: -c.last_used):
+            if free <= self.queue.needed():
+                break
+            child.reserved, free = False, free - 1  # nobody waits for its room any more
         while free < self.queue.needed():
-            idle = [
+            candidates = [
                 c
                 for c in running
-                if c.state == "loaded" and c.inflight == 0 and not c.stopping and not self.queue.wants(c.entry.name)
+                if c.state == "loaded" and not (c.stopping or c.reserved or self.queue.wants(c.entry.name))
             ]
-            if not idle:
-                return  # every model is busy: the queue waits for a request to end
-            victim = min(idle, key=lambda c: c.last_used)
-            log.info("model %s: stopped to make room for a queued request", victim.entry.name)
-            victim.stopping = True
-            task = asyncio.get_running_loop().create_task(self._stop(victim))
-            self._stops.add(task)
-            task.add_done_callback(self._stops.discard)
+            idle = [c for c in candidates if c.inflight == 0]
+            if idle:
+                self._stop_soon(min(idle, key=lambda c: c.last_used), "stopped to make room for a queued request")
+            elif candidates and free < self.queue.needed(waited=PATIENCE_S):
+                victim = min(candidates, key=lambda c: c.last_used)
+                victim.reserved = True
+                log.info("model %s: reserved for a queued request (ends its requests, then stops)", victim.entry.name)
+            else:
+                return  # every model is busy: the queue waits for a request to end, or for its patience
             free += 1
+
+    def _stop_soon(self, child: Child, why: str) -> None:
+        log.info("model %s: %s", child.entry.name, why)
+        child.stopping = True
+        task = asyncio.get_running_loop().create_task(self._stop(child))
+        self._stops.add(task)
+        task.add_done_callback(self._stops.discard)
 
     async def _start(self, child: Child) -> None:
         child.state, child.error = "loading", None
@@ -233,7 +259,7 @@ class Children:
         finally:
             if child.proc is proc:
                 child.state, child.proc = "unloaded", None
-            child.stopping = False
+            child.stopping = child.reserved = False
             self._notify()
 
     async def reload(self, entries: dict[str, ModelEntry]) -> None:

@@ -8,7 +8,8 @@ with waiters in the line is never the one stopped to make room."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 
 
 @dataclass
@@ -16,6 +17,7 @@ class Waiting:
     name: str
     waiters: int = 1
     loading: bool = False  # one of its waiters is starting the model now
+    since: float = field(default_factory=time.monotonic)  # when its first waiter came
 
 
 class LoadQueue:
@@ -43,6 +45,8 @@ class LoadQueue:
     def wants(self, name: str) -> bool:
         return any(e.name == name for e in self.entries)
 
-    def needed(self) -> int:
-        """Models the line still needs room for (those being started hold theirs)."""
-        return sum(1 for e in self.entries if not e.loading)
+    def needed(self, waited: float = 0.0) -> int:
+        """Models the line still needs room for (those being started hold theirs),
+        counting only entries that have waited ``waited`` seconds or more."""
+        now = time.monotonic()
+        return sum(1 for e in self.entries if not e.loading and now - e.since >= waited)
