@@ -7,6 +7,7 @@ model's load time. Prints one JSON line.
 
     python bench/router_soak.py                       # 300 s, 32 clients
     DURATION=60 CLIENTS=8 python bench/router_soak.py
+Each server's log: $LOG_DIR (default the temporary folder)/router-soak-PORT.log.
 """
 
 from __future__ import annotations
@@ -30,7 +31,8 @@ N_NEW = 16
 
 def start(args: list[str], port: int) -> subprocess.Popen:
     cmd = [sys.executable, "-m", "server.cli", "serve", "--port", str(port), "-np", "4", "-c", "2048", *args]
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    log = Path(os.environ.get("LOG_DIR", tempfile.gettempdir())) / f"router-soak-{port}.log"
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log.open("wb"), stderr=subprocess.STDOUT)
     for _ in range(600):
         try:
             if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
@@ -56,6 +58,7 @@ async def stream(client: httpx.AsyncClient, url: str, model: str, prompt: str) -
 
 async def soak(url: str, want: dict, duration: float, n_clients: int) -> dict:
     counts = {"requests": 0, "exact": 0, "mismatch": 0, "status": {}, "errors": 0, "loads": 0, "unloads": 0}
+    waits: list[float] = []  # each request's whole time (queued for a model included)
     deadline = time.monotonic() + duration
     async with httpx.AsyncClient(timeout=300) as client:
 
@@ -64,8 +67,10 @@ async def soak(url: str, want: dict, duration: float, n_clients: int) -> dict:
             while time.monotonic() < deadline:
                 model, prompt = MODELS[k % 3], PROMPTS[(k // 3) % len(PROMPTS)]
                 k += 1
+                t0 = time.monotonic()
                 try:
                     code, text = await stream(client, url, model, prompt)
+                    waits.append(time.monotonic() - t0)
                 except httpx.HTTPError:
                     counts["errors"] += 1
                     continue
@@ -85,6 +90,9 @@ async def soak(url: str, want: dict, duration: float, n_clients: int) -> dict:
                 counts[action + "s"] += r.status_code == 200
 
         await asyncio.gather(churner(), *(worker(i) for i in range(n_clients)))
+    waits.sort()
+    counts["request_s_p50"] = round(waits[len(waits) // 2], 2) if waits else None
+    counts["request_s_max"] = round(waits[-1], 2) if waits else None
     return counts
 
 

@@ -129,6 +129,17 @@ def test_load_unload_and_metrics(router):
         if s.name == "slotserve_requests_running"
     }
     assert running == {n for n, s in statuses(router.url).items() if s["value"] == "loaded"}
+    own = {  # the router's own families: every model's state, also of those with no child to scrape
+        (s.name, s.labels["model"], s.labels.get("state")): s.value
+        for f in text_string_to_metric_families(text)
+        for s in f.samples
+        if s.name.startswith("slotserve_router_")
+    }
+    for name, status in statuses(router.url).items():
+        assert own["slotserve_router_model_state", name, status["value"]] == 1
+        assert sum(v for (n, m, _), v in own.items() if n == "slotserve_router_model_state" and m == name) == 1
+    assert own["slotserve_router_model_loads_total", "beta", None] >= 2  # loaded, unloaded, loaded again
+    assert own["slotserve_router_requests_in_flight", "beta", None] == 0
 
 
 def test_the_catalog_reads_llama_servers_layout(tmp_path):
@@ -154,12 +165,18 @@ def test_the_catalog_reads_llama_servers_layout(tmp_path):
     assert found["coder"].path == outside and found["hf"].args == ("--ctx-size", "4096")
 
 
-def test_no_child_outlives_a_killed_router(models):
-    """SIGKILL to the router (no shutdown runs): the kernel tells its children, which
-    drain and exit."""
-    with ServerProcess("--models-dir", str(models), "-np", "1", "-c", "256") as srv:
+def test_a_sleeping_child_and_no_child_outliving_a_killed_router(models):
+    """With ``--sleep-idle-seconds`` (passed to the children), an idle model is listed
+    as ``sleeping`` (llama-server's state), and a request wakes it. Then SIGKILL to the
+    router (no shutdown runs): the kernel tells its children, which drain and exit."""
+    with ServerProcess("--models-dir", str(models), "-np", "1", "-c", "256", "--sleep-idle-seconds", "1") as srv:
         srv.wait_ready()
-        assert complete(srv.url, "alpha").status_code == 200
+        first = complete(srv.url, "alpha")
+        assert first.status_code == 200
+        wait_for(lambda: statuses(srv.url)["alpha"]["value"] == "sleeping", 60, "alpha asleep")
+        assert httpx.get(srv.url + "/health").json()["models"]["alpha"] == "sleeping"
+        again = complete(srv.url, "alpha")  # wakes it
+        assert again.status_code == 200 and again.json()["choices"] == first.json()["choices"]
         pid = statuses(srv.url)["alpha"]["pid"]
         srv.stop()  # SIGKILL
 
@@ -237,6 +254,13 @@ def test_the_load_queue_keeps_busy_models_and_serves_in_order(models):
             "beta": "unloaded",
             "gamma": "loaded",
         }
+
+        # an unload while the model loads for a waiting request: the request loads it again
+        waiter = run("again", "alpha")
+        wait_for(lambda: status("alpha")["value"] == "loading" and "pid" in status("alpha"), 60, "alpha loading")
+        assert httpx.post(url + "/models/unload", json={"model": "alpha"}, timeout=60).status_code == 200
+        waiter.join()
+        assert done["again"][1].status_code == 200 and done["again"][1].json()["choices"][0]["text"] == solo
 
 
 def hub_repo(cache: Path, repo: str, files: dict[str, str]) -> Path:

@@ -21,7 +21,6 @@ from contextlib import asynccontextmanager
 import httpx
 from fastapi import FastAPI, Request
 from fastapi.responses import PlainTextResponse, Response, StreamingResponse
-from prometheus_client.parser import text_string_to_metric_families
 
 from server import errors
 from server.errors import APIError
@@ -30,15 +29,18 @@ from server.middleware.cors import CORSMiddleware, CORSPolicy, parse_origins
 from server.middleware.cross_site import CrossSiteGuard
 from server.router.catalog import catalog
 from server.router.children import DEBUG_DELAY_S, Child, Children
+from server.router.metrics import joined, props_of, router_families, scrape
+from server.router.upstream import HOP_HEADERS, Upstream, UpstreamError
 
+SLEEP_FLAG = "--sleep-idle-seconds"
 RETRIES = 2  # a request that met a child being stopped (no byte relayed yet) goes to its model's next child
-HOP_HEADERS = {"host", "content-length", "connection", "keep-alive", "transfer-encoding", "te", "upgrade"}
 
 
 def create_router_app(settings, shared_args: list[str]) -> FastAPI:
     entries = catalog(settings.models_dir, settings.models_preset)
     children = Children(entries, shared_args, settings.models_max, settings.slot_save_path)
-    client = httpx.AsyncClient(timeout=httpx.Timeout(None, connect=10))
+    client = httpx.AsyncClient(timeout=httpx.Timeout(None, connect=10))  # the children's /metrics
+    upstream = Upstream()  # the proxied requests
     started = int(time.time())
 
     @asynccontextmanager
@@ -46,13 +48,26 @@ def create_router_app(settings, shared_args: list[str]) -> FastAPI:
         yield
         await children.stop_all(settings.drain_timeout)
         await client.aclose()
+        await upstream.close()
 
     app = FastAPI(title="slotserve router", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     app.state.children = children
     errors.install(app)
 
-    def listed(child: Child) -> dict:
-        status: dict = {"value": "unloading" if child.stopping else child.state}
+    async def asleep() -> set[str]:
+        """The loaded models whose server sleeps (``--sleep-idle-seconds``), from their
+        ``/props``, which answers without waking them; asked only where sleep is set."""
+        sleepy = [
+            c
+            for c in children.children.values()
+            if c.state == "loaded" and SLEEP_FLAG in (*children.shared_args, *c.entry.args)
+        ]
+        answers = await asyncio.gather(*(props_of(client, c) for c in sleepy))
+        return {c.entry.name for c, a in zip(sleepy, answers) if a.get("is_sleeping")}
+
+    def listed(child: Child, sleeping: set[str] = frozenset()) -> dict:
+        value = "sleeping" if child.entry.name in sleeping and child.inflight == 0 else child.state
+        status: dict = {"value": "unloading" if child.stopping else value}
         if child.error:
             status.update(error=child.error, failed=True)
         if child.proc is not None:  # slotserve's additions, for operators: its server's process, its requests
@@ -68,6 +83,10 @@ def create_router_app(settings, shared_args: list[str]) -> FastAPI:
             "status": status,
         }
 
+    async def states() -> dict[str, str]:
+        sleeping = await asleep()
+        return {n: listed(c, sleeping)["status"]["value"] for n, c in children.children.items()}
+
     @app.get("/models")
     @app.get("/v1/models")
     async def models(reload: int = 0) -> dict:
@@ -78,7 +97,11 @@ def create_router_app(settings, shared_args: list[str]) -> FastAPI:
                 raise APIError(400, str(exc)) from None
             await children.reload(entries)
         children.refresh()
-        return {"object": "list", "data": [listed(c) for c in children.children.values() if not c.entry.hidden]}
+        sleeping = await asleep()
+        return {
+            "object": "list",
+            "data": [listed(c, sleeping) for c in children.children.values() if not c.entry.hidden],
+        }
 
     def child_of(name) -> Child:
         if not isinstance(name, str) or not name:
@@ -113,7 +136,11 @@ def create_router_app(settings, shared_args: list[str]) -> FastAPI:
     async def health() -> dict:
         """The router is up (200); ``models``: each model's state (``loaded``: ready)."""
         children.refresh()
-        return {"status": "ok", "models": {n: listed(c)["status"]["value"] for n, c in children.children.items()}}
+        sleeping = await asleep()
+        return {
+            "status": "ok",
+            "models": {n: listed(c, sleeping)["status"]["value"] for n, c in children.children.items()},
+        }
 
     @app.get("/props")
     async def props() -> dict:
@@ -128,8 +155,12 @@ def create_router_app(settings, shared_args: list[str]) -> FastAPI:
     async def metrics() -> Response:
         children.refresh()
         live = [c for c in children.children.values() if c.state == "loaded"]
-        texts = await asyncio.gather(*(_scrape(client, c) for c in live))
-        return PlainTextResponse(_joined(dict(zip((c.entry.name for c in live), texts))))
+        texts = await asyncio.gather(*(scrape(client, c) for c in live))
+        sleeping = await asleep()
+        own = router_families(
+            children, {n: listed(c, sleeping)["status"]["value"] for n, c in children.children.items()}
+        )
+        return PlainTextResponse(own + joined(dict(zip((c.entry.name for c in live), texts))))
 
     @app.api_route("/{path:path}", methods=["GET", "POST", "PUT", "DELETE", "PATCH"])
     async def proxy(path: str, request: Request) -> Response:
@@ -150,40 +181,42 @@ def create_router_app(settings, shared_args: list[str]) -> FastAPI:
             why = f"model '{name}' is not loaded (POST /models/load first: the router runs --no-models-autoload)"
             raise APIError(400, why)
         headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_HEADERS}
+        query = list(request.query_params.multi_items())
         for attempt in range(RETRIES + 1):
             child = await acquired(child, request)
             if DEBUG_DELAY_S:  # tests of the queue: the request holds its model a while
                 await asyncio.sleep(DEBUG_DELAY_S)
             proc = child.proc
-            upstream = client.build_request(
-                request.method, f"{child.url}/{path}", params=request.query_params, headers=headers, content=body
-            )
             try:
-                response = await client.send(upstream, stream=True)
-            except httpx.HTTPError as exc:
+                response = await upstream.send(request.method, f"{child.url}/{path}", query, headers, body)
+            except UpstreamError as exc:
                 children.release(child)
                 children.refresh()
                 if (child.stopping or child.proc is not proc) and attempt < RETRIES:  # stopped or died under us
                     continue
                 raise APIError(502, f"model '{name}': its server did not answer ({type(exc).__name__})") from None
-            if response.status_code == 503 and (child.stopping or child.proc is not proc) and attempt < RETRIES:
-                await response.aclose()  # a child being stopped (it drains): ask its next one
+            if response.status == 503 and (child.stopping or child.proc is not proc) and attempt < RETRIES:
+                response.close()  # a child being stopped (it drains): ask its next one
                 children.release(child)
                 continue
             break
 
         async def relay():
+            whole = False
             try:
-                async for chunk in response.aiter_raw():
+                async for chunk in response.content.iter_any():
                     yield chunk
-            except httpx.HTTPError:  # the child died mid-stream: the client's stream ends here
+                whole = True
+            except UpstreamError:  # the child died mid-stream: the client's stream ends here
                 children.refresh()
             finally:
-                await response.aclose()  # also when the client left: the child sees the stream close
+                if whole:
+                    response.release()  # the connection goes back to the pool
+                else:
+                    response.close()  # the client left (or the child went): the child sees its stream close
                 children.release(child)
 
-        out_headers = {k: v for k, v in response.headers.items() if k.lower() not in HOP_HEADERS}
-        return StreamingResponse(relay(), status_code=response.status_code, headers=out_headers)
+        return StreamingResponse(relay(), status_code=response.status, headers=Upstream.headers(response))
 
     keys = settings.api_keys
     app.add_middleware(APIKeyMiddleware, keys=keys, public=PUBLIC | {"/metrics"} if settings.metrics_public else PUBLIC)
@@ -193,30 +226,3 @@ def create_router_app(settings, shared_args: list[str]) -> FastAPI:
     app.add_middleware(CrossSiteGuard, policy=cors)  # a page on another site cannot load, unload or ask
     app.add_middleware(CORSMiddleware, policy=cors)
     return app
-
-
-async def _scrape(client: httpx.AsyncClient, child: Child) -> str:
-    try:
-        return (await client.get(child.url + "/metrics", timeout=10)).text
-    except httpx.HTTPError:
-        return ""
-
-
-def _joined(texts: dict[str, str]) -> str:
-    """The children's Prometheus texts as one, each sample labelled with its ``model``."""
-    families: dict[str, tuple[str, str, list[str]]] = {}  # name -> (type, help, sample lines)
-    for model, text in texts.items():
-        for family in text_string_to_metric_families(text):
-            kind, doc, lines = families.setdefault(family.name, (family.type, family.documentation, []))
-            for s in family.samples:
-                labels = {"model": model, **s.labels}
-                rendered = ",".join(f'{k}="{_escaped(v)}"' for k, v in labels.items())
-                lines.append(f"{s.name}{{{rendered}}} {s.value}")
-    out = []
-    for name, (kind, doc, lines) in families.items():
-        out += [f"# HELP {name} {doc}", f"# TYPE {name} {kind}", *lines]
-    return "\n".join(out) + "\n"
-
-
-def _escaped(value: str) -> str:
-    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')

@@ -70,6 +70,8 @@ class Child:
     error: str | None = None
     stopping: bool = False  # SIGTERM sent: it drains, takes nothing new
     reserved: bool = False  # picked to make room while busy: takes nothing new, stops when idle
+    loads: int = 0  # times its server came up (router /metrics)
+    load_failures: int = 0
 
     @property
     def url(self) -> str:
@@ -148,16 +150,18 @@ class Children:
                     return
                 if child.state == "loading":
                     saw_loading = True
-                elif saw_loading:  # the load another waiter started fell over
-                    raise RuntimeError(f"model {child.entry.name} failed to load: {child.error or 'it stopped'}")
-                elif child.state in ("unloaded", "failed") and self._head(entry) and self._room():
-                    entry.loading = True  # kept once loaded: its model has its room until the waiters leave
-                    try:
-                        await self._start(child)
-                    except BaseException:
-                        entry.loading = False
-                        raise
-                    continue
+                elif saw_loading and child.state == "failed":  # the load another waiter started fell over
+                    raise RuntimeError(f"model {child.entry.name} failed to load: {child.error}")
+                if child.state in ("unloaded", "failed"):  # (again: it stopped or died before we woke)
+                    saw_loading = entry.loading = False
+                    if self._head(entry) and self._room():
+                        entry.loading = True  # kept once loaded: its model has its room until the waiters leave
+                        try:
+                            await self._start(child)
+                        except BaseException:
+                            entry.loading = False
+                            raise
+                        continue
                 self.tick()
                 if gone is not None and await gone():
                     raise LookupError("the client left while its model was waiting to load")
@@ -220,28 +224,36 @@ class Children:
         child.state, child.error = "loading", None
         if DEBUG_DELAY_S:
             await asyncio.sleep(DEBUG_DELAY_S)
+            if child.state != "loading":  # unloaded meanwhile
+                return
         child.port = free_port()
         cmd = self.command(child)
         log.info("model %s: starting (%s)", child.entry.name, " ".join(cmd[3:]))
-        child.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, start_new_session=True, preexec_fn=_death_signal())
+        proc = child.proc = subprocess.Popen(
+            cmd, stdin=subprocess.DEVNULL, start_new_session=True, preexec_fn=_death_signal()
+        )
         deadline = time.monotonic() + LOAD_TIMEOUT_S
         async with httpx.AsyncClient() as client:
             while time.monotonic() < deadline:
-                if child.proc.poll() is not None:
-                    child.state, child.error = "failed", f"its server exited with code {child.proc.returncode}"
-                    child.proc = None
+                if child.stopping or child.proc is not proc:  # unloaded while loading: not a failure;
+                    return  # its waiters see it unloaded and load it again
+                if proc.poll() is not None:
+                    child.state, child.error = "failed", f"its server exited with code {proc.returncode}"
+                    child.proc, child.load_failures = None, child.load_failures + 1
                     self._notify()
                     raise RuntimeError(f"model {child.entry.name} failed to load: {child.error}")
                 try:
-                    if (await client.get(child.url + "/ready", timeout=2)).status_code == 200:
-                        child.state = "loaded"
-                        self._notify()
-                        return
+                    ok = (await client.get(child.url + "/ready", timeout=2)).status_code == 200
                 except httpx.HTTPError:
-                    pass
+                    ok = False
+                if ok and not child.stopping and child.proc is proc:
+                    child.state, child.loads = "loaded", child.loads + 1
+                    self._notify()
+                    return
                 await asyncio.sleep(0.05)
         await self._stop(child)
         child.state, child.error = "failed", f"not ready in {LOAD_TIMEOUT_S:.0f} s"
+        child.load_failures += 1
         raise RuntimeError(f"model {child.entry.name} failed to load: {child.error}")
 
     async def _stop(self, child: Child, drain_s: float = 30.0) -> None:
