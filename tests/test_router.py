@@ -367,3 +367,51 @@ def test_a_model_kept_busy_cannot_starve_a_queued_one(models):
             c.join()
         assert beta.status_code == 200 and served_while_busy, beta.text
         assert answers and all(r.status_code == 200 and r.json()["choices"][0]["text"] == solo for r in answers)
+
+
+def test_a_client_that_leaves_cancels_the_request_in_the_child(router):
+    """The router closes the child's stream when its client leaves: the child stops
+    generating (its token counter stays far below what the request asked for)."""
+    from server_proc import metric
+
+    assert complete(router.url, "beta").status_code == 200
+    before = metric(router.url, "slotserve_generation_tokens_total", model="beta")
+    body = {"model": "beta", "prompt": "a", "max_tokens": 480, "ignore_eos": True, "stream": True}
+    with httpx.stream("POST", router.url + "/v1/completions", json=body, timeout=120) as r:
+        lines = r.iter_lines()
+        for _ in range(3):
+            next(lines)
+    # the connection is closed here, a few tokens in
+    wait_for(
+        lambda: (
+            metric(router.url, "slotserve_requests_running", model="beta") == 0
+            and statuses(router.url)["beta"].get("in_flight") == 0
+        ),
+        60,
+        "the request gone from the child",
+    )
+    generated = metric(router.url, "slotserve_generation_tokens_total", model="beta") - before
+    assert generated < 400, generated
+
+
+def test_sigterm_drains_the_router_and_its_children(models):
+    """SIGTERM to the router: a stream in flight still ends with ``[DONE]`` and every
+    token, then the children and the router exit."""
+    with ServerProcess("--models-dir", str(models), "-np", "1", "-c", "512") as srv:
+        srv.wait_ready()
+        assert complete(srv.url, "alpha").status_code == 200
+        pid = statuses(srv.url)["alpha"]["pid"]
+        body = {"model": "alpha", "prompt": "a", "max_tokens": 64, "ignore_eos": True, "stream": True}
+        texts, lines = [], []
+        with httpx.stream("POST", srv.url + "/v1/completions", json=body, timeout=120) as r:
+            for line in r.iter_lines():
+                lines.append(line)
+                if line.startswith("data: {"):
+                    texts.append(json.loads(line[6:])["choices"][0]["text"])
+                if len(texts) == 1:
+                    srv.signal(signal.SIGTERM)
+        assert lines[-1] == "data: [DONE]" or "data: [DONE]" in lines
+        assert len(texts) >= 64  # every token (a last chunk may carry only the finish reason)
+        assert srv.proc.wait(60) == 0
+        wait_for(lambda: not Path(f"/proc/{pid}").exists() or "State:\tZ" in Path(f"/proc/{pid}/status").read_text(),
+                 30, "the child gone")  # fmt: skip
