@@ -317,16 +317,26 @@ def test_a_hub_cache_lists_as_llama_server_lists_it(tmp_path):
 
 
 def test_models_reload_reads_the_preset_again(models, tmp_path):
-    """``GET /models?reload=1``: a model gone from the preset is gone, a new one is
+    """A model that cannot load answers its load error (503) and the router serves on.
+    ``GET /models?reload=1``: a model gone from the preset is gone, a new one is
     listed, an unchanged one stays; a preset that no longer parses is a 400 and the
     list stays as it was."""
     preset = tmp_path / "preset.ini"
-    preset.write_text(f"[one]\nmodel = {models / 'alpha'}\n\n[two]\nmodel = {models / 'beta'}\n")
+    broken = tmp_path / "broken"  # a model whose server cannot load it
+    broken.mkdir()
+    (broken / "config.json").write_text('{"model_type": "llama"}')
+    preset.write_text(
+        f"[one]\nmodel = {models / 'alpha'}\n\n[two]\nmodel = {models / 'beta'}\n\n[broken]\nmodel = {broken}\n"
+    )
     with ServerProcess("--models-preset", str(preset), "-np", "1", "-c", "256") as srv:
         srv.wait_ready()
-        assert set(statuses(srv.url)) == {"one", "two"}
+        assert set(statuses(srv.url)) == {"one", "two", "broken"}
+        r = complete(srv.url, "broken")  # its load error; the router stays up and serves the others
+        assert r.status_code == 503 and "failed to load" in r.json()["error"]["message"], r.text
+        assert statuses(srv.url)["broken"]["value"] == "failed" and statuses(srv.url)["broken"]["failed"] is True
+        assert complete(srv.url, "one").status_code == 200
         preset.write_text(f"[two]\nmodel = {models / 'beta'}\n\n[three]\nmodel = {models / 'gamma'}\n")
-        assert set(statuses(srv.url)) == {"one", "two"}  # read again only when asked
+        assert set(statuses(srv.url)) == {"one", "two", "broken"}  # read again only when asked
         listed = httpx.get(srv.url + "/models?reload=1").json()["data"]
         assert {m["id"] for m in listed} == {"two", "three"}
         preset.write_text("[broken\n")
