@@ -86,6 +86,12 @@ def test_unknown_and_missing_models_are_refused(router):
     assert r.status_code == 404 and r.json()["error"]["type"] == "not_found_error"
     r = httpx.post(router.url + "/v1/completions", json={"prompt": "x"})
     assert r.status_code == 400 and "model" in r.json()["error"]["message"]
+    for route in ("/models/load", "/models/unload"):  # bodies that name no model: 400, nothing changes
+        before = statuses(router.url)
+        for content in (b"not json", b"[]", b'{"model": 7}'):
+            r = httpx.post(router.url + route, content=content, headers={"Content-Type": "application/json"})
+            assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error", r.text
+        assert {n: s["value"] for n, s in statuses(router.url).items()} == {n: s["value"] for n, s in before.items()}
     assert httpx.get(router.url + "/health").status_code == 200
 
 

@@ -119,15 +119,22 @@ def create_router_app(settings, shared_args: list[str]) -> FastAPI:
         except LookupError as exc:  # the client left while queued: nobody reads this
             raise APIError(408, str(exc)) from None
 
+    async def named(request: Request) -> Child:
+        """The child a ``{"model": NAME}`` body names (400 for any other body)."""
+        try:
+            body = json.loads(await request.body())
+        except ValueError:
+            raise APIError(400, 'the body must be JSON: {"model": NAME}') from None
+        return child_of(body.get("model") if isinstance(body, dict) else None)
+
     @app.post("/models/load")
     async def load(request: Request) -> dict:
-        child = child_of((await request.json()).get("model"))
-        children.release(await acquired(child, request))
+        children.release(await acquired(await named(request), request))
         return {"success": True}
 
     @app.post("/models/unload")
     async def unload(request: Request) -> dict:
-        child = child_of((await request.json()).get("model"))
+        child = await named(request)
         await children.unload(child.entry.name)
         return {"success": True}
 
