@@ -19,14 +19,12 @@ model; ``dedup-cache-models = true`` hides the cache entries a section uses from
 from __future__ import annotations
 
 import configparser
-import re
 from pathlib import Path
 
 from server.router.entry import ModelEntry
-from server.router.hub_cache import hub_cache_dir, is_hub_cache, resolve, scan_hub
+from server.router.hub_cache import SPLIT, hub_cache_dir, is_hub_cache, resolve, scan_hub
 
-SHARD = re.compile(r"(.+)-(\d{5})-of-(\d{5})$")
-REPO_KEYS = ("hf-repo", "hf", "model-url")  # -> -m (a cached repository)
+REPO_KEYS = ("hf-repo", "hf")  # -> -m (a cached repository)
 DRAFT_REPO_KEYS = ("spec-draft-hf", "hf-repo-draft", "hfd")  # -> --model-draft
 NOT_FLAGS = {"model", "dedup-cache-models", "load-on-startup", *REPO_KEYS, *DRAFT_REPO_KEYS}
 TRUE = ("true", "on", "1", "yes", "")
@@ -34,7 +32,7 @@ TRUE = ("true", "on", "1", "yes", "")
 
 def _gguf_entry(path: Path) -> tuple[str, Path] | None:
     """(name, the file to load) of a GGUF file; None for a shard other than the first."""
-    m = SHARD.fullmatch(path.stem)
+    m = SPLIT.fullmatch(path.stem)
     if m is None:
         return path.stem, path
     return (m.group(1), path) if int(m.group(2)) == 1 else None

@@ -294,9 +294,6 @@ class Children:
     async def unload(self, name: str) -> None:
         await self._stop(self.children[name])
 
-    async def load(self, name: str) -> None:
-        self.release(await self.acquire(name))
-
     async def stop_all(self, drain_s: float) -> None:
         """At the router's shutdown: every child drains at once, then goes."""
         await asyncio.gather(*(self._stop(c, drain_s) for c in self.children.values() if c.proc is not None))

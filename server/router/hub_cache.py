@@ -51,13 +51,12 @@ def _snapshot(repo_dir: Path) -> Path | None:
     return snaps[-1] if snaps else None
 
 
-def _split_tag(name: str) -> tuple[str, str, int]:
-    """(prefix, TAG, shard index) of a GGUF file name."""
-    prefix, index = name[: -len(".gguf")], 1
-    if m := SPLIT.fullmatch(prefix):
-        prefix, index = m.group(1), int(m.group(2))
-    tag = m.group(1).upper() if (m := TAG.search(prefix)) else ""
-    return prefix, tag, index
+def _split_tag(name: str) -> tuple[str, int]:
+    """(TAG, shard index) of a GGUF file name."""
+    stem, index = name[: -len(".gguf")], 1
+    if m := SPLIT.fullmatch(stem):
+        stem, index = m.group(1), int(m.group(2))
+    return (m.group(1).upper() if (m := TAG.search(stem)) else ""), index
 
 
 def repo_models(repo: str, snap: Path) -> dict[str, ModelEntry]:
@@ -68,7 +67,7 @@ def repo_models(repo: str, snap: Path) -> dict[str, ModelEntry]:
     for path in files:
         if path.suffix != ".gguf" or "mmproj" in path.name.lower() or path.name.startswith(DRAFT_PREFIXES):
             continue
-        _, tag, index = _split_tag(path.name)
+        tag, index = _split_tag(path.name)
         if tag and index == 1:
             found.setdefault(f"{repo}:{tag}", ModelEntry(f"{repo}:{tag}", path, projectors[0] if projectors else None))
     if (snap / "config.json").is_file() and any(snap.glob("*.safetensors")):
