@@ -38,7 +38,9 @@ def _serve(args: argparse.Namespace) -> int:
             where = ".".join(str(p) for p in err["loc"]) or "settings"
             print(f"error: {where}: {err['msg']}", file=sys.stderr)
         return 2
-    if settings.models_dir is not None or settings.models_preset is not None:  # router mode
+    routes = settings.models_dir is not None or settings.models_preset is not None
+    if routes and "model" not in settings.model_fields_set:
+        # router mode: only without a model (-m, SLOTSERVE_MODEL), as llama-server; a child, given -m, never routes
         from server.router.serve import serve_router
 
         return serve_router(settings, getattr(args, "argv", sys.argv[2:]))

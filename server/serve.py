@@ -113,7 +113,7 @@ def _tcp(host: str, port: int) -> socket.socket:
     return _listen(sock, address, f"--host {host} --port {port}")
 
 
-def _bind(hosts: list[str], port: int) -> list[socket.socket]:
+def bind(hosts: list[str], port: int) -> list[socket.socket]:
     """One listening socket per address (llama-server takes several --host, and a path
     ending in ``.sock`` as a UNIX socket)."""
     return [_unix(host) if host.endswith(".sock") else _tcp(host, port) for host in hosts]
@@ -140,7 +140,7 @@ def serve(settings: ServerSettings) -> int:
     state.on_failed = lambda: setattr(server, "should_exit", True)  # from the loader thread: a flag only
     unix = [h for h in hosts if h.endswith(".sock")]
     try:
-        server.run(sockets=_bind(hosts, settings.port) if len(hosts) > 1 or unix else None)
+        server.run(sockets=bind(hosts, settings.port) if len(hosts) > 1 or unix else None)
     finally:
         for path in unix:  # the socket files go with the server
             with contextlib.suppress(OSError):

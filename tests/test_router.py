@@ -324,7 +324,7 @@ def test_a_hub_cache_lists_as_llama_server_lists_it(tmp_path):
 
 def test_models_reload_reads_the_preset_again(models, tmp_path):
     """A model that cannot load answers its load error (503) and the router serves on.
-    ``GET /models?reload=1``: a model gone from the preset is gone, a new one is
+    ``POST /models/reload`` (not a GET: ``?reload=1`` is a 405): a model gone from the preset is gone, a new one is
     listed, an unchanged one stays; a preset that no longer parses is a 400 and the
     list stays as it was."""
     preset = tmp_path / "preset.ini"
@@ -343,10 +343,13 @@ def test_models_reload_reads_the_preset_again(models, tmp_path):
         assert complete(srv.url, "one").status_code == 200
         preset.write_text(f"[two]\nmodel = {models / 'beta'}\n\n[three]\nmodel = {models / 'gamma'}\n")
         assert set(statuses(srv.url)) == {"one", "two", "broken"}  # read again only when asked
-        listed = httpx.get(srv.url + "/models?reload=1").json()["data"]
+        r = httpx.get(srv.url + "/models?reload=1")  # no GET changes state
+        assert r.status_code == 405 and "POST /models/reload" in r.json()["error"]["message"]
+        assert set(statuses(srv.url)) == {"one", "two", "broken"}
+        listed = httpx.post(srv.url + "/models/reload").json()["data"]
         assert {m["id"] for m in listed} == {"two", "three"}
         preset.write_text("[broken\n")
-        r = httpx.get(srv.url + "/models?reload=1")
+        r = httpx.post(srv.url + "/models/reload")
         assert r.status_code == 400 and "models-preset" in r.json()["error"]["message"]
         assert set(statuses(srv.url)) == {"two", "three"}
 

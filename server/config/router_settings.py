@@ -18,12 +18,14 @@ class RouterSettings(BaseSettings):
         description="router mode: serve the models in this folder (GGUF files, GGUF + mmproj pairs in a "
         "folder, Hugging Face folders), each in a child server started on its first request",
         flags=("--models-dir",),
+        router=True,
         llama_env="LLAMA_ARG_MODELS_DIR",
     )
     models_preset: Path | None = setting(
         None,
         description="router mode: per-model flags, an ini file of [model-name] sections of flag = value",
         flags=("--models-preset",),
+        router=True,
         llama_env="LLAMA_ARG_MODELS_PRESET",
     )
     models_max: int = setting(
@@ -31,12 +33,14 @@ class RouterSettings(BaseSettings):
         ge=0,
         description="router mode: most models loaded at once; the least recently used stops past it (0: no limit)",
         flags=("--models-max",),
+        router=True,
         llama_env="LLAMA_ARG_MODELS_MAX",
     )
     models_autoload: bool = setting(
         True,
         description="router mode: a request for a model that is not loaded loads it",
         flags=("--models-autoload",),
+        router=True,
         off=("--no-models-autoload",),
         llama_env="LLAMA_ARG_MODELS_AUTOLOAD",
     )

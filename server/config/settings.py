@@ -28,12 +28,14 @@ class ServerSettings(SamplerSettings, LoraSettings, RouterSettings, MediaSetting
         DEMO_MODEL,
         description="Hugging Face checkpoint folder (default: the embedded demo model)",
         flags=("-m", "--model"),
+        router=True,
         llama_env="LLAMA_ARG_MODEL",
     )
     alias: str | None = setting(
         None,
         description="model names reported by the API, comma-separated (default: the folder name)",
         flags=("-a", "--alias"),
+        router=True,
         llama_env="LLAMA_ARG_ALIAS",
     )
     tags: str | None = setting(
@@ -46,10 +48,17 @@ class ServerSettings(SamplerSettings, LoraSettings, RouterSettings, MediaSetting
         "127.0.0.1",
         description="addresses to listen on, comma-separated (a path ending in .sock: UNIX)",
         flags=("--host",),
+        router=True,
         llama_env="LLAMA_ARG_HOST",
     )
     port: int = setting(
-        8080, ge=0, le=65535, description="port to listen on", flags=("--port",), llama_env="LLAMA_ARG_PORT"
+        8080,
+        ge=0,
+        le=65535,
+        description="port to listen on",
+        flags=("--port",),
+        router=True,
+        llama_env="LLAMA_ARG_PORT",
     )
     ctx_size: int = setting(
         4096,
@@ -165,18 +174,23 @@ class ServerSettings(SamplerSettings, LoraSettings, RouterSettings, MediaSetting
         llama_env="LLAMA_ARG_REPACK",
     )
     slot_save_path: Path | None = setting(
-        None, description="folder for slot files (slot save/restore off without it)", flags=("--slot-save-path",)
+        None,
+        description="folder for slot files (slot save/restore off without it)",
+        flags=("--slot-save-path",),
+        router=True,
     )
     api_key: str | None = setting(
         None,
         description="comma-separated API keys (Bearer or X-Api-Key)",
         flags=("--api-key",),
+        router=True,
         llama_env="LLAMA_API_KEY",
     )
     api_key_file: Path | None = setting(
         None,
         description="file with one API key per line",
         flags=("--api-key-file",),
+        router=True,
         llama_env="LLAMA_ARG_API_KEY_FILE",
     )
     slot_prompt_similarity: float = setting(
@@ -305,6 +319,7 @@ class ServerSettings(SamplerSettings, LoraSettings, RouterSettings, MediaSetting
         pattern=r"^(/[^/\s]+)*$",
         description="path prefix every route is served under",
         flags=("--api-prefix",),
+        router=True,
         llama_env="LLAMA_ARG_API_PREFIX",
     )
     sse_ping_interval: int = setting(
@@ -387,11 +402,16 @@ class ServerSettings(SamplerSettings, LoraSettings, RouterSettings, MediaSetting
         False,
         description="serve Prometheus metrics on /metrics (off by default, as in llama-server: 501 without it)",
         flags=("--metrics",),
+        router=True,
         off=("--no-metrics",),
         llama_env="LLAMA_ARG_ENDPOINT_METRICS",
     )
     metrics_public: bool = setting(
-        False, description="/metrics without the API key", flags=("--metrics-public",), off=("--no-metrics-public",)
+        False,
+        description="/metrics without the API key",
+        flags=("--metrics-public",),
+        router=True,
+        off=("--no-metrics-public",),
     )
     slots: bool = setting(
         True,
@@ -484,24 +504,28 @@ class ServerSettings(SamplerSettings, LoraSettings, RouterSettings, MediaSetting
         "*",
         description="origins browsers may call from: *, localhost, or a comma-separated / JSON list",
         flags=("--cors-origins", "--allowed-origins"),
+        router=True,
         llama_env="LLAMA_ARG_CORS_ORIGINS",
     )
     cors_methods: str = setting(
         "GET, POST, DELETE, OPTIONS",
         description="CORS preflight: allowed methods",
         flags=("--cors-methods",),
+        router=True,
         llama_env="LLAMA_ARG_CORS_METHODS",
     )
     cors_headers: str = setting(
         "*",
         description="CORS preflight: allowed headers",
         flags=("--cors-headers",),
+        router=True,
         llama_env="LLAMA_ARG_CORS_HEADERS",
     )
     cors_credentials: bool = setting(
         True,
         description="CORS: allow credentials (echoes the Origin when origins is *)",
         flags=("--cors-credentials",),
+        router=True,
         off=("--no-cors-credentials",),
         llama_env="LLAMA_ARG_CORS_CREDENTIALS",
     )

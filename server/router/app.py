@@ -18,19 +18,19 @@ import json
 import time
 from contextlib import asynccontextmanager
 
-import httpx
 from fastapi import FastAPI, Request
-from fastapi.responses import PlainTextResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 
 from server import errors
 from server.errors import APIError
 from server.middleware.auth import PUBLIC, APIKeyMiddleware
 from server.middleware.cors import CORSMiddleware, CORSPolicy, parse_origins
 from server.middleware.cross_site import CrossSiteGuard
+from server.middleware.path_prefix import PathPrefix
 from server.router.catalog import catalog
-from server.router.children import DEBUG_DELAY_S, Child, Children
+from server.router.children import DEBUG_DELAY_S, Child, Children, ClientGone, ModelGone
 from server.router.metrics import joined, props_of, router_families, scrape
-from server.router.upstream import HOP_HEADERS, Upstream, UpstreamError
+from server.router.upstream import Upstream, UpstreamError
 
 SLEEP_FLAG = "--sleep-idle-seconds"
 RETRIES = 2  # a request that met a child being stopped (no byte relayed yet) goes to its model's next child
@@ -38,16 +38,15 @@ RETRIES = 2  # a request that met a child being stopped (no byte relayed yet) go
 
 def create_router_app(settings, shared_args: list[str]) -> FastAPI:
     entries = catalog(settings.models_dir, settings.models_preset)
-    children = Children(entries, shared_args, settings.models_max, settings.slot_save_path)
-    client = httpx.AsyncClient(timeout=httpx.Timeout(None, connect=10))  # the children's /metrics
+    children = Children(entries, shared_args, settings.models_max, settings.slot_save_path, settings.drain_timeout)
     upstream = Upstream()  # the proxied requests
+    children.on_gone = upstream.forget
     started = int(time.time())
 
     @asynccontextmanager
     async def lifespan(_: FastAPI):
         yield
         await children.stop_all(settings.drain_timeout)
-        await client.aclose()
         await upstream.close()
 
     app = FastAPI(title="slotserve router", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
@@ -62,14 +61,18 @@ def create_router_app(settings, shared_args: list[str]) -> FastAPI:
             for c in children.children.values()
             if c.state == "loaded" and SLEEP_FLAG in (*children.shared_args, *c.entry.args)
         ]
-        answers = await asyncio.gather(*(props_of(client, c) for c in sleepy))
+        answers = await asyncio.gather(*(props_of(c) for c in sleepy))
         return {c.entry.name for c, a in zip(sleepy, answers) if a.get("is_sleeping")}
 
     def listed(child: Child, sleeping: set[str] = frozenset()) -> dict:
-        value = "sleeping" if child.entry.name in sleeping and child.inflight == 0 else child.state
-        status: dict = {"value": "unloading" if child.stopping else value}
-        if child.error:
-            status.update(error=child.error, failed=True)
+        value = {"stopping": "unloading", "reserved": "loaded"}.get(child.state, child.state)
+        if value == "loaded" and child.entry.name in sleeping and child.inflight == 0:
+            value = "sleeping"
+        status: dict = {"value": value}
+        if child.error:  # a failed load's error, or how its last server ended
+            status["error"] = child.error
+        if child.state == "failed":
+            status["failed"] = True
         if child.proc is not None:  # slotserve's additions, for operators: its server's process, its requests
             status.update(pid=child.proc.pid, in_flight=child.inflight)
         if waiting := next((e.waiters for e in children.queue.entries if e.name == child.entry.name), 0):
@@ -83,25 +86,28 @@ def create_router_app(settings, shared_args: list[str]) -> FastAPI:
             "status": status,
         }
 
-    async def states() -> dict[str, str]:
-        sleeping = await asleep()
-        return {n: listed(c, sleeping)["status"]["value"] for n, c in children.children.items()}
-
     @app.get("/models")
     @app.get("/v1/models")
     async def models(reload: int = 0) -> dict:
-        if reload:  # the folder and the preset read again (server/router/children.py, reload)
-            try:
-                entries = catalog(settings.models_dir, settings.models_preset)
-            except ValueError as exc:
-                raise APIError(400, str(exc)) from None
-            await children.reload(entries)
+        if reload:
+            raise APIError(405, "reading the catalog again changes state: POST /models/reload")
         children.refresh()
         sleeping = await asleep()
         return {
             "object": "list",
             "data": [listed(c, sleeping) for c in children.children.values() if not c.entry.hidden],
         }
+
+    @app.post("/models/reload")
+    async def reload() -> dict:
+        """The folder and the preset read again (server/router/children.py, reload); a
+        preset that does not parse: 400, nothing changes."""
+        try:
+            entries = catalog(settings.models_dir, settings.models_preset)
+        except ValueError as exc:
+            raise APIError(400, str(exc)) from None
+        await children.reload(entries)
+        return await models()
 
     def child_of(name) -> Child:
         if not isinstance(name, str) or not name:
@@ -116,7 +122,9 @@ def create_router_app(settings, shared_args: list[str]) -> FastAPI:
             return await children.acquire(child.entry.name, request.is_disconnected)
         except RuntimeError as exc:
             raise APIError(503, str(exc), "unavailable_error") from None
-        except LookupError as exc:  # the client left while queued: nobody reads this
+        except ModelGone as exc:
+            raise APIError(404, str(exc), "not_found_error") from None
+        except ClientGone as exc:  # the client left while queued: nobody reads this
             raise APIError(408, str(exc)) from None
 
     async def named(request: Request) -> Child:
@@ -141,28 +149,30 @@ def create_router_app(settings, shared_args: list[str]) -> FastAPI:
     @app.get("/health")
     @app.get("/ready")
     async def health() -> dict:
-        """The router is up (200); ``models``: each model's state (``loaded``: ready)."""
+        """The router is up (200); ``models``: each listed model's state (``loaded``: ready)."""
         children.refresh()
         sleeping = await asleep()
-        return {
-            "status": "ok",
-            "models": {n: listed(c, sleeping)["status"]["value"] for n, c in children.children.items()},
-        }
+        listing = {n: c for n, c in children.children.items() if not c.entry.hidden}
+        return {"status": "ok", "models": {n: listed(c, sleeping)["status"]["value"] for n, c in listing.items()}}
 
     @app.get("/props")
-    async def props() -> dict:
-        return {
-            "role": "router",
-            "max_instances": settings.models_max,
-            "models_autoload": settings.models_autoload,
-            "build_info": "slotserve",
-        }
+    async def props(request: Request) -> Response:
+        if request.query_params.get("model"):  # a model's own (llama.cpp's web page asks so)
+            return await proxy("props", request)
+        return JSONResponse(
+            {
+                "role": "router",
+                "max_instances": settings.models_max,
+                "models_autoload": settings.models_autoload,
+                "build_info": "slotserve",
+            }
+        )
 
     @app.get("/metrics")
     async def metrics() -> Response:
         children.refresh()
         live = [c for c in children.children.values() if c.state == "loaded"]
-        texts = await asyncio.gather(*(scrape(client, c) for c in live))
+        texts = await asyncio.gather(*(scrape(c) for c in live))
         sleeping = await asleep()
         own = router_families(
             children, {n: listed(c, sleeping)["status"]["value"] for n, c in children.children.items()}
@@ -179,6 +189,8 @@ def create_router_app(settings, shared_args: list[str]) -> FastAPI:
             except ValueError:
                 raise APIError(400, "the request body is not JSON") from None
             name = parsed.get("model") if isinstance(parsed, dict) else None
+        if name is None:  # GET /slots?model=X, GET /props?model=X (llama-server's router)
+            name = request.query_params.get("model")
         if name is None and len(children.children) == 1:  # one model: no need to name it
             name = next(iter(children.children))
         elif name is None and len(alive := [c for c in children.children.values() if c.state == "loaded"]) == 1:
@@ -187,22 +199,21 @@ def create_router_app(settings, shared_args: list[str]) -> FastAPI:
         if child.state not in ("loaded", "loading") and not settings.models_autoload:
             why = f"model '{name}' is not loaded (POST /models/load first: the router runs --no-models-autoload)"
             raise APIError(400, why)
-        headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_HEADERS}
-        query = list(request.query_params.multi_items())
+        query = [(k, v) for k, v in request.query_params.multi_items() if k != "model"]
         for attempt in range(RETRIES + 1):
             child = await acquired(child, request)
             if DEBUG_DELAY_S:  # tests of the queue: the request holds its model a while
                 await asyncio.sleep(DEBUG_DELAY_S)
             proc = child.proc
             try:
-                response = await upstream.send(request.method, f"{child.url}/{path}", query, headers, body)
+                response = await upstream.send(child, request.method, f"/{path}", query, request.headers, body)
             except UpstreamError as exc:
                 children.release(child)
                 children.refresh()
-                if (child.stopping or child.proc is not proc) and attempt < RETRIES:  # stopped or died under us
+                if (child.state == "stopping" or child.proc is not proc) and attempt < RETRIES:  # stopped, or died
                     continue
                 raise APIError(502, f"model '{name}': its server did not answer ({type(exc).__name__})") from None
-            if response.status == 503 and (child.stopping or child.proc is not proc) and attempt < RETRIES:
+            if response.status == 503 and (child.state == "stopping" or child.proc is not proc) and attempt < RETRIES:
                 response.close()  # a child being stopped (it drains): ask its next one
                 children.release(child)
                 continue
@@ -232,4 +243,5 @@ def create_router_app(settings, shared_args: list[str]) -> FastAPI:
     )
     app.add_middleware(CrossSiteGuard, policy=cors)  # a page on another site cannot load, unload or ask
     app.add_middleware(CORSMiddleware, policy=cors)
+    app.add_middleware(PathPrefix, prefix=settings.api_prefix)  # the children serve at their root
     return app

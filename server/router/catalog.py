@@ -22,6 +22,7 @@ import configparser
 from pathlib import Path
 
 from server.router.entry import ModelEntry
+from server.router.handoff import preset_flag_allowed
 from server.router.hub_cache import SPLIT, hub_cache_dir, is_hub_cache, resolve, scan_hub
 
 REPO_KEYS = ("hf-repo", "hf")  # -> -m (a cached repository)
@@ -65,6 +66,8 @@ def _flags(section: configparser.SectionProxy) -> tuple[str, ...]:
         if key.lstrip("-") in NOT_FLAGS:
             continue
         flag = "--" + key.lstrip("-")
+        if not preset_flag_allowed(flag, section.name):
+            continue
         if value.strip().lower() in ("true", "on", ""):
             out.append(flag)
         elif value.strip().lower() not in ("false", "off"):

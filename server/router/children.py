@@ -1,8 +1,13 @@
-"""The router's child servers: one ``slotserve serve`` process per loaded model, on a
-loopback port of its own, with the router's shared flags, the model's preset flags and
-a slot folder under the router's. States: ``unloaded`` -> ``loading`` -> ``loaded``;
-``failed`` when a start fails (the next request tries again); a child that dies is
-``unloaded`` again, so the next request for its model starts a new one.
+"""The router's child servers: one ``slotserve serve`` process per loaded model, with the
+router's shared flags, the model's preset flags and a slot folder under the router's.
+A child's state is its Lifecycle (server/router/lifecycle.py), nowhere else.
+
+A child listens on a UNIX socket it binds itself, in a folder only the router's user
+can enter (so no other local process can take its address first, or reach it), and
+takes requests only with its own secret API key, handed to it in its environment
+(never on its command line, which ``ps`` shows); the router puts that key on each
+request it relays. Its environment is the router's less the router's own settings
+(server/router/handoff.py): a child never starts routing itself.
 
 ``--models-max`` is a hard limit, as llama-server's: a request for a model that is not
 loaded waits in the load queue (server/router/load_queue.py) until there is room. Room
@@ -12,34 +17,47 @@ but not forever: an entry that has waited PATIENCE_S reserves the least recently
 busy model, which then takes no new request (they queue for it in turn), finishes the
 ones it has and stops. No request is cut off, and a model kept busy by a steady stream
 of clients cannot starve the others. A request that leaves while waiting gives up its
-place; a reservation no longer needed is taken back.
+place; a reservation no longer needed is taken back. Stops (unload, reload, making
+room, shutdown) give the child ``--drain-timeout`` seconds, then SIGKILL.
 """
 
 from __future__ import annotations
 
 import asyncio
 import ctypes
+import itertools
 import logging
 import os
+import secrets
+import shutil
 import signal
-import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-import httpx
-
 from server.router.entry import ModelEntry
+from server.router.handoff import child_env
+from server.router.lifecycle import LEAVING, NEEDS_START, RUNNING, Lifecycle
 from server.router.load_queue import LoadQueue
+from server.router.upstream import child_get
 
 log = logging.getLogger("slotserve")
 LOAD_TIMEOUT_S = 600.0
 PATIENCE_S = 5.0  # how long a queued model waits for an idle one before a busy one is reserved
 DEBUG_DELAY_S = float(os.environ.get("SLOTSERVE_ROUTER_DEBUG_DELAY_S", "0"))  # tests: each load and request
 PR_SET_PDEATHSIG = 1
+
+
+class ModelGone(LookupError):
+    """The model left the catalog (a reload) while the request waited for it."""
+
+
+class ClientGone(LookupError):
+    """The client left while its model was waiting to load."""
 
 
 def _death_signal():
@@ -53,46 +71,54 @@ def _death_signal():
     return lambda: prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @dataclass
 class Child:
     entry: ModelEntry
-    state: str = "unloaded"  # unloaded | loading | loaded | failed
+    life: Lifecycle = field(default_factory=Lifecycle)
     proc: subprocess.Popen | None = None
-    port: int = 0
+    socket: str = ""  # the UNIX socket its server listens on (new for each start)
+    secret: str = ""  # its API key (new for each start)
     last_used: float = 0.0
     inflight: int = 0  # requests being proxied to it
     error: str | None = None
-    stopping: bool = False  # SIGTERM sent: it drains, takes nothing new
-    reserved: bool = False  # picked to make room while busy: takes nothing new, stops when idle
     loads: int = 0  # times its server came up (router /metrics)
     load_failures: int = 0
+    crashes: int = 0  # times its server exited while loaded
+
+    @property
+    def state(self) -> str:
+        return self.life.state
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return "http://localhost"  # over its socket
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
 
 class Children:
-    def __init__(self, entries: dict[str, ModelEntry], shared_args: list[str], models_max: int, slots: Path | None):
+    def __init__(
+        self,
+        entries: dict[str, ModelEntry],
+        shared_args: list[str],
+        models_max: int,
+        slots: Path | None,
+        drain_s: float = 30.0,
+    ):
         self.children = {name: Child(entry) for name, entry in entries.items()}
-        self.shared_args, self.models_max, self.slots = shared_args, models_max, slots
+        self.shared_args, self.models_max, self.slots, self.drain_s = shared_args, models_max, slots, drain_s
         self.queue = LoadQueue()
+        self.folder = Path(tempfile.mkdtemp(prefix="slotserve-router-"))  # mode 0700: the sockets' home
+        self._n = itertools.count()
         self._changed = asyncio.Event()  # set (and replaced) whenever a child or the queue changes
         self._stops: set[asyncio.Task] = set()
+        self.on_gone: Callable[[Child], None] = lambda child: None  # a child's server is gone (its connections)
 
     def command(self, child: Child) -> list[str]:
         e = child.entry
-        cmd = [sys.executable, "-m", "server.cli", "serve", "-m", str(e.path), "--host", "127.0.0.1"]
-        cmd += ["--port", str(child.port), "--alias", e.name, "--metrics", "--metrics-public"]
+        cmd = [sys.executable, "-m", "server.cli", "serve", "-m", str(e.path), "--host", child.socket]
+        cmd += ["--alias", e.name, "--metrics"]
         if e.mmproj is not None:
             cmd += ["--mmproj", str(e.mmproj)]
         if self.slots is not None:
@@ -100,12 +126,28 @@ class Children:
         return cmd + self.shared_args + list(e.args)
 
     def refresh(self) -> None:
-        """A child that died since it was last seen is unloaded (its model starts again on use)."""
+        """A child whose server exited since it was last seen: while loading, a load
+        failure; while loaded, a crash (it is unloaded, and starts again on use)."""
         for name, child in self.children.items():
-            if child.state in ("loaded", "loading") and child.proc is not None and child.proc.poll() is not None:
-                log.warning("model %s: its server exited (code %s)", name, child.proc.returncode)
-                child.state, child.proc = "unloaded", None
+            if child.proc is None or child.proc.poll() is None:
+                continue
+            code = child.proc.returncode
+            if child.state == "loading":
+                self._failed(child, f"its server exited with code {code} while loading")
+            elif child.state in ("loaded", "reserved"):
+                log.warning("model %s: its server exited (code %s)", name, code)
+                child.crashes += 1
+                child.error, child.proc = f"its server exited with code {code}", None
+                child.life.to("unloaded")
+                self.on_gone(child)
                 self._notify()
+
+    def _failed(self, child: Child, why: str) -> None:
+        log.error("model %s failed to load: %s", child.entry.name, why)
+        child.life.to("failed")
+        child.error, child.proc, child.load_failures = why, None, child.load_failures + 1
+        self.on_gone(child)
+        self._notify()
 
     def _notify(self) -> None:
         self._changed.set()
@@ -117,17 +159,16 @@ class Children:
         except TimeoutError:
             pass
 
-    def ready(self, child: Child) -> bool:
-        return child.state == "loaded" and not child.stopping and not child.reserved
-
     async def acquire(self, name: str, gone: Callable[[], Awaitable[bool]] | None = None) -> Child:
         """The model's child, loaded, with this request counted in flight (``release`` it).
         Waits in the load queue when the model is not loaded. Raises RuntimeError with
-        the load's error when it cannot start, and LookupError when ``gone()`` says the
-        client left while waiting."""
+        the load's error when it cannot start, ModelGone when a reload took the model
+        away, and ClientGone when ``gone()`` says the client left while waiting."""
         self.refresh()
-        child = self.children[name]
-        if self.ready(child):
+        child = self.children.get(name)
+        if child is None:
+            raise ModelGone(f"model '{name}' not found")
+        if child.state == "loaded":
             child.inflight += 1
         else:
             await self._wait_loaded(child, gone)
@@ -141,41 +182,38 @@ class Children:
         self._notify()
 
     async def _wait_loaded(self, child: Child, gone) -> None:
-        entry, saw_loading = self.queue.join(child.entry.name), False
+        entry, failures_seen = self.queue.join(child.entry.name), child.load_failures
         try:
             while True:
                 self.refresh()
-                if self.ready(child):
+                if child.state == "removed":
+                    raise ModelGone(f"model '{child.entry.name}' was removed from the catalog")
+                if child.state == "loaded":
                     child.inflight += 1  # before leaving the queue: busy, so never the next victim
                     return
-                if child.state == "loading":
-                    saw_loading = True
-                elif saw_loading and child.state == "failed":  # the load another waiter started fell over
+                if child.state == "failed" and child.load_failures > failures_seen:  # the load it waited for
                     raise RuntimeError(f"model {child.entry.name} failed to load: {child.error}")
-                if child.state in ("unloaded", "failed"):  # (again: it stopped or died before we woke)
-                    saw_loading = entry.loading = False
-                    if self._head(entry) and self._room():
-                        entry.loading = True  # kept once loaded: its model has its room until the waiters leave
-                        try:
-                            await self._start(child)
-                        except BaseException:
-                            entry.loading = False
-                            raise
-                        continue
+                if child.state in NEEDS_START and self._head(entry) and self._room():
+                    await self._start(child)  # raises when it fails
+                    continue
                 self.tick()
                 if gone is not None and await gone():
-                    raise LookupError("the client left while its model was waiting to load")
+                    raise ClientGone("the client left while its model was waiting to load")
                 await self._changes()
         finally:
             self.queue.leave(entry)
             self.tick()  # room made for this entry goes to the next one
             self._notify()
 
+    def _needs_room(self, name: str) -> bool:
+        child = self.children.get(name)
+        return child is not None and child.state in NEEDS_START
+
     def _head(self, entry) -> bool:
-        return self.queue.first() is entry and not entry.loading
+        return self.queue.first(self._needs_room) is entry
 
     def _running(self) -> list[Child]:
-        return [c for c in self.children.values() if c.state in ("loading", "loaded")]
+        return [c for c in self.children.values() if c.state in RUNNING]
 
     def _room(self) -> bool:
         return self.models_max <= 0 or len(self._running()) < self.models_max
@@ -189,25 +227,23 @@ class Children:
             return
         running = self._running()
         for child in running:
-            if child.reserved and child.inflight == 0 and not child.stopping:
+            if child.state == "reserved" and child.inflight == 0:
                 self._stop_soon(child, "reserved for a queued request, now idle")
-        free = self.models_max - len(running) + sum(c.stopping or c.reserved for c in running)
-        for child in sorted((c for c in running if c.reserved and not c.stopping), key=lambda c: -c.last_used):
-            if free <= self.queue.needed():
+        needed = self.queue.needed(self._needs_room)
+        free = self.models_max - len(running) + sum(c.state in LEAVING for c in running)
+        for child in sorted((c for c in running if c.state == "reserved"), key=lambda c: -c.last_used):
+            if free <= needed:
                 break
-            child.reserved, free = False, free - 1  # nobody waits for its room any more
-        while free < self.queue.needed():
-            candidates = [
-                c
-                for c in running
-                if c.state == "loaded" and not (c.stopping or c.reserved or self.queue.wants(c.entry.name))
-            ]
+            child.life.to("loaded")  # nobody waits for its room any more
+            free -= 1
+        while free < needed:
+            candidates = [c for c in running if c.state == "loaded" and not self.queue.wants(c.entry.name)]
             idle = [c for c in candidates if c.inflight == 0]
             if idle:
                 self._stop_soon(min(idle, key=lambda c: c.last_used), "stopped to make room for a queued request")
-            elif candidates and free < self.queue.needed(waited=PATIENCE_S):
+            elif candidates and free < self.queue.needed(self._needs_room, waited=PATIENCE_S):
                 victim = min(candidates, key=lambda c: c.last_used)
-                victim.reserved = True
+                victim.life.to("reserved")
                 log.info("model %s: reserved for a queued request (ends its requests, then stops)", victim.entry.name)
             else:
                 return  # every model is busy: the queue waits for a request to end, or for its patience
@@ -215,79 +251,109 @@ class Children:
 
     def _stop_soon(self, child: Child, why: str) -> None:
         log.info("model %s: %s", child.entry.name, why)
-        child.stopping = True
-        task = asyncio.get_running_loop().create_task(self._stop(child))
+        proc = self._begin_stop(child)
+        task = asyncio.get_running_loop().create_task(self._finish_stop(child, proc))
         self._stops.add(task)
         task.add_done_callback(self._stops.discard)
 
     async def _start(self, child: Child) -> None:
-        child.state, child.error = "loading", None
+        child.life.to("loading")
+        child.error = None
+        self._notify()
         if DEBUG_DELAY_S:
             await asyncio.sleep(DEBUG_DELAY_S)
             if child.state != "loading":  # unloaded meanwhile
                 return
-        child.port = free_port()
+        child.socket, child.secret = str(self.folder / f"{next(self._n)}.sock"), secrets.token_urlsafe(32)
         cmd = self.command(child)
         log.info("model %s: starting (%s)", child.entry.name, " ".join(cmd[3:]))
-        proc = child.proc = subprocess.Popen(
-            cmd, stdin=subprocess.DEVNULL, start_new_session=True, preexec_fn=_death_signal()
-        )
+        try:
+            proc = subprocess.Popen(
+                cmd,
+                stdin=subprocess.DEVNULL,
+                env=child_env(os.environ, child.secret),
+                start_new_session=True,
+                preexec_fn=_death_signal(),
+            )
+        except (OSError, subprocess.SubprocessError) as exc:  # no process: nothing holds its place
+            self._failed(child, f"its server could not be started: {exc}")
+            raise RuntimeError(f"model {child.entry.name} failed to load: {child.error}") from None
+        child.proc = proc
         deadline = time.monotonic() + LOAD_TIMEOUT_S
-        async with httpx.AsyncClient() as client:
-            while time.monotonic() < deadline:
-                if child.stopping or child.proc is not proc:  # unloaded while loading: not a failure;
-                    return  # its waiters see it unloaded and load it again
-                if proc.poll() is not None:
-                    child.state, child.error = "failed", f"its server exited with code {proc.returncode}"
-                    child.proc, child.load_failures = None, child.load_failures + 1
-                    self._notify()
-                    raise RuntimeError(f"model {child.entry.name} failed to load: {child.error}")
-                try:
-                    ok = (await client.get(child.url + "/ready", timeout=2)).status_code == 200
-                except httpx.HTTPError:
-                    ok = False
-                if ok and not child.stopping and child.proc is proc:
-                    child.state, child.loads = "loaded", child.loads + 1
-                    self._notify()
-                    return
-                await asyncio.sleep(0.05)
-        await self._stop(child)
-        child.state, child.error = "failed", f"not ready in {LOAD_TIMEOUT_S:.0f} s"
-        child.load_failures += 1
+        while time.monotonic() < deadline:
+            self.refresh()  # a server that exited: failed
+            if child.state != "loading" or child.proc is not proc:  # failed, or unloaded mid-load: its
+                return  # waiters see which (a failure is theirs to report; unloaded: they load it again)
+            answer = await child_get(child, "/ready", timeout=2)
+            if answer is not None and answer.status_code == 200 and child.state == "loading" and child.proc is proc:
+                child.life.to("loaded")
+                child.loads += 1
+                self._notify()
+                return
+            await asyncio.sleep(0.05)
+        self._kill(proc)
+        self._failed(child, f"not ready in {LOAD_TIMEOUT_S:.0f} s")
         raise RuntimeError(f"model {child.entry.name} failed to load: {child.error}")
 
-    async def _stop(self, child: Child, drain_s: float = 30.0) -> None:
-        """SIGTERM (the child drains its requests), then SIGKILL past ``drain_s``."""
-        proc, child.stopping = child.proc, True
+    @staticmethod
+    def _kill(proc: subprocess.Popen) -> None:
         try:
-            if proc is not None and proc.poll() is None:
-                log.info("model %s: stopping", child.entry.name)
-                proc.send_signal(signal.SIGTERM)
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait()
+
+    def _begin_stop(self, child: Child) -> subprocess.Popen | None:
+        """SIGTERM (the child drains its requests): ``stopping``."""
+        proc = child.proc
+        child.life.to("stopping")
+        if proc is not None and proc.poll() is None:
+            log.info("model %s: stopping", child.entry.name)
+            proc.send_signal(signal.SIGTERM)
+        self._notify()
+        return proc
+
+    async def _finish_stop(self, child: Child, proc: subprocess.Popen | None, drain_s: float | None = None) -> None:
+        """Waits for the stopped server, SIGKILL past ``drain_s`` (``--drain-timeout``)."""
+        try:
+            if proc is not None:
                 try:
-                    await asyncio.to_thread(proc.wait, drain_s)
+                    await asyncio.to_thread(proc.wait, self.drain_s if drain_s is None else drain_s)
                 except subprocess.TimeoutExpired:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                    await asyncio.to_thread(proc.wait)
+                    log.warning("model %s: not stopped in time, killed", child.entry.name)
+                    await asyncio.to_thread(self._kill, proc)
         finally:
-            if child.proc is proc:
-                child.state, child.proc = "unloaded", None
-            child.stopping = child.reserved = False
+            if child.state == "stopping" and child.proc is proc:
+                child.proc = None
+                child.life.to("unloaded")
+                self.on_gone(child)
             self._notify()
+
+    async def _stop(self, child: Child, drain_s: float | None = None) -> None:
+        """Stops the child's server and waits until it is gone (one being stopped: waits for it)."""
+        if child.state in ("loading", "loaded", "reserved"):
+            await self._finish_stop(child, self._begin_stop(child), drain_s)
+        while child.state == "stopping":
+            await self._changes()
 
     async def reload(self, entries: dict[str, ModelEntry]) -> None:
         """The catalog read again: a model gone from it, or whose file or flags changed,
-        is stopped (and forgotten when gone); new models are added."""
+        is stopped (and removed when gone: its waiting requests are told); new models
+        are added."""
         for name, child in list(self.children.items()):
             new = entries.get(name)
             if new is not None and replace(new, hidden=False) == replace(child.entry, hidden=False):
                 child.entry = new
                 continue
-            if child.proc is not None:
-                await self._stop(child)
+            await self._stop(child)
             if new is None:
+                child.life.to("removed")
                 del self.children[name]
             else:
-                child.entry, child.state, child.error = new, "unloaded", None
+                if child.state == "failed":
+                    child.life.to("unloaded")
+                child.entry, child.error = new, None
+            self._notify()
         for name, entry in entries.items():
             self.children.setdefault(name, Child(entry))
 
@@ -295,5 +361,8 @@ class Children:
         await self._stop(self.children[name])
 
     async def stop_all(self, drain_s: float) -> None:
-        """At the router's shutdown: every child drains at once, then goes."""
-        await asyncio.gather(*(self._stop(c, drain_s) for c in self.children.values() if c.proc is not None))
+        """At the router's shutdown: every child drains at once, then goes; so does the sockets' folder."""
+        try:
+            await asyncio.gather(*(self._stop(c, drain_s) for c in self.children.values() if c.state in RUNNING))
+        finally:
+            shutil.rmtree(self.folder, ignore_errors=True)

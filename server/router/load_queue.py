@@ -2,13 +2,15 @@
 scheduler): one entry per model, first come first served.
 
 Requests for the same model share its entry, so many of them cost one load and one
-eviction. The head entry loads its model when the ``--models-max`` limit leaves room; an
+eviction. The head entry (the first whose model still needs starting: ``needs_room``,
+from the child's state) loads its model when the ``--models-max`` limit leaves room; an
 entry stays in the line until its last waiter has its model (or leaves), and a model
 with waiters in the line is never the one stopped to make room."""
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 
@@ -16,7 +18,6 @@ from dataclasses import dataclass, field
 class Waiting:
     name: str
     waiters: int = 1
-    loading: bool = False  # one of its waiters is starting the model now
     since: float = field(default_factory=time.monotonic)  # when its first waiter came
 
 
@@ -39,14 +40,15 @@ class LoadQueue:
         if entry.waiters <= 0 and entry in self.entries:
             self.entries.remove(entry)
 
-    def first(self) -> Waiting | None:
-        return self.entries[0] if self.entries else None
+    def first(self, needs_room: Callable[[str], bool]) -> Waiting | None:
+        """The first entry whose model still needs starting."""
+        return next((e for e in self.entries if needs_room(e.name)), None)
 
     def wants(self, name: str) -> bool:
         return any(e.name == name for e in self.entries)
 
-    def needed(self, waited: float = 0.0) -> int:
-        """Models the line still needs room for (those being started hold theirs),
-        counting only entries that have waited ``waited`` seconds or more."""
+    def needed(self, needs_room: Callable[[str], bool], waited: float = 0.0) -> int:
+        """Models the line still needs room for (those being started or running hold
+        theirs), counting only entries that have waited ``waited`` seconds or more."""
         now = time.monotonic()
-        return sum(1 for e in self.entries if not e.loading and now - e.since >= waited)
+        return sum(1 for e in self.entries if needs_room(e.name) and now - e.since >= waited)

@@ -5,14 +5,14 @@ counters here still say what became of it."""
 
 from __future__ import annotations
 
-import httpx
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.parser import text_string_to_metric_families
 
 from server.router.children import Child, Children
+from server.router.upstream import child_get
 
-STATES = ("unloaded", "loading", "loaded", "unloading", "failed", "sleeping")
+STATES = ("unloaded", "loading", "loaded", "unloading", "failed", "sleeping")  # as /models lists them
 
 
 class _RouterCollector:
@@ -35,6 +35,9 @@ class _RouterCollector:
         failed = CounterMetricFamily(
             "slotserve_router_model_load_failures", "times the model's server failed to come up", labels=["model"]
         )
+        crashed = CounterMetricFamily(
+            "slotserve_router_model_crashes", "times the model's server exited while loaded", labels=["model"]
+        )
         waiting = {e.name: e.waiters for e in self.children.queue.entries}
         for name, child in self.children.children.items():
             for s in STATES:
@@ -43,7 +46,8 @@ class _RouterCollector:
             running.add_metric([name], child.inflight)
             loads.add_metric([name], child.loads)
             failed.add_metric([name], child.load_failures)
-        yield from (state, queued, running, loads, failed)
+            crashed.add_metric([name], child.crashes)
+        yield from (state, queued, running, loads, failed, crashed)
 
 
 def router_families(children: Children, states: dict[str, str]) -> str:
@@ -53,17 +57,16 @@ def router_families(children: Children, states: dict[str, str]) -> str:
     return generate_latest(registry).decode()
 
 
-async def scrape(client: httpx.AsyncClient, child: Child) -> str:
-    try:
-        return (await client.get(child.url + "/metrics", timeout=10)).text
-    except httpx.HTTPError:
-        return ""
+async def scrape(child: Child) -> str:
+    answer = await child_get(child, "/metrics", timeout=10)
+    return answer.text if answer is not None and answer.status_code == 200 else ""
 
 
-async def props_of(client: httpx.AsyncClient, child: Child) -> dict:
+async def props_of(child: Child) -> dict:
+    answer = await child_get(child, "/props", timeout=2)
     try:
-        return (await client.get(child.url + "/props", timeout=2)).json()
-    except (httpx.HTTPError, ValueError):
+        return answer.json() if answer is not None and answer.status_code == 200 else {}
+    except ValueError:
         return {}
 
 
