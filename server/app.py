@@ -13,7 +13,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from server import errors
 from server.config.settings import ServerSettings
 from server.errors import APIError
-from server.middleware.auth import PUBLIC, APIKeyMiddleware
+from server.middleware.auth import APIKeyMiddleware
 from server.middleware.body_limit import BodyLimitMiddleware
 from server.middleware.cors import CORSMiddleware, CORSPolicy, parse_origins
 from server.middleware.cross_site import CrossSiteGuard
@@ -21,6 +21,7 @@ from server.middleware.header_case import HeaderCase
 from server.middleware.idle_sleep import IdleSleep, WakeOnRequest
 from server.middleware.json_body import JSONBodyMiddleware
 from server.middleware.path_prefix import PathPrefix
+from server.middleware.paths import PublicPaths
 from server.routes import (
     anthropic_api,
     cors_proxy,
@@ -67,13 +68,12 @@ def create_app(settings: ServerSettings) -> FastAPI:
     app.include_router(lora_api.router)
     app.include_router(slot_api.router)
     app.include_router(cors_proxy.router)
-    public = PUBLIC | {"/metrics"} if settings.metrics_public else PUBLIC
+    public = PublicPaths(settings.webui, settings.metrics_public)
     if settings.webui:
         webui.mount(app)
-        public |= webui.PUBLIC_PATHS
     _add_probes(app, state)
     _add_metrics(app, state)
-    _add_openapi(app, state, public)
+    _add_openapi(app, state, public, sleep)
     if sleep is not None:  # innermost: after the key check and the path prefix, a request waits for the wake
         app.add_middleware(WakeOnRequest, sleep=sleep)
     _add_middleware(app, state, public)
@@ -112,32 +112,35 @@ def _add_metrics(app: FastAPI, state: ServerState) -> None:
         return Response(body, media_type=CONTENT_TYPE_LATEST, headers={"Process-Start-Time-Unix": started})
 
 
-def _add_openapi(app: FastAPI, state: ServerState, public: set[str]) -> None:
+def _add_openapi(app: FastAPI, state: ServerState, public: PublicPaths, sleep: IdleSleep | None) -> None:
     document: dict = {}
 
     @app.get("/openapi.json", include_in_schema=False)
     async def openapi() -> JSONResponse:
-        """The document, with the limits of the loaded model (503 while it loads)."""
+        """The document, with the limits of the loaded model (503 while it loads; a
+        sleeping model is woken the first time only: the document is kept)."""
         if not document:
+            if sleep is not None and state.sleeping:
+                await sleep.wake()
             engine = state.require_ready()
             limits = {"vocab": engine.vocab_size, "n_slots": state.settings.parallel, "n_embd": engine.hidden_size}
             limits["n_lora"] = len(state.lora_scales)
-            document.update(build_openapi(app, limits, bool(state.settings.api_keys), public))
+            document.update(build_openapi(app, limits, bool(state.settings.api_keys), public.exact()))
         return JSONResponse(document)
 
 
-def _add_middleware(app: FastAPI, state: ServerState, public: set[str]) -> None:
+def _add_middleware(app: FastAPI, state: ServerState, public: PublicPaths) -> None:
     """Added innermost first: JSON bodies, the body limit, API keys, the cross-site
     refusal, CORS, the status counter, the path prefix, the header spelling."""
     settings = state.settings
     app.add_middleware(JSONBodyMiddleware)
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_size)
-    prefix = webui.PUBLIC_PREFIX if settings.webui else None
-    app.add_middleware(APIKeyMiddleware, keys=settings.api_keys, public=public, public_prefix=prefix)
+    app.add_middleware(APIKeyMiddleware, keys=settings.api_keys, public=public)
     cors = CORSPolicy(
         parse_origins(settings.cors_origins), settings.cors_methods, settings.cors_headers, settings.cors_credentials
     )
-    app.add_middleware(CrossSiteGuard, policy=cors)  # before the key: a page's simple POST needs none to be refused
+    # before the key: a page's simple POST needs none to be refused
+    app.add_middleware(CrossSiteGuard, policy=cors, keys=bool(settings.api_keys))
     app.add_middleware(CORSMiddleware, policy=cors)  # outside the key check: preflights carry no credentials
     app.add_middleware(StatusCounter, metrics=state.metrics)  # sees 401s too
     app.add_middleware(PathPrefix, prefix=settings.api_prefix)  # routes see paths without it

@@ -186,6 +186,8 @@ class ServerState:
         """The engine, or a 503 that says why it cannot serve."""
         if self.status == "ready" and self.engine is not None:
             return self.engine
+        if self.status == "ready":  # between sleep and wake (a route that does not wake it)
+            raise APIError(503, "the model sleeps", "unavailable_error", headers={"Retry-After": "1"})
         reason = {
             "loading": "the model is loading",
             "draining": "the server is shutting down",

@@ -43,3 +43,83 @@ def test_an_idle_model_sleeps_and_the_next_request_wakes_it(server):
     assert again["usage"]["prompt_tokens_details"]["cached_tokens"] > 0  # restored from the disk tier
     props = httpx.get(server.url + "/props").json()
     assert props["is_sleeping"] is False and props["prompt_cache"]["disk"]["hits"] >= 1
+
+
+def test_the_pages_live_view_and_openapi_do_not_keep_it_awake_or_fail(server):
+    """An open web page polls /live: the model still goes to sleep; /openapi.json
+    asked while it sleeps is the document (the first time, it wakes the model)."""
+    ask(server.url, [{"role": "user", "content": "hi"}])
+
+    def asleep_while_polled() -> bool:
+        assert httpx.get(server.url + "/live").status_code == 200
+        return httpx.get(server.url + "/props").json().get("is_sleeping")
+
+    wait_for(asleep_while_polled, 60, "the model asleep under a polling page")
+    r = httpx.get(server.url + "/openapi.json", timeout=120)
+    assert r.status_code == 200 and "/v1/chat/completions" in r.json()["paths"]
+
+
+def test_a_request_still_arriving_keeps_the_model_awake(server):
+    """A body that takes 3 s to arrive (3 x the idle time): the model does not go to
+    sleep under it, and the request is answered."""
+    import json
+    import time
+
+    ask(server.url, [{"role": "user", "content": "hi"}])
+    body = json.dumps({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}).encode()
+
+    def slowly():
+        for i in range(0, len(body), len(body) // 6 + 1):
+            yield body[i : i + len(body) // 6 + 1]
+            time.sleep(0.5)
+
+    r = httpx.post(server.url + "/v1/chat/completions", content=slowly(), timeout=120)
+    assert r.status_code == 200, r.text
+    assert httpx.get(server.url + "/props").json()["is_sleeping"] is False
+
+
+def test_a_wake_waits_for_the_engine_thread_that_went_to_sleep():
+    """The engine thread still writing its slots when the drain time ran out: the wake
+    builds no second engine until it has ended."""
+    import asyncio
+    import threading
+
+    from server.middleware.idle_sleep import IdleSleep
+
+    ended, loads = threading.Event(), []
+
+    class Engine:
+        def health(self):
+            return type("H", (), {"n_running": 0, "n_waiting": 0})()
+
+        def cache_stats(self):
+            return None
+
+        image_stats = lora_use = cache_stats
+        takes_images = False
+
+        def stop(self, timeout):
+            ended.wait(timeout if timeout is not None else 10)
+            return ended.is_set()
+
+    class State:
+        status, sleeping, n_inflight, engine, asleep = "ready", False, 0, Engine(), None
+        settings = type("S", (), {"drain_timeout": 0.05})()
+
+        def load_engine(self):
+            loads.append(ended.is_set())
+
+    async def scenario():
+        sleep = IdleSleep(State(), 0.01)
+        sleep.last_active -= 1
+        going = asyncio.create_task(sleep.sleep_if_idle())
+        while not sleep.state.sleeping:
+            await asyncio.sleep(0.01)
+        waking = asyncio.create_task(sleep.wake())
+        await asyncio.sleep(0.3)  # the drain time is long gone; the thread still runs
+        assert loads == []
+        ended.set()
+        await asyncio.gather(going, waking)
+
+    asyncio.run(scenario())
+    assert loads == [True]

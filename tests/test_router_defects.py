@@ -315,4 +315,3 @@ def test_the_childs_state_machine_allows_only_its_transitions():
         life.to(step)
     assert life.history[-1] == "unloaded" and not life.can("loaded")
     assert TRANSITIONS["removed"] == frozenset()
-

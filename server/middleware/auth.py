@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import hmac
+from collections.abc import Callable
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from server.errors import APIError, shaped
-
-PUBLIC = frozenset({"/health", "/ready"})
 
 
 def _presented(scope: Scope) -> str | None:
@@ -30,19 +29,14 @@ def _matches(presented: str, keys: frozenset[str]) -> bool:
 
 
 class APIKeyMiddleware:
-    def __init__(
-        self, app: ASGIApp, keys: frozenset[str], public: frozenset[str] = PUBLIC, public_prefix: str | None = None
-    ):
-        """``public``: paths served without a key; ``public_prefix``: and every path under it."""
+    def __init__(self, app: ASGIApp, keys: frozenset[str], public: Callable[[str], bool]):
+        """``public(path)``: served without a key (server/middleware/paths.py)."""
         self.app = app
         self.keys = keys
         self.public = public
-        self.public_prefix = public_prefix
 
     def _open(self, scope: Scope) -> bool:
-        path = scope["path"]
-        under = self.public_prefix is not None and path.startswith(self.public_prefix)
-        return path in self.public or under or scope["method"] == "OPTIONS"
+        return scope["method"] == "OPTIONS" or self.public(scope["path"])
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or not self.keys or self._open(scope):

@@ -6,12 +6,23 @@ form or ``fetch`` with a ``text/plain``, form or multipart body. The routes read
 body as JSON whatever its type (server/middleware/json_body.py, for curl's ``-d``), so
 without this a page on another site could restore or erase slots, change LoRA scales
 or drive the CORS proxy of a server on the visitor's machine. Browsers always send
-``Origin`` with such a request; curl and SDKs send none. So a request that changes
-state (any method but GET, HEAD and OPTIONS) and carries an ``Origin`` other than this
-server's own (its web page) is refused with 403 when ``--cors-origins`` does not allow
-that origin, or when its body is not declared JSON: a JSON body needs a preflight, which
-CORS answers for allowed origins only. (A page on a name that resolves to this host,
-DNS rebinding, passes as this server's own: ``--api-key`` is the guard there.)"""
+``Origin`` with such a request; curl and SDKs send none. Two rules, 403 when broken:
+
+1. Any request but GET, HEAD and OPTIONS that carries an ``Origin`` other than this
+   server's own (its web page) must come from an origin ``--cors-origins`` allows, with
+   its body declared JSON: a JSON body needs a preflight, which CORS answers for
+   allowed origins only.
+2. The guarded paths (server/middleware/paths.py: slots, slot files, LoRA, the CORS
+   proxy, the router's model loading), whatever the method, refuse a request from
+   another site unless ``--cors-origins`` names its origin (``*``, the default, names
+   none) or the server has an API key (then the key decides, and a page has none to
+   send). "From another site": an ``Origin`` not this server's, or no ``Origin`` and a
+   browser's ``Sec-Fetch-Site`` saying ``cross-site`` or ``same-site`` (an ``<img>``'s
+   GET carries no ``Origin``). So a default start, which allows every origin to read
+   completions, lets no page visited erase, restore or load anything.
+
+(A page on a name that resolves to this host, DNS rebinding, passes as this server's
+own: ``--api-key`` is the guard there.)"""
 
 from __future__ import annotations
 
@@ -21,6 +32,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from server.errors import APIError, shaped
 from server.middleware.cors import CORSPolicy
+from server.middleware.paths import rule
 
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 
@@ -39,20 +51,38 @@ def _is_json(content_type: str | None) -> bool:
 
 
 class CrossSiteGuard:
-    def __init__(self, app: ASGIApp, policy: CORSPolicy):
+    def __init__(self, app: ASGIApp, policy: CORSPolicy, keys: bool):
+        """``keys``: the server has an API key."""
         self.app = app
         self.policy = policy
+        self.keys = keys
+
+    def _guarded(self, origin: str | None, site: str | None) -> str | None:
+        """Rule 2: why a guarded path refuses this request (None: it does not)."""
+        if self.keys:
+            return None
+        if origin is None:
+            if site in ("cross-site", "same-site"):
+                return f"a request from another site ({site}) to this path needs an API key"
+            return None
+        if self.policy.origins is not None and self.policy.allow_origin(origin) is not None:
+            return None
+        return (
+            f"cross-site request from origin {origin!r} refused: this path changes the server's state; "
+            "name the origin in --cors-origins, or start the server with --api-key"
+        )
 
     def _refusal(self, scope: Scope) -> str | None:
         """Why the request is refused (None: it is not)."""
-        if scope["method"] in SAFE_METHODS:
-            return None
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
         origin = headers.get("origin")
-        if origin is None:
-            return None  # not sent by a browser's page
-        if _same_origin(origin, headers.get("host")):
+        if origin is not None and _same_origin(origin, headers.get("host")):
             return None  # this server's own web page
+        if rule(scope["path"]).guarded and scope["method"] != "OPTIONS":
+            if (why := self._guarded(origin, headers.get("sec-fetch-site"))) is not None:
+                return why
+        if scope["method"] in SAFE_METHODS or origin is None:
+            return None  # rule 1 is for a browser's page sending a body
         if self.policy.allow_origin(origin) is None:
             return f"cross-site request from origin {origin!r} refused: it is not allowed by --cors-origins"
         if not _is_json(headers.get("content-type")):

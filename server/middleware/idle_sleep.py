@@ -17,8 +17,9 @@ import gc
 import logging
 import time
 
+from server.middleware.paths import rule
+
 log = logging.getLogger("slotserve")
-AWAKE_FREE = ("/health", "/ready", "/metrics", "/props", "/v1/models", "/models", "/openapi.json")  # never wake it
 
 
 class EngineSnapshot:
@@ -46,6 +47,7 @@ class IdleSleep:
     def __init__(self, state, seconds: float):
         self.state, self.seconds = state, seconds
         self.last_active = time.monotonic()
+        self.active = 0  # requests that need the model, from their first byte to their last (WakeOnRequest)
         self._lock = asyncio.Lock()
         self.n_sleeps = 0
 
@@ -57,7 +59,7 @@ class IdleSleep:
         if state.status != "ready" or state.sleeping or engine is None:
             return False
         health = engine.health()
-        if health.n_running or health.n_waiting or state.n_inflight:
+        if self.active or health.n_running or health.n_waiting or state.n_inflight:
             self.touch()
             return False
         return time.monotonic() - self.last_active >= self.seconds
@@ -67,9 +69,14 @@ class IdleSleep:
         while True:
             await asyncio.sleep(min(1.0, self.seconds / 4))
             if self._idle():
-                async with self._lock:
-                    if self._idle():  # still, now that the lock is held
-                        await self._sleep()
+                await self.sleep_if_idle()
+
+    async def sleep_if_idle(self) -> None:
+        """The model sleeps if it is still idle, under the lock that orders sleeping and
+        waking (a wake waits until the engine thread has ended)."""
+        async with self._lock:
+            if self._idle():
+                await self._sleep()
 
     async def _sleep(self) -> None:
         state = self.state
@@ -77,7 +84,9 @@ class IdleSleep:
         state.asleep = EngineSnapshot(engine)  # /metrics meanwhile
         state.engine = None  # routes that need the model now wait for wake() (the middleware)
         log.info("idle for %.0f s: the model sleeps (weights and caches freed)", self.seconds)
-        await asyncio.to_thread(engine.stop, state.settings.drain_timeout)  # the disk tier gets the slots first
+        if not await asyncio.to_thread(engine.stop, state.settings.drain_timeout):  # the disk tier gets the slots
+            log.warning("the engine thread is still writing its slots to disk: waking waits for it")
+            await asyncio.to_thread(engine.stop, None)  # a wake (behind the lock) never builds a second engine
         del engine
         gc.collect()
         self.n_sleeps += 1
@@ -98,18 +107,23 @@ class IdleSleep:
 
 
 class WakeOnRequest:
-    """ASGI middleware: a request that needs the model wakes it first and counts as
-    activity (from its start to its last byte); probes, /props and /metrics do neither."""
+    """ASGI middleware: a request that needs the model (server/middleware/paths.py)
+    wakes it first and counts as activity from its first byte to its last, so the
+    model never goes to sleep under a request still rendering its template or fetching
+    an image; probes, /props, /metrics and the page's /live do neither."""
 
     def __init__(self, app, sleep: IdleSleep):
         self.app, self.sleep = app, sleep
 
     async def __call__(self, scope, receive, send) -> None:
-        active = scope["type"] == "http" and not scope["path"].startswith(AWAKE_FREE)
-        if active:
+        if scope["type"] != "http" or not rule(scope["path"]).wakes:
+            return await self.app(scope, receive, send)
+        self.sleep.active += 1  # before the wake: the model cannot go to sleep under it (rendering, fetching)
+        try:
             self.sleep.touch()
             if self.sleep.state.sleeping:
                 await self.sleep.wake()
-        await self.app(scope, receive, send)
-        if active:
+            await self.app(scope, receive, send)
+        finally:
+            self.sleep.active -= 1
             self.sleep.touch()

@@ -23,10 +23,11 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response, Streami
 
 from server import errors
 from server.errors import APIError
-from server.middleware.auth import PUBLIC, APIKeyMiddleware
+from server.middleware.auth import APIKeyMiddleware
 from server.middleware.cors import CORSMiddleware, CORSPolicy, parse_origins
 from server.middleware.cross_site import CrossSiteGuard
 from server.middleware.path_prefix import PathPrefix
+from server.middleware.paths import PublicPaths
 from server.router.catalog import catalog
 from server.router.children import DEBUG_DELAY_S, Child, Children, ClientGone, ModelGone
 from server.router.metrics import joined, props_of, router_families, scrape
@@ -237,11 +238,11 @@ def create_router_app(settings, shared_args: list[str]) -> FastAPI:
         return StreamingResponse(relay(), status_code=response.status, headers=Upstream.headers(response))
 
     keys = settings.api_keys
-    app.add_middleware(APIKeyMiddleware, keys=keys, public=PUBLIC | {"/metrics"} if settings.metrics_public else PUBLIC)
+    app.add_middleware(APIKeyMiddleware, keys=keys, public=PublicPaths(False, settings.metrics_public))
     cors = CORSPolicy(
         parse_origins(settings.cors_origins), settings.cors_methods, settings.cors_headers, settings.cors_credentials
     )
-    app.add_middleware(CrossSiteGuard, policy=cors)  # a page on another site cannot load, unload or ask
+    app.add_middleware(CrossSiteGuard, policy=cors, keys=bool(keys))  # no page on another site loads or unloads
     app.add_middleware(CORSMiddleware, policy=cors)
     app.add_middleware(PathPrefix, prefix=settings.api_prefix)  # the children serve at their root
     return app

@@ -22,8 +22,7 @@ from fastapi.staticfiles import StaticFiles
 from server import __version__
 
 STATIC = Path(__file__).parent.parent / "static"
-PUBLIC_PATHS = frozenset({"/", "/sw.js", "/manifest.webmanifest", "/_app/version.json"})
-PUBLIC_PREFIX = "/ui/"
+ASSETS = "/ui"  # the page's files (public, as the page's paths: server/middleware/paths.py)
 
 router = APIRouter()
 
@@ -68,4 +67,4 @@ async def live(http: HTTPRequest) -> dict:
 
 def mount(app: FastAPI) -> None:
     app.include_router(router)
-    app.mount(PUBLIC_PREFIX.rstrip("/"), StaticFiles(directory=STATIC), name="ui")
+    app.mount(ASSETS, StaticFiles(directory=STATIC), name="ui")

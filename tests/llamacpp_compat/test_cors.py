@@ -120,3 +120,55 @@ def test_curl_and_the_servers_own_page_keep_working(keyless_server):
     own = keyless_server.url  # the web page, served here: its origin is this host
     r = httpx.post(keyless_server.url + "/v1/completions", content=body, headers={"Origin": own, **form})
     assert r.status_code == 200
+
+
+@pytest.fixture(scope="module")
+def default_server(tmp_path_factory):
+    """A default start (``--cors-origins *``, no key) with slot files and the CORS proxy on."""
+    slots = tmp_path_factory.mktemp("slots")
+    with InProcessServer(slot_save_path=slots, ui_mcp_proxy=True, ui_mcp_proxy_private=True) as srv:
+        yield srv
+
+
+EVIL = {"Origin": "http://evil.example", "Content-Type": "application/json"}
+
+
+def test_a_default_start_refuses_pages_on_other_sites_its_state(default_server):
+    """With ``*`` every page may read completions, but no page visited may erase,
+    restore or read slots, delete slot files, change LoRA scales or use the CORS proxy
+    (rule 2 of server/middleware/cross_site.py), even with a JSON body that passes
+    the preflight, and even without an ``Origin`` (``<img>``: ``Sec-Fetch-Site``)."""
+    url = default_server.url
+    done = httpx.post(url + "/v1/completions", json={"prompt": "a", "max_tokens": 1}, headers=EVIL)
+    assert done.status_code == 200 and done.headers["access-control-allow-origin"] == "http://evil.example"
+    assert httpx.post(url + "/slots/0?action=save", json={"filename": "kept.bin"}).status_code == 200
+    saved = sorted(p.name for p in default_server.state.settings.slot_save_path.iterdir())
+    tries = [
+        httpx.post(url + "/slots/0?action=erase", json={}, headers=EVIL),
+        httpx.post(url + "/slots/0?action=restore", json={"filename": "kept.bin"}, headers=EVIL),
+        httpx.get(url + "/slots", headers=EVIL),
+        httpx.get(url + "/slots/files", headers=EVIL),
+        httpx.delete(url + "/slots/files/kept.bin", headers=EVIL),
+        httpx.post(url + "/lora-adapters", json=[], headers=EVIL),
+        httpx.get(url + "/cors-proxy", params={"url": url + "/health"}, headers=EVIL),
+        httpx.get(url + "/cors-proxy", params={"url": url + "/health"}, headers={"Sec-Fetch-Site": "cross-site"}),
+    ]
+    for r in tries:
+        assert r.status_code == 403 and r.json()["error"]["type"] == "permission_error", (r.request.url, r.text)
+        assert "--cors-origins" in r.json()["error"]["message"] or "API key" in r.json()["error"]["message"]
+    assert sorted(p.name for p in default_server.state.settings.slot_save_path.iterdir()) == saved
+    assert httpx.get(url + "/slots").json()[0]["n_ctx"] > 0  # curl (no Origin) and the server's own page pass
+    own = {"Origin": url, "Sec-Fetch-Site": "same-origin"}
+    assert httpx.get(url + "/cors-proxy", params={"url": url + "/health"}, headers=own).status_code == 200
+
+
+def test_a_named_origin_or_a_key_opens_the_guarded_paths():
+    """``--cors-origins`` naming the page's origin lets it in (others stay out); with an
+    API key the key decides."""
+    with InProcessServer(cors_origins=PAGE) as srv:
+        assert httpx.post(srv.url + "/lora-adapters", json=[], headers={**EVIL, "Origin": PAGE}).status_code == 200
+        assert httpx.post(srv.url + "/lora-adapters", json=[], headers=EVIL).status_code == 403
+    with InProcessServer(api_key=KEY) as srv:
+        keyed = {**EVIL, "Authorization": f"Bearer {KEY}"}
+        assert httpx.post(srv.url + "/lora-adapters", json=[], headers=keyed).status_code == 200
+        assert httpx.post(srv.url + "/lora-adapters", json=[], headers=EVIL).status_code == 401
