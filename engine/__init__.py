@@ -35,11 +35,13 @@ from engine.service import EngineService, SlotInfo
 from engine.slot_files import MAX_NAME_CHARS, NAME_PATTERN, SlotFiles
 from engine.text.chat_template import ChatTemplate, ChatTemplateError
 from engine.text.fim import FimTokens, infill_prompt
-from engine.text.images import BadImage
+from engine.text.images import MAX_IMAGES, BadImage, ImageBudget
 from engine.text.tokenizer import TokenizeError
 
 __all__ = [
     "BadImage",
+    "ImageBudget",
+    "MAX_IMAGES",
     "ANY_JSON_OBJECT",
     "DEMO_MODEL",
     "GREEDY",

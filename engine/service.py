@@ -31,7 +31,7 @@ from engine.scheduling.scheduler import Scheduler, SlotInfo
 from engine.scheduling.task_board import Sink
 from engine.slot_files import SlotFiles, lora_scales
 from engine.text.image_prompts import expand, image_prompts
-from engine.text.images import BadImage, decode_image, placeholder_starts
+from engine.text.images import BadImage, ImageBudget, load_rgb, open_image, placeholder_starts
 from engine.text.tokenizer import Tokenizer
 from memory import CacheFull, MemoryUsage, StateMismatch
 
@@ -181,21 +181,29 @@ class EngineService:
     def takes_images(self) -> bool:
         return self._engine.model_config.media is not None and hasattr(self._engine.model, "encode_images")
 
-    def media_prompt(self, text: str, images: list[bytes], marker: str) -> tuple[list[int], list[MediaItem]]:
+    def media_prompt(
+        self, text: str, images: list[bytes], marker: str, budget: ImageBudget | None = None, where: str = "image"
+    ) -> tuple[list[int], list[MediaItem]]:
         """A rendered prompt whose images stand at ``marker`` -> (token ids, MediaItem per
         image): each marker becomes the model's image text (engine/text/images.py), the
-        whole prompt is tokenized once, each image decoded and preprocessed. Raises
-        BadImage naming the image (by its index) and ValueError for a marker count that
-        is not the image count. Call it off the event loop (it decodes images)."""
+        whole prompt is tokenized once, each image decoded and preprocessed within the
+        request's ``budget``. Raises BadImage naming the image (``where`` and its index)
+        and ValueError for a marker count that is not the image count. Call it off the
+        event loop (it decodes images)."""
         spec = self._engine.model_config.media
-        decoded = []
-        for i, data in enumerate(images):
+        opened, decoded = [], []
+        for i, data in enumerate(images):  # every header, and the budget, before any decode
             try:
-                decoded.append(decode_image(data))
+                opened.append(open_image(data, budget, f"{where} {i}"))
             except BadImage as exc:
-                raise BadImage(f"image {i}: {exc}") from None
+                raise BadImage(str(exc) if str(exc).startswith(where) else f"{where} {i}: {exc}") from None
+        for i, image in enumerate(opened):
+            try:
+                decoded.append(load_rgb(image))
+            except BadImage as exc:
+                raise BadImage(f"{where} {i}: {exc}") from None
         layout = self._image_prompts
-        expanded, frames = expand(layout, text, decoded, marker)
+        expanded, frames = expand(layout, text, decoded, marker, budget, where)
         ids = self._engine.tokenizer.encode(expanded, add_special=True)
         shapes = [layout.placeholders(f) for f in frames]  # (tokens, grid) of each frame
         starts = placeholder_starts(ids, spec.image_token_id, [n for n, _ in shapes])

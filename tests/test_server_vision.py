@@ -384,3 +384,44 @@ def test_an_image_url_to_a_private_address_is_refused_before_any_connection(url,
         asyncio.run(image_bytes(url, "image 0", settings))
     message = refused.value.message
     assert refused.value.status == 403 and why in message and "--media-urls-private" in message
+
+
+def test_one_bound_on_images_across_a_requests_prompts_and_inputs(server):
+    """16 images a request, counted across /completion's prompt objects and the
+    embeddings' inputs (each once held 16 of its own): 400 naming the part, and the
+    server serves on."""
+    import httpx
+
+    data = png(29)[1].split(",", 1)[1]
+    nine = {"prompt_string": "a" + "<__media__>" * 9, "multimodal_data": [data] * 9}
+    r = httpx.post(server.url + "/completion", json={"prompt": [nine, nine], "n_predict": 1})
+    assert r.status_code == 400 and "prompt[1].multimodal_data" in r.json()["error"]["message"], r.text
+    assert "at most 16 images a request" in r.json()["error"]["message"]
+    r = httpx.post(server.url + "/embeddings", json={"content": [nine, nine]})
+    assert r.status_code == 400 and "input[1]" in r.json()["error"]["message"], r.text
+    r = httpx.post(server.url + "/completion", json={"prompt": [nine], "n_predict": 1})
+    assert r.status_code == 200, r.text
+
+
+def test_decoding_stays_within_the_requests_budget(server):
+    """Small files that decode big: a 7000 x 7000 PNG is ~50 KB and 196 MB decoded.
+    Six of them in one chat pass the count and the pixel cap but not the request's
+    1 GiB: 400 naming the image, before any is decoded; an 8000 x 8000 one (64 M
+    pixels) is over the cap."""
+    import httpx
+    from PIL import Image
+
+    def url(side: int) -> str:
+        out = io.BytesIO()
+        Image.new("L", (side, side)).save(out, format="PNG")
+        return "data:image/png;base64," + base64.b64encode(out.getvalue()).decode()
+
+    big = url(7000)
+    content = [{"type": "text", "text": "hi"}] + [{"type": "image_url", "image_url": {"url": big}}] * 6
+    r = httpx.post(server.url + "/v1/chat/completions", json={"messages": [{"role": "user", "content": content}]})
+    message = r.json()["error"]["message"]
+    assert r.status_code == 400 and "messages.0.content: image 5" in message and "decoded pixels" in message, r.text
+    content = [{"type": "image_url", "image_url": {"url": url(8000)}}]
+    r = httpx.post(server.url + "/v1/chat/completions", json={"messages": [{"role": "user", "content": content}]})
+    assert r.status_code == 400 and "more than 50000000 pixels" in r.json()["error"]["message"], r.text
+    assert httpx.get(server.url + "/health").status_code == 200

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from engine.text.images import ImageSettings, image_text, normalized, pixels
+from engine.text.images import ImageBudget, ImageSettings, image_text, normalized, pixels
 
 LANCZOS = 1  # PIL's
 MAX_SIDE = 4096  # transformers' absolute cap on a resized image's edge (Idefics3 / SmolVLM)
@@ -182,15 +182,21 @@ def image_prompts(model_type: str, folder: Path | None, hf_tokenizer, spec, toke
     return gemma3_images(settings, hf_tokenizer, spec)
 
 
-def expand(layout, text: str, images: list, marker: str) -> tuple[str, list[torch.Tensor]]:
+def expand(
+    layout, text: str, images: list, marker: str, budget: ImageBudget | None = None, where: str = "image"
+) -> tuple[str, list[torch.Tensor]]:
     """``text`` with each ``marker`` replaced by its image's text (images: RGB PIL images,
-    one per marker, in order) -> (the text, every frame in prompt order)."""
+    one per marker, in order) -> (the text, every frame in prompt order). Each image's
+    frames are taken from ``budget`` (BadImage past it)."""
     pieces = text.split(marker)
     if len(pieces) - 1 != len(images):
         raise ValueError(f"the template placed {len(pieces) - 1} of the request's {len(images)} images")
     out, frames = [pieces[0]], []
-    for image, piece in zip(images, pieces[1:]):
+    for i, (image, piece) in enumerate(zip(images, pieces[1:])):
         image_frames, its_text = layout.frames(image)
+        if budget is not None:
+            nbytes = sum(f.numel() * f.element_size() for f in image_frames)
+            budget.take(nbytes, f"{where} {i}", "its tensors for the model")
         frames += image_frames
         out += [its_text, piece]
     return "".join(out), frames

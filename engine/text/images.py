@@ -15,11 +15,39 @@ from pathlib import Path
 import numpy as np
 import torch
 
-MAX_PIXELS = 64_000_000  # a larger decoded image is refused (Pillow's decompression-bomb limit is ~89M)
+MAX_PIXELS = 50_000_000  # one image (a 45-50 MP camera's photo); Pillow's decompression-bomb limit is ~89M
+MAX_IMAGES = 16  # in one request, across all its prompts
+REQUEST_BYTES = 1 << 30  # one request's images: encoded, decoded and as the model's tensors
+DECODED_BYTES_PER_PIXEL = 4  # Pillow's decode and its RGB copy
 
 
 class BadImage(ValueError):
     """The bytes are no image Pillow reads, or one too large."""
+
+
+class ImageBudget:
+    """What one request's images may take, across all its prompts and routes: at most
+    ``images`` images, and ``nbytes`` bytes of encoded files, decoded pixels and the
+    model's tensors together. A file is counted as it comes, a decode from the
+    image's header before it runs, the tensors as each image's frames are made (so
+    a request goes over by one image's frames at most before it is refused). Raises
+    BadImage naming the part; one budget per request, used by one thread at a time."""
+
+    def __init__(self, images: int = MAX_IMAGES, nbytes: int = REQUEST_BYTES):
+        self.images, self.nbytes = images, nbytes
+
+    def count(self, n: int, where: str) -> None:
+        if n > self.images:
+            raise BadImage(f"{where}: at most {MAX_IMAGES} images a request (across all its prompts)")
+        self.images -= n
+
+    def take(self, n: int, where: str, what: str) -> None:
+        if n > self.nbytes:
+            raise BadImage(
+                f"{where}: {what} ({n / 2**20:.0f} MiB) is over what is left of the request's "
+                f"{REQUEST_BYTES >> 20} MiB for images"
+            )
+        self.nbytes -= n
 
 
 @dataclass(frozen=True)
@@ -49,18 +77,37 @@ class ImageSettings:
         )
 
 
-def decode_image(data: bytes):
-    """Bytes -> an RGB PIL image; BadImage when Pillow cannot read them or they are too big."""
+def open_image(data: bytes, budget: ImageBudget | None = None, where: str = "the image"):
+    """Bytes -> a PIL image with only its header read; BadImage when Pillow cannot read
+    them, the image has more than MAX_PIXELS pixels, or decoding it would overrun
+    ``budget`` (taken here, before any decode)."""
     from PIL import Image, UnidentifiedImageError
 
     try:
         image = Image.open(io.BytesIO(data))
-        if image.width * image.height > MAX_PIXELS:
-            raise BadImage(f"the image is {image.width}x{image.height}: more than {MAX_PIXELS} pixels")
-        image.load()
     except (UnidentifiedImageError, OSError, Image.DecompressionBombError) as exc:
         raise BadImage(f"not an image Pillow can read: {exc}") from None
+    if image.width * image.height > MAX_PIXELS:
+        raise BadImage(f"the image is {image.width}x{image.height}: more than {MAX_PIXELS} pixels")
+    if budget is not None:
+        budget.take(image.width * image.height * DECODED_BYTES_PER_PIXEL, where, "its decoded pixels")
+    return image
+
+
+def load_rgb(image):
+    """An opened image (``open_image``) decoded, as RGB; BadImage when its data is broken."""
+    from PIL import Image
+
+    try:
+        image.load()
+    except (OSError, Image.DecompressionBombError) as exc:
+        raise BadImage(f"not an image Pillow can read: {exc}") from None
     return image.convert("RGB")
+
+
+def decode_image(data: bytes):
+    """Bytes -> an RGB PIL image (``open_image`` then ``load_rgb``)."""
+    return load_rgb(open_image(data))
 
 
 def normalized(image, rescale: float, mean, std) -> torch.Tensor:

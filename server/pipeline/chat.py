@@ -16,7 +16,7 @@ from server.errors import APIError
 from server.pipeline.chat_output import ChatAnswer
 from server.pipeline.chat_prompt import chat_template, render_chat, uses_tools
 from server.pipeline.generation import check_text_fits, encode
-from server.pipeline.media import media_prompt
+from server.pipeline.media import ImageBudget, media_prompt
 from server.pipeline.openai_run import chunks, header, piece, start_run
 from server.pipeline.reasoning import opens_thinking
 from server.pipeline.run import Run
@@ -42,7 +42,8 @@ async def chat_prompt(state, engine, body: ChatCompletionRequest) -> tuple[str, 
     urls = [(i, url) for i, m in enumerate(body.messages) for url in m.images()]
     if urls:
         where = f"messages.{urls[0][0]}.content"
-        return prompt, *await media_prompt(engine, prompt, [u for _, u in urls], where, state.settings)
+        images = [u for _, u in urls]
+        return prompt, *await media_prompt(engine, prompt, images, where, state.settings, ImageBudget())
     return prompt, await encode(engine, prompt, add_special=True), []  # BOS where the tokenizer adds it
 
 

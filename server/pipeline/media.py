@@ -1,6 +1,9 @@
-"""A chat request's images: their bytes out of ``data:`` URLs, and the prompt with
-them (engine.media_prompt, off the event loop). Bad media is a 400 that names the part;
-nothing reaches the scheduler."""
+"""A request's images: their bytes out of ``data:`` URLs (or fetched), and the prompt
+with them (engine.media_prompt, off the event loop). One ImageBudget per request, across
+all its prompts and on every route: at most MAX_IMAGES images, and one byte budget for
+their files, decoded pixels and tensors, each taken before the work (engine/text/images.py).
+Bad media, or media over the budget, is a 400 that names the part; nothing reaches the
+scheduler."""
 
 from __future__ import annotations
 
@@ -8,14 +11,13 @@ import asyncio
 import base64
 import binascii
 
-from engine import BadImage, EngineService
+from engine import MAX_IMAGES, BadImage, EngineService, ImageBudget
 from server.errors import APIError
 from server.pipeline.outbound import fetch
 from server.schemas.fields import text_only
 from server.schemas.requests import MEDIA_MARKER
 
 MAX_IMAGE_BYTES = 20 * 2**20  # one image's encoded size
-MAX_IMAGES = 16  # in one request
 FETCH_S = 30.0  # an image URL's whole fetch
 
 
@@ -41,21 +43,26 @@ async def image_bytes(url: str, where: str, settings) -> bytes:
 
 
 async def media_prompt(
-    engine: EngineService, prompt: str, urls: list[str | None], where: str, settings
+    engine: EngineService, prompt: str, urls: list[str | None], where: str, settings, budget: ImageBudget
 ) -> tuple[list, list]:
     """The prompt's token ids and its images (MediaItem), each image where the prompt
-    holds a marker; ``urls``: one per image (None: a part without one). A model without
-    an image encoder: llama-server's 400, naming ``where`` the first image came."""
+    holds a marker; ``urls``: one per image (None: a part without one); ``budget``: the
+    request's, shared by all its prompts. A model without an image encoder: llama-server's
+    400, naming ``where`` the first image came."""
     if not engine.takes_images:
         raise APIError(400, f"{where}: {text_only('image')}")
-    if len(urls) > MAX_IMAGES:
-        raise APIError(400, f"at most {MAX_IMAGES} images a request, got {len(urls)}")
-    images = []
-    for i, url in enumerate(urls):
-        if url is None:
-            raise APIError(400, f"{where}: image {i} has no image_url.url")
-        images.append(await image_bytes(url, f"image {i}", settings))
     try:
-        return await asyncio.to_thread(engine.media_prompt, prompt, images, MEDIA_MARKER)
+        budget.count(len(urls), f"{where}: {len(urls)} images")
+        images = []
+        for i, url in enumerate(urls):
+            if url is None:
+                raise APIError(400, f"{where}: image {i} has no image_url.url")
+            data = await image_bytes(url, f"{where}: image {i}", settings)
+            budget.take(len(data), f"{where}: image {i}", "its file")
+            images.append(data)
+        return await asyncio.to_thread(engine.media_prompt, prompt, images, MEDIA_MARKER, budget, f"{where}: image")
     except (BadImage, ValueError) as exc:
         raise APIError(400, str(exc)) from None
+
+
+__all__ = ["MAX_IMAGES", "ImageBudget", "media_prompt", "image_bytes"]

@@ -25,7 +25,7 @@ from pydantic import ConfigDict, Field
 from engine import Request, SamplingParams
 from server.errors import APIError
 from server.pipeline.generation import prompt_ids
-from server.pipeline.media import media_prompt
+from server.pipeline.media import ImageBudget, media_prompt
 from server.pipeline.run_batch import run_batch
 from server.schemas.answers import EmbeddingList, NativeEmbedding, documented
 from server.schemas.requests import MEDIA_MARKER, EmbedSize, ImagePart, Int, PromptObject, TokenId, _Body
@@ -88,7 +88,7 @@ def normalize(vec: list[float], norm: int) -> list[float]:
     return [x * scale for x in vec]
 
 
-async def _ids(state, engine, entry: Entry) -> tuple[list[int], list]:
+async def _ids(state, engine, entry: Entry, budget: ImageBudget, where: str = "input") -> tuple[list[int], list]:
     """An input's token ids and its images (engine MediaItems): a prompt object's
     ``multimodal_data`` at its markers, a content entry's image parts where they stand
     (a model without an image encoder: 400, as on every route)."""
@@ -100,7 +100,7 @@ async def _ids(state, engine, entry: Entry) -> tuple[list[int], list]:
         urls = [p.image_url.url if p.image_url else None for p in entry.content if isinstance(p, ImagePart)]
         entry = "".join(p.text if isinstance(p, TextPart) else MEDIA_MARKER for p in entry.content)
     if urls:
-        ids, media = await media_prompt(engine, entry, urls, "input", state.settings)
+        ids, media = await media_prompt(engine, entry, urls, where, state.settings, budget)
     else:
         ids, media = await prompt_ids(engine, entry), []
     if not ids:
@@ -121,7 +121,11 @@ async def _embed(http: HTTPRequest, body: EmbeddingRequest, oai: bool) -> tuple[
         raise APIError(400, "Pooling type 'none' is not OAI compatible. Please use a different pooling type")
     if body.dimensions is not None and body.dimensions != engine.hidden_size:
         raise APIError(400, f"dimensions: this model's embeddings have {engine.hidden_size}, not {body.dimensions}")
-    prompts = [await _ids(state, engine, e) for e in body.entries()]
+    budget, entries = ImageBudget(), body.entries()  # one budget for the images of all the inputs
+    prompts = [
+        await _ids(state, engine, e, budget, f"input[{k}]" if len(entries) > 1 else "input")
+        for k, e in enumerate(entries)
+    ]
     reqs = [Request(ids, SamplingParams(max_tokens=1), pooling=pooling, media=media) for ids, media in prompts]
     for req in reqs:
         engine.validate(req)

@@ -19,7 +19,7 @@ from server.pipeline.generation import (
     encode,
     prompt_ids,
 )
-from server.pipeline.media import media_prompt
+from server.pipeline.media import ImageBudget, media_prompt
 from server.pipeline.native_answer import generation_settings
 from server.pipeline.native_completion import complete
 from server.schemas.answers import (
@@ -55,12 +55,12 @@ async def completion(body: NativeCompletionRequest, http: HTTPRequest) -> Respon
     state = http.app.state.slotserve
     engine = state.require_ready()
     prompts, batch = body.prompts()
-    ids, media = [], []
-    for p in prompts:
+    ids, media, budget = [], [], ImageBudget()  # one budget for the images of all the prompts
+    for k, p in enumerate(prompts):
         if isinstance(p, PromptObject):  # text with images at its markers
             urls = ["data:image;base64," + data for data in p.multimodal_data]
-            where = "prompt.multimodal_data"
-            p_ids, p_media = await media_prompt(engine, p.prompt_string, urls, where, http.app.state.slotserve.settings)
+            where = f"prompt[{k}].multimodal_data" if batch else "prompt.multimodal_data"
+            p_ids, p_media = await media_prompt(engine, p.prompt_string, urls, where, state.settings, budget)
         else:
             p_ids, p_media = await prompt_ids(engine, p), []
         ids.append(p_ids)
@@ -80,7 +80,7 @@ async def tokenize(body: TokenizeRequest, http: HTTPRequest) -> dict:
     if isinstance(body.content, PromptObject) and body.content.multimodal_data:
         urls = ["data:image;base64," + data for data in body.content.multimodal_data]
         ids, media = await media_prompt(
-            engine, body.content.prompt_string, urls, "content.multimodal_data", state.settings
+            engine, body.content.prompt_string, urls, "content.multimodal_data", state.settings, ImageBudget()
         )
     else:
         text = body.content.prompt_string if isinstance(body.content, PromptObject) else body.content
