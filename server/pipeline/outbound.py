@@ -5,8 +5,9 @@ which targets it may reach, checked after DNS resolution, and a capped GET.
 - A loopback, link-local (169.254.169.254, the cloud metadata service), private,
   multicast, reserved or unspecified address is refused with 403 unless the caller's
   ``allow_private`` (its own flag); redirects are followed here, each target checked again.
-- The connection goes to the address that was checked (no second lookup a rebinding DNS
-  could answer differently); ``Host`` is the target's own.
+- The connection goes to an address that was checked (no second lookup a rebinding DNS
+  could answer differently), each of the name's addresses tried in turn until one
+  accepts; ``Host`` is the target's own.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import socket
+import zlib
 from urllib.parse import urljoin, urlsplit
 
 import httpx
@@ -45,38 +47,91 @@ def forbidden(ip: ipaddress.IPv4Address | ipaddress.IPv6Address) -> str | None:
     return None if ip.is_global else "non-global"  # shared (100.64/10) and the like
 
 
-async def pinned(url: str, allow_private: bool, who: str, flag: str) -> tuple[str, dict, dict]:
-    """``url`` with its host replaced by the address it resolves to (checked), the
-    ``Host`` header and the TLS name that go with it. ``who`` and ``flag`` name the
-    sender and the flag that allows private addresses, in the refusal."""
+async def pinned(url: str, allow_private: bool, who: str, flag: str) -> list[tuple[str, dict, dict]]:
+    """For each address ``url``'s host resolves to (all checked), in the resolver's
+    order: the URL with its host replaced by that address, the ``Host`` header and the
+    TLS name that go with it. ``who`` and ``flag`` name the sender and the flag that
+    allows private addresses, in the refusal."""
     parts = urlsplit(target(url))
     host, port = parts.hostname, parts.port or (443 if parts.scheme == "https" else 80)
     try:
         infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
     except OSError as exc:
         raise APIError(502, f"{who}: the name cannot be resolved: {host}", "server_error") from exc
-    addresses = [ipaddress.ip_address(info[4][0].split("%")[0]) for info in infos]
+    addresses = list(dict.fromkeys(ipaddress.ip_address(info[4][0].split("%")[0]) for info in infos))
     for ip in addresses:
         why = forbidden(ip)
         if why and not allow_private:
             raise APIError(403, f"{who} does not reach {why} addresses ({host} is {ip}): start with {flag}",
                            "permission_error")  # fmt: skip
-    ip = addresses[0]
-    netloc = f"[{ip}]" if ip.version == 6 else str(ip)
-    pinned_url = parts._replace(netloc=f"{netloc}:{port}").geturl()
     host_header = host if parts.port is None else f"{host}:{parts.port}"
-    return pinned_url, {"Host": host_header}, ({"sni_hostname": host} if parts.scheme == "https" else {})
+    tls = {"sni_hostname": host} if parts.scheme == "https" else {}
+    out = []
+    for ip in addresses:
+        netloc = f"[{ip}]" if ip.version == 6 else str(ip)
+        out.append((parts._replace(netloc=f"{netloc}:{port}").geturl(), {"Host": host_header}, tls))
+    return out
+
+
+async def send_pinned(
+    client: httpx.AsyncClient, method: str, url: str, allow_private: bool, who: str, flag: str, **request
+) -> httpx.Response:
+    """``method url`` sent to the first of its checked addresses that accepts a
+    connection (as a browser tries each address of a name), its answer streamed.
+    ``request``: headers (``Host`` is added), content. Raises httpx.HTTPError from the
+    last address tried when none answers."""
+    headers = request.pop("headers", {})
+    last: httpx.HTTPError | None = None
+    for address, host, tls in await pinned(url, allow_private, who, flag):
+        built = client.build_request(method, address, headers={**headers, **host}, extensions=tls, **request)
+        try:
+            return await client.send(built, stream=True)
+        except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+            last = exc  # the next address
+    assert last is not None  # getaddrinfo gives at least one address or raises
+    raise last
+
+
+class _Inflater:
+    """A ``Content-Encoding`` undone within a size limit: each step decompresses at most
+    what the limit leaves (plus one byte, to tell it was passed), so a small file that
+    inflates to gigabytes never does here."""
+
+    def __init__(self, encoding: str):
+        kinds = {"gzip": 16 + zlib.MAX_WBITS, "x-gzip": 16 + zlib.MAX_WBITS, "deflate": zlib.MAX_WBITS}
+        self.inflate = zlib.decompressobj(kinds[encoding]) if encoding in kinds else None
+
+    def feed(self, chunk: bytes, room: int) -> bytes:
+        if self.inflate is None:
+            return chunk
+        out = bytearray()
+        data = chunk
+        while data and len(out) <= room:
+            out += self.inflate.decompress(data, room + 1 - len(out))
+            data = self.inflate.unconsumed_tail
+        return bytes(out)
 
 
 async def fetch(url: str, allow_private: bool, who: str, flag: str, max_bytes: int, timeout: float) -> bytes:
-    """GET ``url`` (redirects followed, each checked) -> its body; APIError when it is
-    refused, cannot be reached, answers other than 200 or passes ``max_bytes``."""
+    """GET ``url`` (redirects followed, each checked) -> its body, all within ``timeout``
+    seconds (a deadline: a server that sends a byte now and then does not hold the
+    request longer); APIError when it is refused, cannot be reached, is too slow,
+    answers other than 200, or passes ``max_bytes`` (also decompressed, checked as it
+    inflates)."""
+    try:
+        async with asyncio.timeout(timeout):
+            return await _fetch(url, allow_private, who, flag, max_bytes, timeout)
+    except TimeoutError:
+        raise APIError(400, f"{who}: {url} did not arrive within {timeout:g} s") from None
+
+
+async def _fetch(url: str, allow_private: bool, who: str, flag: str, max_bytes: int, timeout: float) -> bytes:
     async with httpx.AsyncClient(timeout=httpx.Timeout(timeout), follow_redirects=False) as client:
         for _ in range(MAX_REDIRECTS + 1):
-            address, host, tls = await pinned(url, allow_private, who, flag)
-            request = client.build_request("GET", address, headers=host, extensions=tls)
             try:
-                answer = await client.send(request, stream=True)
+                answer = await send_pinned(
+                    client, "GET", url, allow_private, who, flag, headers={"Accept-Encoding": "gzip, deflate"}
+                )
             except httpx.HTTPError as exc:
                 raise APIError(400, f"{who}: {url} cannot be reached: {type(exc).__name__}") from exc
             try:
@@ -86,13 +141,16 @@ async def fetch(url: str, allow_private: bool, who: str, flag: str, max_bytes: i
                     continue
                 if answer.status_code != 200:
                     raise APIError(400, f"{who}: {url} answered {answer.status_code}")
-                body = bytearray()
-                async for chunk in answer.aiter_bytes():
-                    body += chunk
+                encoding = answer.headers.get("content-encoding", "identity").strip().lower()
+                if encoding not in ("identity", "gzip", "x-gzip", "deflate"):
+                    raise APIError(400, f"{who}: {url} came in an encoding not taken: {encoding}")
+                inflater, body = _Inflater(encoding), bytearray()
+                async for chunk in answer.aiter_raw():
+                    body += inflater.feed(chunk, max_bytes - len(body))
                     if len(body) > max_bytes:
                         raise APIError(400, f"{who}: {url} is larger than {max_bytes} bytes")
                 return bytes(body)
-            except httpx.HTTPError as exc:
+            except (httpx.HTTPError, zlib.error) as exc:
                 raise APIError(400, f"{who}: reading {url} failed: {type(exc).__name__}") from exc
             finally:
                 await answer.aclose()

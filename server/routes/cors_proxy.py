@@ -33,7 +33,7 @@ from fastapi.responses import StreamingResponse
 from starlette.background import BackgroundTask
 
 from server.errors import APIError
-from server.pipeline.outbound import MAX_REDIRECTS, REDIRECTS, pinned
+from server.pipeline.outbound import MAX_REDIRECTS, REDIRECTS, send_pinned
 
 log = logging.getLogger("slotserve")
 PREFIX = "x-llama-server-proxy-header-"
@@ -62,10 +62,10 @@ async def _open(client: httpx.AsyncClient, http: HTTPRequest, method: str, url: 
     body = await http.body() if method == "POST" else None
     headers = _outgoing(http)
     for _ in range(MAX_REDIRECTS + 1):
-        address, host, tls = await pinned(url, allow_private, "the proxy", "--ui-mcp-proxy-private")
-        request = client.build_request(method, address, headers={**headers, **host}, content=body, extensions=tls)
         try:
-            upstream = await client.send(request, stream=True)
+            upstream = await send_pinned(
+                client, method, url, allow_private, "the proxy", "--ui-mcp-proxy-private", headers=headers, content=body
+            )
         except httpx.HTTPError as exc:
             raise APIError(502, f"the proxied server cannot be reached: {type(exc).__name__}", "server_error") from exc
         location = upstream.headers.get("location")
