@@ -230,3 +230,46 @@ def test_shutdown_says_in_one_line_what_it_could_not_write(tmp_path, monkeypatch
     release.set()
     lines = [r.getMessage() for r in caplog.records if "shutdown wrote" in r.getMessage()]
     assert len(lines) == 1 and "of 80 entries" in lines[0], lines
+
+
+def test_a_writer_killed_mid_write_leaves_nothing_that_lasts_or_goes_uncounted(tmp_path):
+    """A process killed while writing an entry leaves its temporary file: the next
+    start (and each rescan) removes it; a temporary file of a live writer is kept but
+    counted against --cache-disk-size; an old one from another host goes after STALE_S."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from memory.files.slot_dir import STALE_S
+
+    writer = subprocess.Popen(
+        [sys.executable, "-c", (
+            "import sys, time\n"
+            "from memory.files.slot_dir import SlotDirectory\n"
+            "SlotDirectory(sys.argv[1]).write('pc-x.slot', bytes(40 << 20), lambda d, t: time.sleep(60))\n"
+        ), str(tmp_path)],
+    )  # fmt: skip
+    wait_for(lambda: list(tmp_path.glob(".slotserve-*.tmp")), 60, "the writer's temporary file")
+    writer.send_signal(signal.SIGKILL)
+    writer.wait()
+    (orphan,) = tmp_path.glob(".slotserve-*.tmp")
+    live = tmp_path / f".slotserve-{orphan.name.split('-')[1]}-{os.getpid()}-00.tmp"  # this process: alive
+    live.write_bytes(b"")
+    foreign = tmp_path / ".slotserve-otherhost-1-00.tmp"
+    foreign.write_bytes(bytes(10))
+    tier = disk(tmp_path)
+    assert not orphan.exists() and live.exists() and foreign.exists()
+    old = time.time() - STALE_S - 60
+    os.utime(foreign, (old, old))
+    tier.rescan()
+    assert not foreign.exists() and live.exists()
+    tier.put([1] * 10, state(10))
+    assert tier.drain(10)
+    size = tier.report()["n_bytes"]
+    live.write_bytes(bytes(size // 2))  # a write in progress: half an entry
+    capped = disk(tmp_path, limit_bytes=2 * size)  # two entries fit; with the write in progress, one
+    capped.put([2] * 10, state(10))
+    assert capped.drain(10) and capped.counters.evictions == 1
+    assert sum(e.size for e in capped.entries()) + size // 2 <= 2 * size

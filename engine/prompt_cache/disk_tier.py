@@ -117,7 +117,9 @@ class DiskTier:
 
     def rescan(self) -> None:
         """Bring the index in line with the directory (new files read, gone ones
-        dropped). At start-up, then on the reader thread."""
+        dropped; temporary files of writers that are gone removed). At start-up, then
+        on the reader thread."""
+        self.directory.sweep()
         try:
             found = {
                 e.name: e.stat(follow_symlinks=False)
@@ -362,9 +364,10 @@ class DiskTier:
     def _evict(self) -> None:
         if self.limit_bytes is None:
             return
+        pending = self.directory.tmp_bytes()  # writes in progress and orphans count against the cap too
         with self._lock:
             entries = sorted(self._entries.values(), key=lambda e: (e.used, e.mtime_ns))
-            total = sum(e.size for e in entries)
+            total = sum(e.size for e in entries) + pending
             gone = []
             while entries and total > self.limit_bytes:
                 oldest = entries.pop(0)

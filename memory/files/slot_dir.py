@@ -2,9 +2,13 @@
 
 Names are one path component; the resolved path (symlinks followed) must stay inside
 the directory. A write goes to a hidden temporary file in the same directory
-(``.slotserve-<random>.tmp``), is fsynced, renamed over the target and the directory is
-fsynced, so a crash at any moment leaves the old file or the new one. Temporary files
-start with a dot, which no slot file name may, so they are never listed or restored.
+(``.slotserve-<host>-<pid>-<random>.tmp``), is fsynced, renamed over the target and the
+directory is fsynced, so a crash at any moment leaves the old file or the new one.
+Temporary files start with a dot, which no slot file name may, so they are never listed
+or restored. A writer killed mid-write leaves its temporary file: ``sweep`` (at start,
+and from the disk tier's rescans) removes those whose writer is gone — this host's
+process no longer alive, or older than STALE_S whoever wrote it (a directory shared
+by replicas) — and ``tmp_bytes`` says what the ones left take.
 Files are the owner's alone (``FILE_MODE``, 0600): they hold a conversation's token ids.
 """
 
@@ -14,6 +18,8 @@ import mmap
 import os
 import re
 import secrets
+import socket
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +29,9 @@ from safetensors import safe_open
 from memory.files.slot_file import SlotFileError, check_header
 
 TMP_PREFIX = ".slotserve-"
+TMP_SUFFIX = ".tmp"
+STALE_S = 3600.0  # a temporary file this old is an orphan, whoever wrote it
+_HOST = re.sub(r"[^A-Za-z0-9_]", "_", socket.gethostname())[:32] or "host"
 FILE_MODE = 0o600  # slot files and prompt-cache entries hold prompts' token ids: owner only
 _CHUNK = 16 << 20  # bytes per write call
 
@@ -67,6 +76,16 @@ def check_name(filename: str) -> str:
     return filename
 
 
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # another user's process
+    return True
+
+
 class SlotDirectory:
     def __init__(self, root: Path):
         root = Path(root)
@@ -74,6 +93,45 @@ class SlotDirectory:
         self.root = root.resolve(strict=True)
         if not self.root.is_dir():
             raise NotADirectoryError(f"slot save path {root} is not a directory")
+        self.sweep()  # what writers killed mid-write left
+
+    def _temporaries(self) -> list[os.DirEntry]:
+        try:
+            return [
+                e
+                for e in os.scandir(self.root)
+                if e.name.startswith(TMP_PREFIX) and e.name.endswith(TMP_SUFFIX) and e.is_file(follow_symlinks=False)
+            ]
+        except OSError:
+            return []
+
+    def sweep(self) -> int:
+        """Remove the temporary files of writers that are gone; returns how many."""
+        removed, now = 0, time.time()
+        for entry in self._temporaries():
+            parts = entry.name[len(TMP_PREFIX) : -len(TMP_SUFFIX)].rsplit("-", 2)
+            mine = len(parts) == 3 and parts[0] == _HOST and parts[1].isdigit()
+            try:
+                stale = now - entry.stat(follow_symlinks=False).st_mtime > STALE_S
+            except OSError:
+                continue
+            if stale or (mine and not _alive(int(parts[1]))):
+                try:
+                    os.unlink(entry.path)
+                    removed += 1
+                except OSError:
+                    pass
+        return removed
+
+    def tmp_bytes(self) -> int:
+        """What the temporary files now in the directory take (writes in progress, orphans)."""
+        total = 0
+        for entry in self._temporaries():
+            try:
+                total += entry.stat(follow_symlinks=False).st_size
+            except OSError:
+                pass
+        return total
 
     def path(self, filename: str) -> Path:
         """The file's path; raises BadFileName for a bad name or one that leaves the directory."""
@@ -87,7 +145,7 @@ class SlotDirectory:
         """Atomically replace ``filename`` with ``data``; returns the bytes written.
         ``progress(bytes done, of total)`` hears of each chunk."""
         target = self.path(filename)
-        tmp = self.root / f"{TMP_PREFIX}{secrets.token_hex(8)}.tmp"
+        tmp = self.root / f"{TMP_PREFIX}{_HOST}-{os.getpid()}-{secrets.token_hex(8)}{TMP_SUFFIX}"
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, FILE_MODE)
         try:
             try:
