@@ -104,6 +104,9 @@ class SlotFiles:
                 n_prompt_tokens=len(file.tokens),
                 n_ctx=n_ctx,
             )
+        positions = file.state.positions
+        if positions.numel() and (int(positions.min()) < 0 or int(positions.max()) >= n_ctx):
+            raise BadSlotFile(f"the file holds positions outside the slot's context [0, {n_ctx})")
         return file, len(data)
 
     def list(self, fingerprint: dict[str, str] | None) -> list[SlotFileInfo]:

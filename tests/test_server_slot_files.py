@@ -137,6 +137,12 @@ def test_every_bad_restore_leaves_slot_and_files_unchanged(server, save_dir, tmp
         "flipped.slot": bytes(flipped),
         "vocab.slot": encode([10**6] * len(file.tokens), file.state, fp),
         "too-long.slot": encode([1] * (n_ctx + 1), big, fp),
+        "far.slot": encode(
+            file.tokens, SeqState(file.state.positions + 10**12, file.state.tensors, file.state.meta), fp
+        ),
+        "negative.slot": encode(
+            file.tokens, SeqState(file.state.positions - 1, file.state.tensors, file.state.meta), fp
+        ),
         "not-safetensors.slot": b"hello world" * 10,
     }
     for name, data in bad_files.items():

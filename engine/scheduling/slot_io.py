@@ -32,7 +32,8 @@ def restore(board: TaskBoard, slot_id: int, tokens: list[int], state: SeqState, 
     that is not enough, raises CacheFull (the slot unchanged).
     """
     slot, memory = board.table.slots[slot_id], board.engine.memory
-    assert not slot.busy, "restore runs on an idle slot"
+    if slot.busy:  # Scheduler.call waits for an idle slot; a real check, not an assert (gone under -O)
+        raise SlotBusy(f"slot {slot_id} is busy")
     while True:
         try:
             memory.load_seq(slot_id, state)
@@ -49,7 +50,8 @@ def restore(board: TaskBoard, slot_id: int, tokens: list[int], state: SeqState, 
 def erase(board: TaskBoard, slot_id: int) -> int:
     """Drop an idle slot's cache; returns how many tokens it held."""
     slot = board.table.slots[slot_id]
-    assert not slot.busy, "erase runs on an idle slot"
+    if slot.busy:
+        raise SlotBusy(f"slot {slot_id} is busy")
     n = len(slot.cached)
     board.engine.memory.seq_rm(slot_id)
     slot.cached = []
