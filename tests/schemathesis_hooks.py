@@ -1,4 +1,11 @@
-"""Hooks for the schemathesis run of tests/test_openapi.py.
+"""Hooks for the schemathesis run of tests/test_openapi.py (its coverage and fuzzing
+phases): they keep out of the positive cases what no JSON schema can rule out.
+
+A prompt longer than the slot is refused (400, exceed_context_size_error): only the
+rendered prompt's length says, so a positive case whose body is over ~700 bytes (the
+test model reads a token per byte; tools are rendered as JSON) is not proposed on a
+route that evaluates its prompt. Images (a prompt object's ``multimodal_data``, an
+``image_url`` part anywhere) are refused by the text model under test.
 
 A chat request is refused (400) for rules that count messages from the end, which a
 JSON schema cannot state: two assistant messages at the end, or
@@ -25,6 +32,8 @@ compiles and what is refused).
 """
 
 from __future__ import annotations
+
+import json
 
 import schemathesis
 
@@ -82,8 +91,8 @@ def _responses_refused(body: dict) -> bool:
 
 
 def _images(body: dict) -> bool:
-    """A prompt object with ``multimodal_data`` or a content entry with an image part."""
-    entries = [body.get("content"), body.get("input")]
+    """A prompt object with ``multimodal_data``, or a content entry or chat message with an image part."""
+    entries = [body.get("content"), body.get("input"), body.get("messages"), body.get("prompt")]
     entries += [x for e in entries if isinstance(e, list) for x in e]
     for e in entries:
         if isinstance(e, dict) and e.get("multimodal_data"):
@@ -94,26 +103,48 @@ def _images(body: dict) -> bool:
     return False
 
 
+NOT_EVALUATED = (  # routes whose text is not a prompt run in a slot
+    "/v1/messages/count_tokens",
+    "/tokenize",
+    "/detokenize",
+    "/apply-template",
+    "/slots",
+    "/lora-adapters",
+    "/props",
+)
+
+
+def _too_long(path: str, body: dict) -> bool:
+    """A body whose text may not fit the slot (1024 tokens, one per byte with the test
+    model's byte tokenizer): every string in it, keys too (tools are rendered as JSON),
+    against a margin for the template's own text. Only the size of the rendered prompt
+    says, and no schema can."""
+    if path.startswith(NOT_EVALUATED):
+        return False
+    return len(json.dumps(body, ensure_ascii=False).encode("utf-8", "surrogatepass")) > 700
+
+
 @schemathesis.hook
 def filter_case(context, case) -> bool:
     body = case.body
     if isinstance(body, dict) and _positive(case) and _constrained(body):
+        return False
+    if isinstance(body, dict) and _positive(case) and _too_long(str(case.path), body):
         return False
     if str(case.path).endswith(("/embedding", "/embeddings")) and isinstance(body, dict) and _positive(case):
         entries = [body.get("input"), body.get("content")]
         entries += [x for e in entries if isinstance(e, list) for x in e]
         if "" in entries or any(isinstance(e, dict) and e.get("prompt_string") == "" for e in entries):
             return False
-    if str(case.path) in ("/tokenize", "/embedding", "/embeddings", "/v1/embeddings") and _positive(case):
-        if isinstance(body, dict) and _images(body):
-            return False  # images: a text model refuses them
+    if isinstance(body, dict) and _positive(case) and _images(body):
+        return False  # images: a text model refuses them
     if str(case.path).startswith("/v1/responses") and isinstance(body, dict) and _positive(case):
         if _responses_refused(body):
             return False
     if str(case.path).startswith("/v1/messages") and isinstance(body, dict) and _positive(case):
         if _media(body) or (not body.get("messages") and not body.get("system")):
             return False  # media: text only; no turn at all: served where the template renders something
-    chat = ("/v1/chat/completions", "/chat/completions", "/apply-template")  # the same message rules
+    chat = ("/v1/chat/completions", "/chat/completions", "/apply-template", "/v1/messages")  # the same message rules
     if not str(case.path).startswith(chat) or not isinstance(body, dict):
         return True
     messages = body.get("messages")

@@ -39,7 +39,9 @@ class InfillRequest(NativeCompletionRequest):
 
 
 @router.post(
-    "/infill", response_model=None, responses=documented(NativeCompletion, 400, 413, 500, 501, 503, stream=True)
+    "/infill",
+    response_model=None,
+    responses=documented(NativeCompletion | list[NativeCompletion], 400, 413, 500, 501, 503, stream=True),
 )
 async def infill(body: InfillRequest, http: HTTPRequest) -> Response:
     state = http.app.state.slotserve
