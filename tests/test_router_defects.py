@@ -228,15 +228,16 @@ def test_a_reload_tells_the_requests_queued_for_a_removed_model(models, tmp_path
 
 def test_an_unload_gives_the_child_the_drain_timeout_then_kills_it(models, tmp_path):
     """The router's ``--drain-timeout`` (1 s) bounds an unload, not a fixed 30 s: the
-    child (told to drain for 120 s by its preset) is killed mid-stream."""
-    long = make_checkpoint(tmp_path / "long", "llama", max_position_embeddings=32768)  # ~30 s of stream
+    child (told to drain for 120 s by its preset) is killed mid-stream, a stream that
+    needs several seconds (~5 s here) but well under 30 to finish."""
+    long = make_checkpoint(tmp_path / "long", "llama", max_position_embeddings=4096)
     preset = tmp_path / "preset.ini"
     preset.write_text(f"[alpha]\nmodel = {long}\ndrain-timeout = 120\n")
-    with ServerProcess("--models-preset", str(preset), "--drain-timeout", "1", "-np", "1", "-c", "32768") as srv:
+    with ServerProcess("--models-preset", str(preset), "--drain-timeout", "1", "-np", "1", "-c", "4096") as srv:
         srv.wait_ready()
         assert complete(srv.url, "alpha").status_code == 200
         pid = statuses(srv.url)["alpha"]["pid"]
-        body = {"model": "alpha", "prompt": "a", "max_tokens": 32000, "ignore_eos": True, "stream": True}
+        body = {"model": "alpha", "prompt": "a", "max_tokens": 3000, "ignore_eos": True, "stream": True}
         lines = []
         with httpx.stream("POST", srv.url + "/v1/completions", json=body, timeout=120) as r:
             for line in r.iter_lines():
