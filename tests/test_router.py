@@ -95,16 +95,23 @@ def test_unknown_and_missing_models_are_refused(router):
     assert httpx.get(router.url + "/health").status_code == 200
 
 
+def stream_then(url: str, model: str, max_tokens: int, action, after: int = 3) -> list[str]:
+    """The lines of a streamed completion of ``max_tokens``; ``action()`` runs once
+    ``after`` lines have come."""
+    body = {"model": model, "prompt": "a", "max_tokens": max_tokens, "ignore_eos": True, "stream": True}
+    got = []
+    with httpx.stream("POST", url + "/v1/completions", json=body, timeout=120) as r:
+        for line in r.iter_lines():
+            got.append(line)
+            if len(got) == after:
+                action()
+    return got
+
+
 def test_a_killed_child_fails_only_its_own_requests(router):
     assert complete(router.url, "gamma").status_code == 200
     pid = statuses(router.url)["gamma"]["pid"]
-    body = {"model": "gamma", "prompt": "a", "max_tokens": 400, "ignore_eos": True, "stream": True}
-    got = []
-    with httpx.stream("POST", router.url + "/v1/completions", json=body, timeout=120) as r:
-        for line in r.iter_lines():
-            got.append(line)
-            if len(got) == 3:
-                os.kill(pid, signal.SIGKILL)
+    got = stream_then(router.url, "gamma", 400, lambda: os.kill(pid, signal.SIGKILL))
     assert "data: [DONE]" not in got  # the stream ended with the child
     assert complete(router.url, "beta").status_code == 200  # the other model serves on
     wait_for(lambda: statuses(router.url)["gamma"]["value"] == "unloaded", 30, "gamma seen gone")

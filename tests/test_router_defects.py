@@ -16,6 +16,7 @@ import httpx
 import pytest
 from checkpoints import make_checkpoint
 from server_proc import ServerProcess, metric
+from test_router import stream_then
 from waiting import wait_for
 
 from server.router.catalog import catalog
@@ -237,14 +238,13 @@ def test_an_unload_gives_the_child_the_drain_timeout_then_kills_it(models, tmp_p
         srv.wait_ready()
         assert complete(srv.url, "alpha").status_code == 200
         pid = statuses(srv.url)["alpha"]["pid"]
-        body = {"model": "alpha", "prompt": "a", "max_tokens": 3000, "ignore_eos": True, "stream": True}
-        lines = []
-        with httpx.stream("POST", srv.url + "/v1/completions", json=body, timeout=120) as r:
-            for line in r.iter_lines():
-                lines.append(line)
-                if len(lines) == 3:
-                    unload = httpx.post(srv.url + "/models/unload", json={"model": "alpha"}, timeout=60)
-                    assert unload.status_code == 200
+        unloads = []
+
+        def unload() -> None:
+            unloads.append(httpx.post(srv.url + "/models/unload", json={"model": "alpha"}, timeout=60))
+
+        lines = stream_then(srv.url, "alpha", 3000, unload)
+        assert unloads[0].status_code == 200
         assert "data: [DONE]" not in lines  # cut when the drain timeout ran out
         assert not Path(f"/proc/{pid}").exists() or "State:\tZ" in Path(f"/proc/{pid}/status").read_text()
         assert statuses(srv.url)["alpha"]["value"] == "unloaded"
