@@ -59,25 +59,6 @@ def test_the_pages_live_view_and_openapi_do_not_keep_it_awake_or_fail(server):
     assert r.status_code == 200 and "/v1/chat/completions" in r.json()["paths"]
 
 
-def test_a_request_still_arriving_keeps_the_model_awake(server):
-    """A body that takes 3 s to arrive (3 x the idle time): the model does not go to
-    sleep under it, and the request is answered."""
-    import json
-    import time
-
-    ask(server.url, [{"role": "user", "content": "hi"}])
-    body = json.dumps({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}).encode()
-
-    def slowly():
-        for i in range(0, len(body), len(body) // 6 + 1):
-            yield body[i : i + len(body) // 6 + 1]
-            time.sleep(0.5)
-
-    r = httpx.post(server.url + "/v1/chat/completions", content=slowly(), timeout=120)
-    assert r.status_code == 200, r.text
-    assert httpx.get(server.url + "/props").json()["is_sleeping"] is False
-
-
 def test_a_wake_waits_for_the_engine_thread_that_went_to_sleep():
     """The engine thread still writing its slots when the drain time ran out: the wake
     builds no second engine until it has ended."""

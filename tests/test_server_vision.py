@@ -310,20 +310,31 @@ def test_the_encoders_work_is_counted_in_metrics(server):
 def test_an_image_url_is_fetched_with_media_urls(checkpoint, tmp_path):
     """--media-urls fetches http(s) image URLs (here from this machine, so with
     --media-urls-private too): the same answer as the image's data: URL; a URL that
-    answers 404 is a 400 naming the image."""
+    answers 404 is a 400 naming the image. With --sleep-idle-seconds 1, an image that
+    takes 3 s to arrive does not let the model go to sleep under its request (which
+    then got a 503)."""
     import functools
     import http.server
     import threading
+    import time
 
     image, url = png(19)
     (tmp_path / "cat.png").write_bytes(base64.b64decode(url.split(",", 1)[1]))
-    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(tmp_path))
+
+    class Files(http.server.SimpleHTTPRequestHandler):
+        def do_GET(self):
+            if self.path.startswith("/slow/"):
+                time.sleep(3)
+                self.path = self.path[len("/slow") :]
+            return super().do_GET()
+
+    handler = functools.partial(Files, directory=str(tmp_path))
     files = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     threading.Thread(target=files.serve_forever, daemon=True).start()
     base = f"http://127.0.0.1:{files.server_address[1]}"
     try:
         flags = ("-np", "1", "-c", "512", "--no-webui", "--media-urls", "--media-urls-private")
-        with ServerProcess("-m", str(checkpoint[0]), *flags) as srv:
+        with ServerProcess("-m", str(checkpoint[0]), *flags, "--sleep-idle-seconds", "1") as srv:
             srv.wait_ready()
             fetched = ask(srv, "what is this? ", base + "/cat.png")
             inline = ask(srv, "what is this? ", url)
@@ -333,6 +344,7 @@ def test_an_image_url_is_fetched_with_media_urls(checkpoint, tmp_path):
             content = [{"type": "image_url", "image_url": {"url": base + "/missing.png"}}]
             r = httpx.post(srv.url + "/v1/chat/completions", json={"messages": [{"role": "user", "content": content}]})
             assert r.status_code == 400 and "image 0" in r.json()["error"]["message"] and "404" in r.text
+            assert ask(srv, "what is this? ", base + "/slow/cat.png")[0] == inline[0]
     finally:
         files.shutdown()
 
