@@ -26,6 +26,7 @@ from server.errors import APIError
 from server.middleware.auth import APIKeyMiddleware
 from server.middleware.cors import CORSMiddleware, CORSPolicy, parse_origins
 from server.middleware.cross_site import CrossSiteGuard
+from server.middleware.header_case import HeaderCase
 from server.middleware.path_prefix import PathPrefix
 from server.middleware.paths import PublicPaths
 from server.router.catalog import catalog
@@ -245,4 +246,5 @@ def create_router_app(settings, shared_args: list[str]) -> FastAPI:
     app.add_middleware(CrossSiteGuard, policy=cors, keys=bool(keys))  # no page on another site loads or unloads
     app.add_middleware(CORSMiddleware, policy=cors)
     app.add_middleware(PathPrefix, prefix=settings.api_prefix)  # the children serve at their root
+    app.add_middleware(HeaderCase)  # outermost: header names in their usual spelling, as the model server's
     return app

@@ -186,7 +186,7 @@ class Children:
         try:
             while True:
                 self.refresh()
-                if child.state == "removed":
+                if child.state == "removed" or self.children.get(child.entry.name) is not child:
                     raise ModelGone(f"model '{child.entry.name}' was removed from the catalog")
                 if child.state == "loaded":
                     child.inflight += 1  # before leaving the queue: busy, so never the next victim
@@ -345,14 +345,16 @@ class Children:
             if new is not None and replace(new, hidden=False) == replace(child.entry, hidden=False):
                 child.entry = new
                 continue
-            await self._stop(child)
+            if new is None:
+                del self.children[name]  # first: no request finds it, no waiter starts it again
+            else:
+                child.entry, child.error = new, None  # a waiter that starts it meanwhile starts the new one
+            while child.state in RUNNING:
+                await self._stop(child)
             if new is None:
                 child.life.to("removed")
-                del self.children[name]
-            else:
-                if child.state == "failed":
-                    child.life.to("unloaded")
-                child.entry, child.error = new, None
+            elif child.state == "failed":
+                child.life.to("unloaded")
             self._notify()
         for name, entry in entries.items():
             self.children.setdefault(name, Child(entry))
