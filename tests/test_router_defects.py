@@ -316,3 +316,22 @@ def test_the_childs_state_machine_allows_only_its_transitions():
         life.to(step)
     assert life.history[-1] == "unloaded" and not life.can("loaded")
     assert TRANSITIONS["removed"] == frozenset()
+
+
+def test_what_a_child_gets_derives_from_the_settings_declarations():
+    """Every flag and variable of a setting declared ``router=True`` stays with the
+    router; the others reach the child."""
+    from server.config.setting import flags_of, router_owned
+    from server.config.settings import ServerSettings
+    from server.router.handoff import child_args, child_env
+
+    owned = {name: f for name, f in ServerSettings.model_fields.items() if router_owned(f)}
+    assert {"models_dir", "host", "port", "api_key", "alias", "api_prefix", "cors_origins"} <= set(owned)
+    for name, field in owned.items():
+        on, off = flags_of(field)
+        for flag in (*on, *off):
+            argv = [flag] if (off or flag in off) else [flag, "x"]
+            assert child_args([*argv, "-c", "512"]) == ["-c", "512"], flag
+        env = child_env({f"SLOTSERVE_{name.upper()}": "x", "SLOTSERVE_CTX_SIZE": "512"}, "secret")
+        assert env == {"SLOTSERVE_CTX_SIZE": "512", "SLOTSERVE_API_KEY": "secret"}, name
+    assert child_args(["--host=0.0.0.0", "--temp", "0.5", "--no-metrics"]) == ["--temp", "0.5"]

@@ -88,8 +88,7 @@ async def send_pinned(
             return await client.send(built, stream=True)
         except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
             last = exc  # the next address
-    assert last is not None  # getaddrinfo gives at least one address or raises
-    raise last
+    raise last if last is not None else httpx.ConnectError(f"{url}: no address")
 
 
 class _Inflater:
