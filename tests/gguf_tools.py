@@ -56,6 +56,7 @@ def _run_converters(groups: list[list[tuple[str, list[str]]]]) -> None:
 
 
 MTMD_PHOTO = "tools/mtmd/test-1.jpeg"  # the photo llama.cpp's multimodal tests use
+TEMPLATES = "models/templates/"  # ~70 real chat templates, copied from model repositories
 
 
 def mtmd_photo():
@@ -67,12 +68,13 @@ def mtmd_photo():
 
 def converter_tree() -> Path:
     """The extracted converters (convert_hf_to_gguf.py, convert_lora_to_gguf.py,
-    conversion/, gguf-py/) and libmtmd's test photo (tools/mtmd/test-1.jpeg). Raises
+    conversion/, gguf-py/), libmtmd's test photo (tools/mtmd/test-1.jpeg) and the real
+    chat templates of models/templates/. Raises
     RuntimeError when they can be neither found nor downloaded."""
     import fcntl
 
     tree = CACHE / "tree"
-    wanted = ("convert_hf_to_gguf.py", "convert_lora_to_gguf.py", "conversion/", "gguf-py/", MTMD_PHOTO)
+    wanted = ("convert_hf_to_gguf.py", "convert_lora_to_gguf.py", "conversion/", "gguf-py/", MTMD_PHOTO, TEMPLATES)
     if all((tree / name).exists() for name in wanted):
         return tree
     CACHE.mkdir(parents=True, exist_ok=True)

@@ -1,4 +1,4 @@
-"""Rendering a chat template (jinja2, sandboxed as transformers does): the model's own,
+"""Rendering a chat template (jinja2, in transformers' environment: engine/text/template_env.py): the model's own,
 or a built-in one chosen by name (llama-server's ``--chat-template``). Every name
 llama-server knows renders what llama-server renders for it: its C++ formats
 (engine/text/llama_formats.py), except where a jinja template here renders the same
@@ -7,16 +7,14 @@ hermes, qwen3, ...) are jinja only."""
 
 from __future__ import annotations
 
-import json
 import re
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 from jinja2.exceptions import TemplateError
-from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from engine.text.llama_formats import FORMATS
+from engine.text.template_env import plain_messages, template_environment
 
 TEMPLATES = Path(__file__).parent / "templates"
 ALIASES = {
@@ -66,18 +64,9 @@ def resolve_template(spec: str) -> tuple[str, str | None]:
     return "custom", spec
 
 
-def _raise(message: str) -> None:
-    raise TemplateError(message)
-
-
 class ChatTemplate:
     def __init__(self, source: str, special_tokens: dict[str, str | None], name: str = "model"):
-        env = ImmutableSandboxedEnvironment(
-            trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"]
-        )
-        env.globals["raise_exception"] = _raise
-        env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
-        env.filters["tojson"] = _tojson  # unescaped, as transformers renders it
+        env = template_environment()
         try:
             self.template = env.from_string(source)
         except TemplateError as exc:
@@ -97,16 +86,17 @@ class ChatTemplate:
         tools: list[dict] | None = None,
         **extra: Any,
     ) -> str:
-        """``extra``: more template variables (``chat_template_kwargs``, e.g. ``enable_thinking``)."""
-        variables = {**self.special_tokens, **extra, "messages": messages}
+        """``extra``: more template variables (``chat_template_kwargs``, e.g. ``enable_thinking``).
+        Raises ChatTemplateError when the template raises on this conversation, whatever
+        it raises (``raise_exception``, an undefined name, a type error in its code)."""
+        variables = {**self.special_tokens, **extra, "messages": plain_messages(messages)}
         variables["add_generation_prompt"] = add_generation_prompt
-        if tools:
-            variables["tools"] = tools
+        variables["tools"] = tools or None  # defined, as transformers passes it (``tools is defined`` holds)
+        variables.setdefault("documents", None)
         try:
             return self.template.render(**variables)
         except TemplateError as exc:
             raise ChatTemplateError(str(exc)) from exc
-
-
-def _tojson(value: Any, indent: int | None = None) -> str:
-    return json.dumps(value, ensure_ascii=False, indent=indent)
+        except (TypeError, ValueError, KeyError, IndexError, AttributeError, ZeroDivisionError) as exc:
+            why = f"the chat template failed on this conversation: {type(exc).__name__}: {exc}"
+            raise ChatTemplateError(why) from exc
