@@ -7,6 +7,8 @@ template environment; the routes' shaping of messages is item 2's)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from gguf_tools import TEMPLATES, converter_tree
 from transformers.utils.chat_template_utils import render_jinja_template
@@ -113,3 +115,86 @@ def test_a_template_that_raises_is_a_template_error():
     template = ChatTemplate("{{ messages[0].content + 1 }}", SPECIAL)
     with pytest.raises(ChatTemplateError, match="TypeError"):
         template.render([{"role": "user", "content": "a"}])
+
+
+def _smolvlm_template() -> str:
+    """SmolVLM-256M-Instruct's own template (its chat_template.json), which iterates each
+    message's content as parts (transformers 5's built-in copy also takes a string)."""
+    return (Path(__file__).parent / "data" / "smolvlm_chat_template.jinja").read_text(encoding="utf-8")
+
+
+@pytest.fixture(scope="module")
+def smolvlm_server(tmp_path_factory):
+    """The demo model with SmolVLM's real template (it iterates each message's parts)."""
+    from server_proc import InProcessServer
+
+    path = tmp_path_factory.mktemp("template") / "smolvlm.jinja"
+    path.write_text(_smolvlm_template(), encoding="utf-8")
+    with InProcessServer(chat_template_file=path) as srv:
+        yield srv
+
+
+def test_a_template_that_takes_parts_gets_the_users_text(smolvlm_server):
+    """SmolVLM's template iterates ``message['content']``: a string's text was dropped
+    (``User: <end_of_utterance>``). Given as a text part, the prompt is transformers'."""
+    import httpx
+
+    messages = [{"role": "user", "content": "Describe the sea."}]
+    r = httpx.post(smolvlm_server.url + "/apply-template", json={"messages": messages})
+    typed = [{"role": "user", "content": [{"type": "text", "text": "Describe the sea."}]}]
+    want = render_jinja_template([typed], chat_template=_smolvlm_template(), add_generation_prompt=True)[0][0]
+    assert r.status_code == 200 and r.json()["prompt"] == want and "Describe the sea." in want
+
+
+def test_an_anthropic_clients_text_blocks_keep_their_boundaries(smolvlm_server):
+    """Two text blocks (a client's reminder, then the user's text) reach a template that
+    takes parts as two parts, through the Anthropic route as through the chat route."""
+    import httpx
+
+    blocks = [{"type": "text", "text": "<reminder>"}, {"type": "text", "text": "Hi"}]
+    typed = [{"role": "user", "content": [{"type": "text", "text": b["text"]} for b in blocks]}]
+    want = render_jinja_template([typed], chat_template=_smolvlm_template(), add_generation_prompt=True)[0][0]
+    r = httpx.post(smolvlm_server.url + "/apply-template", json={"messages": [{"role": "user", "content": blocks}]})
+    assert r.status_code == 200 and r.json()["prompt"] == want
+    body = {"model": "m", "max_tokens": 1, "messages": [{"role": "user", "content": blocks}]}
+    counted = httpx.post(smolvlm_server.url + "/v1/messages/count_tokens", json=body)
+    ids = httpx.post(smolvlm_server.url + "/tokenize", json={"content": want}).json()["tokens"]
+    assert counted.status_code == 200 and counted.json()["input_tokens"] == len(ids)
+
+
+@pytest.mark.parametrize("shape", ["parts", "string"])
+def test_every_template_gets_content_in_the_form_it_takes(templates, shape):
+    """The chat route's shaping (server/pipeline/chat_prompt.py) for every template of
+    the corpus: a multi-part user turn, or a string one, gives transformers' prompt for
+    the form the template takes — parts where it iterates them (or takes nothing else),
+    the string (parts joined) where it prints the content whole."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from server.pipeline.chat_prompt import render_chat
+    from server.schemas.requests import ChatCompletionRequest
+
+    parts = [{"type": "text", "text": " A reminder. "}, {"type": "text", "text": "Hi"}]
+    content = parts if shape == "parts" else "A reminder. Hi"
+    body = ChatCompletionRequest(messages=[{"role": "user", "content": content}])
+    differ = {}
+    for name, source in templates.items():
+        template = ChatTemplate(source, SPECIAL)
+        strings, typed = template.content_forms
+        if not (strings or typed):
+            continue  # refuses a lone user turn (both sides do: the plain case above)
+        tok = SimpleNamespace(chat_template=template, adds_bos=False, bos_token="<s>")
+        engine = SimpleNamespace(tokenizer=tok)
+        ours = outcome(lambda engine=engine: asyncio.run(render_chat(engine, body)))
+        if shape == "parts":
+            given = parts if typed else "".join(p["text"] for p in parts)
+        else:
+            given = content if strings else [{"type": "text", "text": content}]
+        theirs = outcome(
+            lambda source=source, given=given: render_jinja_template(
+                [[{"role": "user", "content": given}]], chat_template=source, add_generation_prompt=True, **SPECIAL
+            )[0][0]
+        )
+        if theirs != ours and not (theirs[0] == ours[0] == "refused"):
+            differ[name] = (theirs[1][:200], ours[1][:200])
+    assert not differ, differ

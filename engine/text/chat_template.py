@@ -7,6 +7,7 @@ hermes, qwen3, ...) are jinja only."""
 
 from __future__ import annotations
 
+import functools
 import re
 from pathlib import Path
 from typing import Any
@@ -73,6 +74,42 @@ class ChatTemplate:
             raise ChatTemplateError(f"chat template does not parse: {exc}") from exc
         self.source, self.name = source, name
         self.special_tokens = {k: v for k, v in special_tokens.items() if v is not None}
+
+    @functools.cached_property
+    def content_forms(self) -> tuple[bool, bool]:
+        """(strings, parts): whether the template renders a message's content given as a
+        string, and given as typed parts (``[{"type": "text", "text": ...}]``), probed
+        once as llama.cpp probes a template. A template that iterates the content
+        (SmolVLM's, Idefics3's) drops a string's text; one that prints the content whole
+        prints a list of parts as its Python repr."""
+        probe = "\u2063probe\u2063"
+
+        def shows(content) -> str | None:
+            try:
+                return self.render([{"role": "user", "content": content}], True)
+            except ChatTemplateError:
+                return None
+
+        as_string, as_parts = shows(probe), shows([{"type": "text", "text": probe}])
+        strings = as_string is not None and probe in as_string
+        parts = as_parts is not None and probe in as_parts and "'text'" not in as_parts and '"text"' not in as_parts
+        return strings, parts
+
+    @functools.cached_property
+    def image_text(self) -> str | None:
+        """What the template writes for an image part (``{"type": "image"}``), probed
+        once: Gemma 3's ``<start_of_image>``, SmolVLM's ``<image>``, Qwen2-VL's
+        ``<|vision_start|><|image_pad|><|vision_end|>``; None when it writes nothing."""
+        a, b = "\u2063a\u2063", "\u2063b\u2063"
+        content = [{"type": "text", "text": a}, {"type": "image"}, {"type": "text", "text": b}]
+        try:
+            text = self.render([{"role": "user", "content": content}], True)
+        except ChatTemplateError:
+            return None
+        if a not in text or b not in text:
+            return None
+        between = text[text.index(a) + len(a) : text.index(b)].strip()
+        return between or None
 
     @property
     def takes_tools(self) -> bool:

@@ -146,6 +146,8 @@ class FormattedTemplate:
     template variables."""
 
     takes_tools = False
+    content_forms = (True, False)  # llama-server's formats take a message's content as a string
+    image_text = None
 
     def __init__(self, name: str):
         self.name, self._format = name, FORMATS[name]

@@ -1,6 +1,16 @@
 """A chat request's prompt: the template in use applied (with the request's tools and
 template variables), a final assistant message continued (prefill), conversations the
-template cannot take refused with a 400."""
+template cannot take refused with a 400.
+
+A message's content reaches the template in the form it takes (``ChatTemplate.content_forms``,
+probed once): as typed parts (``{"type": "text", "text": ...}``, ``{"type": "image"}``)
+where the template iterates them and the client sent parts, or where it takes parts
+only (SmolVLM's, Idefics3's, which drop a string's text); as a string otherwise, each
+image then at llama-server's marker. Parts keep their boundaries, so a template that
+trims each text part (Gemma 3 and 4) or joins them its own way (Granite 4) writes what
+transformers' processor writes. What the template writes for an image part
+(``ChatTemplate.image_text``) becomes the marker again after rendering, where the
+request's images are put."""
 
 from __future__ import annotations
 
@@ -11,7 +21,7 @@ from typing import Any
 from engine import ChatTemplate, ChatTemplateError, EngineService
 from server.errors import APIError
 from server.pipeline.tool_calls import tools_system_prompt
-from server.schemas.requests import ChatFields, Message
+from server.schemas.requests import MEDIA_MARKER, ChatFields, ContentPart, Message
 
 PREFILL_MARK = "\u2063slotserve-prefill\u2063"  # never in a template's own text
 
@@ -23,8 +33,26 @@ def chat_template(engine: EngineService) -> ChatTemplate:
     return template
 
 
-def _turn(m: Message) -> dict[str, Any]:
-    turn: dict[str, Any] = {"role": m.role, "content": m.text()}
+def _content(m: Message, template: ChatTemplate) -> str | list[dict]:
+    """The message's content in the form the template takes (see the module's docstring)."""
+    strings, parts = template.content_forms
+    given = m.content if isinstance(m.content, list) else None
+    has_image = given is not None and any(not isinstance(p, ContentPart) for p in given)
+    if not parts or (given is None and strings) or (has_image and template.image_text is None):
+        return m.text()
+    if given is None:
+        return [{"type": "text", "text": m.content or ""}]
+    return [{"type": "text", "text": p.text} if isinstance(p, ContentPart) else {"type": "image"} for p in given]
+
+
+def _flat(content: str | list[dict]) -> str:
+    if isinstance(content, str):
+        return content
+    return "".join(p["text"] if p["type"] == "text" else MEDIA_MARKER for p in content)
+
+
+def _turn(m: Message, template: ChatTemplate) -> dict[str, Any]:
+    turn: dict[str, Any] = {"role": m.role, "content": _content(m, template)}
     for key in ("name", "tool_call_id", "reasoning_content"):
         if getattr(m, key):
             turn[key] = getattr(m, key)
@@ -58,6 +86,7 @@ def _tools_as_text(turns: list[dict], tools: list[dict]) -> list[dict]:
     note = tools_system_prompt(tools)
     out = []
     for turn in turns:
+        turn = {**turn, "content": _flat(turn["content"])}  # the Hermes text is a string
         if turn.get("tool_calls"):
             calls = "".join(
                 "\n<tool_call>\n"
@@ -95,7 +124,8 @@ async def render_chat(engine: EngineService, body: ChatFields, kwargs: dict | No
     last_is_assistant = bool(messages) and messages[-1].role == "assistant"
     if continue_final and not last_is_assistant:
         raise APIError(400, "continue_final_message: the last message must be the assistant's")
-    turns = [_turn(m) for m in messages]
+    turns = [_turn(m, template) for m in messages]
+    typed_images = any(p["type"] == "image" for t in turns if isinstance(t["content"], list) for p in t["content"])
     tools = [t.model_dump(exclude_none=True) for t in body.tools] if uses_tools(body) else None
     if tools and not template.takes_tools:
         turns = _tools_as_text(turns, tools)
@@ -106,7 +136,9 @@ async def render_chat(engine: EngineService, body: ChatFields, kwargs: dict | No
     def render() -> str:
         if not prefill:
             return template.render(turns, body.add_generation_prompt, tools, **variables)
-        marked = [*turns[:-1], {**turns[-1], "content": turns[-1]["content"] + PREFILL_MARK}]
+        last = turns[-1]["content"]
+        mark = last + PREFILL_MARK if isinstance(last, str) else [*last, {"type": "text", "text": PREFILL_MARK}]
+        marked = [*turns[:-1], {**turns[-1], "content": mark}]
         text = template.render(marked, False, tools, **variables)
         end = text.rfind(PREFILL_MARK)  # the prompt stops where the given content does
         if end < 0:
@@ -117,6 +149,8 @@ async def render_chat(engine: EngineService, body: ChatFields, kwargs: dict | No
         text = await asyncio.to_thread(render)
     except ChatTemplateError as exc:
         raise APIError(400, f"chat template: {exc}") from exc
+    if typed_images:  # the template wrote each image its own way: the marker again, for the images
+        text = text.replace(template.image_text, MEDIA_MARKER)
     tok = engine.tokenizer
     if tok.adds_bos and tok.bos_token and text.startswith(tok.bos_token):
         text = text[len(tok.bos_token) :]  # encoding adds it (llama-server's rule: no double BOS)

@@ -152,7 +152,8 @@ def to_chat(body: MessagesFields, extra: dict | None = None) -> ChatCompletionRe
         only_results = blocks and all(isinstance(b, ToolResultBlock) for b in blocks)
         if not only_results:
             content: str | list[dict] = text
-            if images:  # the text and images in their order (the chat route takes them)
+            texts = [b for b in blocks if isinstance(b, TextBlock)]
+            if images or len(texts) > 1:  # the blocks in their order, each its own part (the chat route takes them)
                 content = [_chat_part(b) for b in blocks if isinstance(b, TextBlock | ImageBlock)]
             msg: dict[str, Any] = {"role": m.role, "content": content}
             if calls:
