@@ -141,6 +141,27 @@ def test_an_image_after_a_cached_prefix(qwen, engine):
     assert (logits - expect_logits).abs().max() < 1e-4
 
 
+def test_a_transformers_5_processor_config_gives_the_processors_tokens(qwen, tmp_path):
+    """transformers 5 writes the image processor's settings into processor_config.json
+    (no preprocessor_config.json): they are read there, so a 300 x 300 image is the
+    processor's 9 tokens, not the defaults' 121 (min 56 x 56, max 28 x 28 x 1280 pixels)."""
+    import json
+    import shutil
+
+    new = tmp_path / "t5"
+    shutil.copytree(qwen[0], new)
+    settings = json.loads((new / "preprocessor_config.json").read_text())
+    (new / "preprocessor_config.json").unlink()
+    (new / "processor_config.json").write_text(
+        json.dumps({"image_processor": settings, "processor_class": "Qwen2_5_VLProcessor"})
+    )
+    spec = load_model_config(new).media
+    image = picture(6, 300, 300)  # over the checkpoint's 112 x 112 budget, under the defaults'
+    (frame,), _ = QwenImages.of_checkpoint(new, spec.vision, qwen[2], spec).frames(image)
+    _, grid = transformers_pixels([image])
+    assert frame.shape[0] * frame.shape[1] == int(grid[0].prod()) // 4 == 9
+
+
 def test_a_transformers_4_config_loads_the_same(qwen, tmp_path):
     """transformers 4 wrote Qwen2.5-VL's language fields at the top level, with
     ``rope_scaling: {type: mrope}``: the same model, the same tokens."""

@@ -18,14 +18,13 @@ and pixels equal theirs (tests/test_vision.py, tests/test_smolvlm.py).
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from engine.text.images import ImageBudget, ImageSettings, image_text, normalized, pixels
+from engine.text.images import ImageBudget, ImageSettings, image_text, normalized, pixels, processor_settings
 
 LANCZOS = 1  # PIL's
 MAX_SIDE = 4096  # transformers' absolute cap on a resized image's edge (Idefics3 / SmolVLM)
@@ -93,12 +92,9 @@ class SmolVLMImages:
 
     @classmethod
     def of_checkpoint(cls, folder: Path | None, vision: dict, n_tokens: int) -> SmolVLMImages:
-        """The folder's preprocessor_config.json where it has one, else transformers' defaults
-        for the encoder's side."""
-        raw = {}
-        path = folder / "preprocessor_config.json" if folder is not None and folder.is_dir() else None
-        if path is not None and path.is_file():
-            raw = json.loads(path.read_text(encoding="utf-8"))
+        """The folder's image processor settings (``processor_settings``), else transformers'
+        defaults for the encoder's side."""
+        raw = processor_settings(folder)
         tile = int((raw.get("max_image_size") or {}).get("longest_edge", vision.get("image_size", 224)))
         normalize = raw.get("do_normalize", True)
         longest = vision.get("preproc_image_size", 4 * tile)  # a GGUF projector's (size.longest_edge)
@@ -247,10 +243,7 @@ class QwenImages:
 
     @classmethod
     def of_checkpoint(cls, folder: Path | None, vision: dict, hf_tokenizer, spec) -> QwenImages:
-        raw = {}
-        path = folder / "preprocessor_config.json" if folder is not None and folder.is_dir() else None
-        if path is not None and path.is_file():
-            raw = json.loads(path.read_text(encoding="utf-8"))
+        raw = processor_settings(folder)
         size = raw.get("size") or {}
         normalize = raw.get("do_normalize", True)
         piece = hf_tokenizer.id_to_token

@@ -21,6 +21,22 @@ REQUEST_BYTES = 1 << 30  # one request's images: encoded, decoded and as the mod
 DECODED_BYTES_PER_PIXEL = 4  # Pillow's decode and its RGB copy
 
 
+def processor_settings(folder: Path | None) -> dict:
+    """The image processor's settings in a checkpoint folder: ``preprocessor_config.json``
+    (transformers 4's layout), else ``processor_config.json``'s ``image_processor`` (the
+    only file transformers 5 writes), else none."""
+    if folder is None or not folder.is_dir():
+        return {}
+    old = folder / "preprocessor_config.json"
+    if old.is_file():
+        return json.loads(old.read_text(encoding="utf-8"))
+    new = folder / "processor_config.json"
+    if new.is_file():
+        inner = json.loads(new.read_text(encoding="utf-8")).get("image_processor")
+        return inner if isinstance(inner, dict) else {}
+    return {}
+
+
 class BadImage(ValueError):
     """The bytes are no image Pillow reads, or one too large."""
 
@@ -61,11 +77,8 @@ class ImageSettings:
 
     @classmethod
     def of_checkpoint(cls, folder: Path | None, image_size: int) -> ImageSettings:
-        """The folder's preprocessor_config.json where it has one, else the encoder's size."""
-        raw = {}
-        path = folder / "preprocessor_config.json" if folder is not None and folder.is_dir() else None
-        if path is not None and path.is_file():
-            raw = json.loads(path.read_text(encoding="utf-8"))
+        """The folder's image processor settings (``processor_settings``), else the encoder's size."""
+        raw = processor_settings(folder)
         size = raw.get("size") or {}
         return cls(
             height=int(size.get("height", image_size)),
