@@ -198,3 +198,48 @@ def test_every_template_gets_content_in_the_form_it_takes(templates, shape):
         if theirs != ours and not (theirs[0] == ours[0] == "refused"):
             differ[name] = (theirs[1][:200], ours[1][:200])
     assert not differ, differ
+
+
+@pytest.mark.parametrize("conversation", sorted(CONVERSATIONS))
+def test_the_chat_route_gives_every_template_transformers_prompt(templates, conversation):
+    """The chat route's whole shaping (server/pipeline/chat_prompt.py: a client's body,
+    tool-call arguments as the JSON string OpenAI clients send, reasoning, tools, the
+    template variables) gives, for every template of the corpus, transformers' prompt
+    for the same conversation, or both refuse. Templates that render no tools are left
+    out of the tool conversations: the server describes the tools in a system turn of
+    its own there, so that any chat model can be offered them."""
+    import asyncio
+    import copy
+    import json
+    from types import SimpleNamespace
+
+    from server.pipeline.chat_prompt import render_chat
+    from server.schemas.requests import ChatCompletionRequest
+
+    messages, tools, kwargs = CONVERSATIONS[conversation]
+    sent = copy.deepcopy(messages)
+    for m in sent:
+        for call in m.get("tool_calls", []):
+            call["function"]["arguments"] = json.dumps(call["function"]["arguments"])
+    body = ChatCompletionRequest(messages=sent, tools=tools, chat_template_kwargs=kwargs or None)
+    differ = {}
+    for name, source in templates.items():
+        template = ChatTemplate(source, SPECIAL)
+        strings, typed = template.content_forms
+        if conversation != "parts" and not strings:
+            continue  # a template that takes parts only: the shape test above
+        if tools and not template.takes_tools:
+            continue  # renders no tools: the server offers them in a system turn of its own (a decision)
+        tok = SimpleNamespace(chat_template=template, adds_bos=False, bos_token="<s>")
+        ours = outcome(lambda tok=tok: asyncio.run(render_chat(SimpleNamespace(tokenizer=tok), body)))
+        given = messages
+        if conversation == "parts" and not typed:
+            given = [{"role": "user", "content": "".join(p["text"] for p in messages[0]["content"])}]
+        theirs = outcome(
+            lambda source=source, given=given: render_jinja_template(
+                [given], tools=tools, chat_template=source, add_generation_prompt=True, **SPECIAL, **kwargs
+            )[0][0]
+        )
+        if theirs != ours and not (theirs[0] == ours[0] == "refused"):
+            differ[name] = (theirs[1][-300:], ours[1][-300:])
+    assert not differ, differ
