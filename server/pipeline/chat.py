@@ -106,5 +106,6 @@ async def open_chat(http: HTTPRequest, body: ChatCompletionRequest) -> ChatRun |
     tool_format = family(chat_template(engine).source) if uses_tools(body) else None
     fmt = body.reasoning_format or state.settings.reasoning_format
     logprob = (lambda lp: chat_logprob(engine, lp)) if body.logprobs else None
-    answer = ChatAnswer(body.n, fmt, opens_thinking(prompt), tool_format, logprob)
+    tools = [t.model_dump(exclude_none=True) for t in body.tools] if tool_format else None
+    answer = ChatAnswer(body.n, fmt, opens_thinking(prompt), tool_format, logprob, tools)
     return ChatRun(engine, body, run, answer, header("chat.completion", state.settings.model_name, engine))

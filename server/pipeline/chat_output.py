@@ -31,9 +31,9 @@ class ChatOutput:
     <think> open; ``tool_format``: the template family's call format, None when the
     request offers no tools (or tool_choice is "none")."""
 
-    def __init__(self, reasoning_format: str, opened: bool, tool_format: str | None):
+    def __init__(self, reasoning_format: str, opened: bool, tool_format: str | None, tools: list[dict] | None = None):
         self._split = ReasoningSplitter(reasoning_format, opened)
-        self._tools = ToolCallStream(tool_format) if tool_format else None
+        self._tools = ToolCallStream(tool_format, tools) if tool_format else None
         self.n_calls = 0
 
     def push(self, text: str) -> Parts:
@@ -79,8 +79,8 @@ class ChatAnswer:
     """The ``n`` choices of one chat request as OpenAI writes them. ``logprob``: renders
     one TokenLogprob (None when the request asked for no logprobs)."""
 
-    def __init__(self, n: int, reasoning_format: str, opened: bool, tool_format: str | None, logprob=None):
-        self.outputs = [ChatOutput(reasoning_format, opened, tool_format) for _ in range(n)]
+    def __init__(self, n: int, reasoning_format: str, opened: bool, tool_format: str | None, logprob=None, tools=None):
+        self.outputs = [ChatOutput(reasoning_format, opened, tool_format, tools) for _ in range(n)]
         self.logprob = logprob
 
     def opening(self) -> list[dict]:
