@@ -70,6 +70,12 @@ CONVERSATIONS = {
 }
 
 
+def function_tool(name: str, properties: dict) -> dict:
+    """An OpenAI function tool whose every parameter is required."""
+    parameters = {"type": "object", "properties": properties, "required": list(properties)}
+    return {"type": "function", "function": {"name": name, "parameters": parameters}}
+
+
 def corpus() -> dict[str, str]:
     folder = converter_tree() / TEMPLATES
     return {p.stem: p.read_text(encoding="utf-8") for p in sorted(folder.glob("*.jinja"))}
@@ -325,20 +331,8 @@ def test_a_qwen3_coder_template_gets_calls_in_its_own_syntax(templates, tmp_path
 
     path = tmp_path / "qwen3-coder.jinja"
     path.write_text(templates["Qwen3-Coder"], encoding="utf-8")
-    tool = {
-        "type": "function",
-        "function": {
-            "name": "forecast",
-            "parameters": {
-                "type": "object",
-                "properties": {
-                    "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]},
-                    "days": {"type": "integer", "minimum": 1, "maximum": 9},
-                },
-                "required": ["unit", "days"],
-            },
-        },
-    }
+    unit = {"type": "string", "enum": ["celsius", "fahrenheit"]}
+    tool = function_tool("forecast", {"unit": unit, "days": {"type": "integer", "minimum": 1, "maximum": 9}})
     body = {"messages": [{"role": "user", "content": "Forecast?"}], "tools": [tool], "tool_choice": "required"}
     body |= {"max_tokens": 60, "temperature": 0}
     with InProcessServer(chat_template_file=path) as srv:
@@ -365,17 +359,7 @@ def test_the_forced_call_is_the_syntax_the_template_writes(templates, name):
     from server.pipeline.tool_calls import family, forced_grammar
 
     source = templates[name]
-    tool = {
-        "type": "function",
-        "function": {
-            "name": "forecast",
-            "parameters": {
-                "type": "object",
-                "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
-                "required": ["city", "days"],
-            },
-        },
-    }
+    tool = function_tool("forecast", {"city": {"type": "string"}, "days": {"type": "integer"}})
     call = {"id": "c0", "type": "function", "function": {"name": "forecast", "arguments": {"city": "Oslo", "days": 3}}}
     messages = [{"role": "user", "content": "Forecast?"}, {"role": "assistant", "content": "", "tool_calls": [call]}]
     text = render_jinja_template([messages], tools=[tool], chat_template=source, **SPECIAL)[0][0]
