@@ -325,7 +325,8 @@ def test_calls_a_template_renders_parse_back_to_the_same_calls(templates):
 def test_a_qwen3_coder_template_gets_calls_in_its_own_syntax(templates, tmp_path):
     """The demo model under Qwen3-Coder's template, ``tool_choice: required``: the call is
     forced in the template's XML syntax and comes back as OpenAI ``tool_calls`` with
-    each argument of its schema's type, whole and streamed."""
+    each argument of its schema's type, whole and streamed; through the Anthropic route
+    as a ``tool_use`` block, whole and as ``input_json_delta`` events."""
     import httpx
     from server_proc import InProcessServer
 
@@ -347,6 +348,19 @@ def test_a_qwen3_coder_template_gets_calls_in_its_own_syntax(templates, tmp_path
                 if line.startswith("data: {"):
                     deltas += json.loads(line[6:])["choices"][0]["delta"].get("tool_calls") or []
         assert [json.loads(d["function"]["arguments"]) for d in deltas] == [args]
+        anthropic = {"model": "m", "max_tokens": 60, "temperature": 0, "messages": body["messages"]}
+        anthropic["tool_choice"] = {"type": "any"}
+        anthropic["tools"] = [{"name": "forecast", "input_schema": tool["function"]["parameters"]}]
+        answer = httpx.post(srv.url + "/v1/messages", json=anthropic, timeout=120).json()
+        (use,) = [b for b in answer["content"] if b["type"] == "tool_use"]
+        assert use["name"] == "forecast" and answer["stop_reason"] == "tool_use"
+        assert use["input"]["unit"] in unit["enum"] and isinstance(use["input"]["days"], int)
+        partial = ""
+        with httpx.stream("POST", srv.url + "/v1/messages", json={**anthropic, "stream": True}, timeout=120) as r:
+            for line in r.iter_lines():
+                if line.startswith("data: {") and '"input_json_delta"' in line:
+                    partial += json.loads(line[6:])["delta"]["partial_json"]
+        assert json.loads(partial) == use["input"]
 
 
 @pytest.mark.parametrize("name", ["Qwen3-Coder", "Qwen3.5-4B", "GLM-4.6", "poolside-Laguna-XS-2.1"])
