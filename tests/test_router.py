@@ -126,6 +126,9 @@ def test_a_page_on_another_site_cannot_unload(router):
     headers = {"Origin": "https://evil.example", "Content-Type": "text/plain"}
     r = httpx.post(router.url + "/models/unload", content='{"model": "beta"}', headers=headers)
     assert r.status_code == 403
+    json_page = {"Origin": "https://evil.example"}  # JSON passes a `*` preflight: the guarded paths refuse it
+    for route in ("/models/load", "/models/unload", "/models/reload"):
+        assert httpx.post(router.url + route, json={"model": "beta"}, headers=json_page).status_code == 403
     assert statuses(router.url)["beta"]["value"] == before["beta"]["value"]
 
 

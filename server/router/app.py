@@ -30,7 +30,8 @@ from server.middleware.header_case import HeaderCase
 from server.middleware.path_prefix import PathPrefix
 from server.middleware.paths import PublicPaths
 from server.router.catalog import catalog
-from server.router.children import DEBUG_DELAY_S, Child, Children, ClientGone, ModelGone
+from server.router.child import Child, ClientGone, ModelGone
+from server.router.children import DEBUG_DELAY_S, Children
 from server.router.metrics import joined, props_of, router_families, scrape
 from server.router.upstream import Upstream, UpstreamError
 

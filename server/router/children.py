@@ -24,7 +24,6 @@ room, shutdown) give the child ``--drain-timeout`` seconds, then SIGKILL.
 from __future__ import annotations
 
 import asyncio
-import ctypes
 import itertools
 import logging
 import os
@@ -36,12 +35,13 @@ import sys
 import tempfile
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 
+from server.router.child import Child, ClientGone, ModelGone, death_signal
 from server.router.entry import ModelEntry
 from server.router.handoff import child_env
-from server.router.lifecycle import LEAVING, NEEDS_START, RUNNING, Lifecycle
+from server.router.lifecycle import LEAVING, NEEDS_START, RUNNING
 from server.router.load_queue import LoadQueue
 from server.router.upstream import child_get
 
@@ -49,52 +49,6 @@ log = logging.getLogger("slotserve")
 LOAD_TIMEOUT_S = 600.0
 PATIENCE_S = 5.0  # how long a queued model waits for an idle one before a busy one is reserved
 DEBUG_DELAY_S = float(os.environ.get("SLOTSERVE_ROUTER_DEBUG_DELAY_S", "0"))  # tests: each load and request
-PR_SET_PDEATHSIG = 1
-
-
-class ModelGone(LookupError):
-    """The model left the catalog (a reload) while the request waited for it."""
-
-
-class ClientGone(LookupError):
-    """The client left while its model was waiting to load."""
-
-
-def _death_signal():
-    """A function for the child between fork and exec that has the kernel send it SIGTERM
-    when the router dies (Linux's PR_SET_PDEATHSIG), so no child outlives a killed
-    router; None elsewhere. prctl is looked up here, in the parent."""
-    try:
-        prctl = ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):
-        return None
-    return lambda: prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
-
-
-@dataclass
-class Child:
-    entry: ModelEntry
-    life: Lifecycle = field(default_factory=Lifecycle)
-    proc: subprocess.Popen | None = None
-    socket: str = ""  # the UNIX socket its server listens on (new for each start)
-    secret: str = ""  # its API key (new for each start)
-    last_used: float = 0.0
-    inflight: int = 0  # requests being proxied to it
-    error: str | None = None
-    loads: int = 0  # times its server came up (router /metrics)
-    load_failures: int = 0
-    crashes: int = 0  # times its server exited while loaded
-
-    @property
-    def state(self) -> str:
-        return self.life.state
-
-    @property
-    def url(self) -> str:
-        return "http://localhost"  # over its socket
-
-    def alive(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
 
 
 class Children:
@@ -273,7 +227,7 @@ class Children:
                 stdin=subprocess.DEVNULL,
                 env=child_env(os.environ, child.secret),
                 start_new_session=True,
-                preexec_fn=_death_signal(),
+                preexec_fn=death_signal(),
             )
         except (OSError, subprocess.SubprocessError) as exc:  # no process: nothing holds its place
             self._failed(child, f"its server could not be started: {exc}")

@@ -44,15 +44,9 @@ class InvalidTransition(RuntimeError):
 class Lifecycle:
     def __init__(self) -> None:
         self.state = "unloaded"
-        self.history: list[str] = ["unloaded"]  # (tests) every state it went through
 
     def to(self, new: str) -> None:
         """Move to ``new``; InvalidTransition when the table does not allow it."""
         if new not in TRANSITIONS[self.state]:
             raise InvalidTransition(f"{self.state} -> {new}")
         self.state = new
-        self.history.append(new)
-        del self.history[:-32]
-
-    def can(self, new: str) -> bool:
-        return new in TRANSITIONS[self.state]

@@ -9,7 +9,8 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.parser import text_string_to_metric_families
 
-from server.router.children import Child, Children
+from server.router.child import Child
+from server.router.children import Children
 from server.router.upstream import child_get
 
 STATES = ("unloaded", "loading", "loaded", "unloading", "failed", "sleeping")  # as /models lists them
