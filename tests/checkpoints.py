@@ -97,8 +97,9 @@ JAMBA_TINY = dict(  # Mamba1 at layers 0 and 2 (with MoE), attention at 1 and 3 
 )
 
 
-def write_byte_tokenizer(folder: Path, eos: str | None = None) -> None:
-    """A byte-level BPE with no merges: 256 byte tokens plus specials."""
+def write_byte_tokenizer(folder: Path, eos: str | None = None, specials: tuple[str, ...] = ()) -> None:
+    """A byte-level BPE with no merges: 256 byte tokens plus specials (``<eos>`` and
+    ``specials``)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
     alphabet = pre_tokenizers.ByteLevel.alphabet()
@@ -106,7 +107,7 @@ def write_byte_tokenizer(folder: Path, eos: str | None = None) -> None:
     tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    tok.add_special_tokens(["<eos>"])
+    tok.add_special_tokens(["<eos>", *specials])
     tok.save(str(folder / "tokenizer.json"))
     cfg = {
         "eos_token": eos,

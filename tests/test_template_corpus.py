@@ -73,7 +73,7 @@ CONVERSATIONS = {
 def function_tool(name: str, properties: dict) -> dict:
     """An OpenAI function tool whose every parameter is required."""
     parameters = {"type": "object", "properties": properties, "required": list(properties)}
-    return {"type": "function", "function": {"name": name, "parameters": parameters}}
+    return {"type": "function", "function": {"name": name, "description": name, "parameters": parameters}}
 
 
 def corpus() -> dict[str, str]:
@@ -252,74 +252,110 @@ def test_the_chat_route_gives_every_template_transformers_prompt(templates, conv
     assert not differ, differ
 
 
-NOT_YET = {"MiniMax-M3"}  # <tool_call> around its own <invoke> bodies, not read yet (issue 51, item 4)
+PLAN = {
+    "type": "function",
+    "function": {
+        "name": "plan_trip",
+        "description": "Plan a trip",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "city": {"type": "string", "description": "where"},
+                "days": {"type": "integer", "description": "how long"},
+                "budget": {"type": "number", "description": "how much"},
+                "hotel": {"type": "boolean", "description": "whether"},
+                "sights": {"type": "array", "items": {"type": "string"}, "description": "what"},
+                "note": {"type": "string", "description": "anything"},
+            },
+        },
+    },
+}
+TRIPS = [
+    {"city": "Paris", "days": 3, "budget": 1200.5, "hotel": True, "sights": ["Louvre", "Orsay"], "note": "2 + 2"},
+    {"city": "Lyon", "days": 1, "budget": 300, "hotel": False, "sights": [], "note": "line one\nline two"},
+]
+# Command R+ writes no end of turn after its calls: the model's own end of answer is where the next turn begins.
+NEXT_TURN = "\n<|START_OF_TURN_TOKEN|>"
+# Templates that render no past calls (or none without variables of their own): nothing to read back.
+NO_CALLS = {"granite", "firefunction"}
+
+
+def written_answer(source: str, tool: dict, trips: list[dict]) -> tuple[str, list[dict]] | None:
+    """The assistant's answer with calls of ``tool`` as the template writes it — the
+    whole rendering less the generation prompt and the turn's end — and the calls it
+    shows (templates that take one call a turn show the first). None when the template
+    renders no calls (ids of Mistral's 9 characters and arguments as JSON text tried)."""
+    user = {"role": "user", "content": "Plan two trips."}
+
+    def render(messages, prompt=False):
+        return render_jinja_template(
+            [messages], tools=[tool], chat_template=source, add_generation_prompt=prompt, **SPECIAL
+        )[0][0]
+
+    name = tool["function"]["name"]
+    for call_id in ("call_{}", "abcdefgh{}"):
+        for as_text in (False, True):
+            for n in (len(trips), 1):
+                calls = [
+                    {"id": call_id.format(k), "type": "function", "function": {"name": name, "arguments": a}}
+                    for k, a in enumerate(json.dumps(t) if as_text else t for t in trips[:n])
+                ]
+                try:
+                    full = render([user, {"role": "assistant", "content": "", "tool_calls": calls}])
+                    prompt = render([user], prompt=True)
+                    plain = render([user, {"role": "assistant", "content": "XYZZY"}])
+                except Exception:  # noqa: BLE001 - the template refuses this shape: try the next
+                    continue
+                text = full[len(prompt) :] if full.startswith(prompt) else full.split("Plan two trips.", 1)[-1]
+                end = plain[plain.rindex("XYZZY") + 5 :]
+                text = text[: len(text) - len(end)] if end.strip() and text.endswith(end) else text
+                text = text.split(NEXT_TURN)[0] if "Action:" in text else text
+                shown = [t for t in trips[:n] if t["city"] in text]
+                return (text, shown) if shown else None
+    return None
 
 
 def test_calls_a_template_renders_parse_back_to_the_same_calls(templates):
     """The oracle that needs no model: an assistant turn with two calls (arguments of
-    several types), rendered by each corpus template of a family slotserve reads
-    (Hermes' JSON; the ``xml`` family: Qwen3-Coder, Qwen3.5, Nemotron 3, StepFun 3.5; the
-    ``glm`` family: GLM 4.6 and 4.7, poolside Laguna, Ling 3, Spark 2.5),
-    parses back to the same calls — whole, and streamed a character at a time."""
-    from server.pipeline.tool_calls import ToolCallStream, family, parse
+    every JSON type), rendered by each corpus template, parses back — with the family
+    slotserve finds in the template — to the same calls, whole and streamed a character
+    at a time, and no part of a call is left in the content. Every family of the
+    corpus whose templates render past calls is read (syntax.FAMILIES)."""
+    from server.pipeline.tool_calls import FAMILIES, ToolCallStream, family, parse
 
-    tool = {
-        "type": "function",
-        "function": {
-            "name": "plan_trip",
-            "parameters": {
-                "type": "object",
-                "properties": {
-                    "city": {"type": "string"},
-                    "days": {"type": "integer"},
-                    "budget": {"type": "number"},
-                    "hotel": {"type": "boolean"},
-                    "sights": {"type": "array", "items": {"type": "string"}},
-                    "note": {"type": "string"},
-                },
-            },
-        },
-    }
-    calls = [
-        {"city": "Paris", "days": 3, "budget": 1200.5, "hotel": True, "sights": ["Louvre", "Orsay"], "note": "2 + 2"},
-        {"city": "Lyon", "days": 1, "budget": 300, "hotel": False, "sights": [], "note": "line one\nline two"},
-    ]
-    messages = [
-        {"role": "user", "content": "Plan two trips."},
-        {
-            "role": "assistant",
-            "content": "",
-            "tool_calls": [
-                {"id": f"call_{k}", "type": "function", "function": {"name": "plan_trip", "arguments": args}}
-                for k, args in enumerate(calls)
-            ],
-        },
-    ]
-    checked, wrong = [], {}
+    read, wrong = {}, {}
     for name, source in templates.items():
         fmt = family(source)
-        if fmt not in ("hermes", "xml", "glm") or name in NOT_YET:
+        written = written_answer(source, PLAN, TRIPS)
+        if written is None:
             continue
-        try:
-            text = render_jinja_template([messages], tools=[tool], chat_template=source, **SPECIAL)[0][0]
-        except Exception:  # noqa: BLE001 - a template that takes no such turn: nothing to read back
-            continue
-        asked = text.find("Plan two trips.")
-        if asked < 0 or "<tool_call>" not in text[asked:]:
-            continue  # renders no past calls in this envelope
-        start = text.index("<tool_call>", asked)  # the turn's, not an example's in a system prompt
-        segment = text[start : text.rindex("</tool_call>") + len("</tool_call>")]
-        _, whole = parse(fmt, segment, [tool])
-        stream = ToolCallStream(fmt, [tool])
-        pieces = [p for ch in segment for p in stream.push(ch)] + stream.flush()
-        streamed = [p for p in pieces if not isinstance(p, str)]
+        text, shown = written
+        content, whole = parse(fmt, text, [PLAN])
+        stream = ToolCallStream(fmt, [PLAN])
+        pieces = [p for ch in text for p in stream.push(ch)] + stream.flush()
+        streamed = [[c.name, json.loads(c.arguments)] for c in pieces if not isinstance(c, str)]
         got = [[c.name, json.loads(c.arguments)] for c in whole]
-        if got != [["plan_trip", a] for a in calls] or [[c.name, json.loads(c.arguments)] for c in streamed] != got:
-            wrong[name] = (fmt, got)
-        checked.append(name)
-    wanted = {"Qwen3-Coder", "Qwen3.5-4B", "Qwen-Qwen2.5-7B-Instruct", "GLM-4.6", "poolside-Laguna-XS-2.1"}
-    assert wanted <= set(checked), checked
+        leaked = [t["city"] for t in shown if t["city"] in content]
+        if got != [["plan_trip", t] for t in shown] or streamed != got or leaked:
+            wrong[name] = (fmt, got, content[:200])
+        read.setdefault(fmt, []).append(name)
     assert not wrong, wrong
+    assert set(read) == {s.name for s in FAMILIES} - NO_CALLS, sorted(read)
+
+
+def test_a_call_the_family_cannot_read_is_content():
+    """A malformed call (broken JSON, an unclosed envelope) comes back as the text the
+    model wrote, never as an error or a call; text before and after a call stays."""
+    from server.pipeline.tool_calls import parse
+
+    broken = '<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>f<｜tool▁sep｜>{"a": <｜tool▁call▁end｜><｜tool▁calls▁end｜>'
+    assert parse("deepseek", broken) == (broken, [])
+    unclosed = "Sure. <tool_call>\n<function=f>\n<parameter=a>\n1\n</parameter>\n"
+    assert parse("xml", unclosed) == (unclosed, [])
+    kimi = '<|tool_call_begin|>functions.f:0<|tool_call_argument_begin|>{"a": 1}<|tool_call_end|>'
+    answer = f"Let me look.<|tool_calls_section_begin|>{kimi}<|tool_calls_section_end|>Done."
+    content, (call,) = parse("kimi-k2", answer)
+    assert (content, call.name, json.loads(call.arguments)) == ("Let me look.Done.", "f", {"a": 1})
 
 
 def test_a_qwen3_coder_template_gets_calls_in_its_own_syntax(templates, tmp_path):
@@ -363,23 +399,40 @@ def test_a_qwen3_coder_template_gets_calls_in_its_own_syntax(templates, tmp_path
         assert json.loads(partial) == use["input"]
 
 
-@pytest.mark.parametrize("name", ["Qwen3-Coder", "Qwen3.5-4B", "GLM-4.6", "poolside-Laguna-XS-2.1"])
-def test_the_forced_call_is_the_syntax_the_template_writes(templates, name):
-    """``tool_choice: required`` forces a call in the family's own syntax: the grammar
-    accepts the call exactly as the model's template writes a past one (before, every
-    family but Mistral's and Llama 3's was forced into Hermes' JSON)."""
+def test_the_forced_call_is_the_syntax_the_template_writes(templates):
+    """``tool_choice: required`` forces a call in the family's own syntax: for every
+    template of the corpus that renders a call, the grammar accepts the call exactly as
+    the template writes it (before, every family but Mistral's and Llama 3's was forced
+    into Hermes' JSON)."""
     from engine import Engine
     from engine.sampling.grammar import GrammarCompiler
     from server.pipeline.tool_calls import family, forced_grammar
+    from server.pipeline.tool_calls.syntax import BY_NAME
 
-    source = templates[name]
     tool = function_tool("forecast", {"city": {"type": "string"}, "days": {"type": "integer"}})
-    call = {"id": "c0", "type": "function", "function": {"name": "forecast", "arguments": {"city": "Oslo", "days": 3}}}
-    messages = [{"role": "user", "content": "Forecast?"}, {"role": "assistant", "content": "", "tool_calls": [call]}]
-    text = render_jinja_template([messages], tools=[tool], chat_template=source, **SPECIAL)[0][0]
-    start = text.index("<tool_call>", text.index("Forecast?"))
-    written = text[start : text.rindex("</tool_call>") + len("</tool_call>")]
     tok = Engine.from_pretrained().tokenizer
     compiler = GrammarCompiler(tok, tok.hf.get_vocab_size(with_added_tokens=True))
-    matcher = compiler.matcher(compiler.compile("lark", forced_grammar(family(source), [tool], False)))
-    assert matcher.consume_tokens(tok.encode(written, add_special=False)) and matcher.is_accepting(), written
+    refused, checked = {}, set()
+    for name, source in templates.items():
+        written = written_answer(source, tool, [{"city": "Oslo", "days": 3}])
+        if written is None:
+            continue
+        fmt = family(source)
+        text = written[0]
+        candidates = [text]  # or from the call's opening to its end: what precedes it (thinking) is not forced
+        for opening, closing in BY_NAME[fmt].pairs:
+            if opening and opening in text:
+                end = text.rindex(closing) + len(closing) if closing and closing in text else len(text)
+                candidates.append(text[text.index(opening) : end])
+        grammar = compiler.compile("lark", forced_grammar(fmt, [tool], False))
+        accepted = False
+        for written_call in candidates:
+            matcher = compiler.matcher(grammar)
+            accepted = accepted or (
+                matcher.consume_tokens(tok.encode(written_call, add_special=False)) and matcher.is_accepting()
+            )
+        if not accepted:
+            refused[name] = (fmt, text[:200])
+        checked.add(fmt)
+    assert not refused, refused
+    assert checked >= {"xml", "glm", "hermes", "deepseek", "kimi-k2", "gpt-oss", "gemma4", "lfm2", "mistral"}

@@ -225,7 +225,9 @@ class Engine(TokenAcceptance, ContextShift, EngineReports):
             prompt_ids=list(prompt_ids),
             params=params,
             seed=seed,
-            detok=IncrementalDetokenizer(self.tokenizer, prompt_ids, skip_special=not self.config.special),
+            detok=IncrementalDetokenizer(
+                self.tokenizer, prompt_ids, skip_special=not self.config.special, keep=params.preserved
+            ),
             stopper=StopMatcher(list(params.stop)),
             n_computed=n_cached,
             n_keep=max(0, min(n_keep, len(prompt_ids))),

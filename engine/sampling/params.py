@@ -83,6 +83,7 @@ class SamplingParams:
     t_max_predict_ms: int = -1  # once this long after the first token, stop at a newline (<= 0: never)
     reasoning_budget: BudgetSpec | None = None  # tokens allowed in a thinking block (None: any)
     post_sampling_probs: bool = False
+    preserved: frozenset[int] = frozenset()  # special tokens the answer's text keeps (a chat family's markers)
 
     def __post_init__(self) -> None:
         checks = [

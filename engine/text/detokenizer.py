@@ -14,22 +14,30 @@ _CONTEXT = 5  # prompt tokens decoded with the first output (leading-space rules
 
 
 class Decoder(Protocol):
-    def decode(self, ids: list[int], skip_special: bool = True) -> str: ...
+    def decode(self, ids: list[int], skip_special: bool = True, keep: frozenset[int] = frozenset()) -> str: ...
 
 
 class IncrementalDetokenizer:
-    def __init__(self, tokenizer: Decoder, prompt_ids: list[int], skip_special: bool = True):
-        """``skip_special``: special tokens decode to nothing (else to their text)."""
-        self.tok, self.skip_special = tokenizer, skip_special
+    def __init__(
+        self, tokenizer: Decoder, prompt_ids: list[int], skip_special: bool = True, keep: frozenset[int] = frozenset()
+    ):
+        """``skip_special``: special tokens decode to nothing (else to their text), but
+        those in ``keep`` (a chat family's markers) decode to their text."""
+        self.tok, self.skip_special, self.keep = tokenizer, skip_special, keep
         self.ids = list(prompt_ids[-_CONTEXT:])
         self.prefix = 0
         self.read = len(self.ids)
 
+    def _decode(self, ids: list[int]) -> str:
+        if self.keep:
+            return self.tok.decode(ids, self.skip_special, self.keep)
+        return self.tok.decode(ids, self.skip_special)
+
     def push(self, token_id: int) -> str:
         """Add one token; return the newly completed text (may be empty)."""
         self.ids.append(token_id)
-        before = self.tok.decode(self.ids[self.prefix : self.read], self.skip_special)
-        after = self.tok.decode(self.ids[self.prefix :], self.skip_special)
+        before = self._decode(self.ids[self.prefix : self.read])
+        after = self._decode(self.ids[self.prefix :])
         if len(after) > len(before) and not after.endswith("\ufffd"):
             self.prefix, self.read = self.read, len(self.ids)
             return after[len(before) :]
@@ -37,8 +45,8 @@ class IncrementalDetokenizer:
 
     def flush(self) -> str:
         """Text still held back (an incomplete character, decoded with replacement)."""
-        before = self.tok.decode(self.ids[self.prefix : self.read], self.skip_special)
-        after = self.tok.decode(self.ids[self.prefix :], self.skip_special)
+        before = self._decode(self.ids[self.prefix : self.read])
+        after = self._decode(self.ids[self.prefix :])
         self.prefix = self.read = len(self.ids)
         return after[len(before) :] if len(after) > len(before) else ""
 

@@ -195,7 +195,20 @@ class Tokenizer:
             return piece.replace("\u2581", " ").encode("utf-8")
         return self.hf.decode([token_id], skip_special_tokens=False).encode("utf-8")
 
-    def decode(self, ids: list[int], skip_special: bool = True) -> str:
+    @functools.cached_property
+    def special_ids(self) -> frozenset[int]:
+        """The ids of the added tokens marked special (what ``skip_special`` drops)."""
+        return frozenset(i for i, t in self.hf.get_added_tokens_decoder().items() if t.special)
+
+    def special_id(self, text: str) -> int | None:
+        """The id of the special token written ``text``, or None when no special token is."""
+        found = self.hf.token_to_id(text)
+        return found if found is not None and found in self.special_ids else None
+
+    def decode(self, ids: list[int], skip_special: bool = True, keep: frozenset[int] = frozenset()) -> str:
+        """``keep``: special tokens decoded as their text even when ``skip_special``."""
+        if skip_special and keep:
+            ids, skip_special = [i for i in ids if i in keep or i not in self.special_ids], False
         if len(ids) > 64:  # the batch call releases the GIL
             return self.hf.decode_batch([ids], skip_special_tokens=skip_special)[0]
         return self.hf.decode(ids, skip_special_tokens=skip_special)

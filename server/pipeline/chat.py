@@ -21,7 +21,7 @@ from server.pipeline.openai_run import chunks, header, piece, start_run
 from server.pipeline.reasoning import opens_thinking
 from server.pipeline.run import Run
 from server.pipeline.thinking_budget import budget_spec
-from server.pipeline.tool_calls import family, forced_grammar
+from server.pipeline.tool_calls import family, forced_grammar, preserved
 from server.schemas.requests import ChatCompletionRequest, NamedToolChoice
 
 
@@ -100,10 +100,11 @@ async def open_chat(http: HTTPRequest, body: ChatCompletionRequest) -> ChatRun |
     prompt, ids, media = await chat_prompt(state, engine, body)
     budget = budget_spec(state, engine, body, prompt)
     forced = forced_call(engine, body)
-    run = await start_run(http, body, ids, chat_max_tokens(body), chat_top(body), forced, budget, media)
+    tool_format = family(chat_template(engine).source) if uses_tools(body) else None
+    keep = preserved(engine.tokenizer, tool_format) if tool_format else frozenset()
+    run = await start_run(http, body, ids, chat_max_tokens(body), chat_top(body), forced, budget, media, keep)
     if run is None:
         return None
-    tool_format = family(chat_template(engine).source) if uses_tools(body) else None
     fmt = body.reasoning_format or state.settings.reasoning_format
     logprob = (lambda lp: chat_logprob(engine, lp)) if body.logprobs else None
     tools = [t.model_dump(exclude_none=True) for t in body.tools] if tool_format else None

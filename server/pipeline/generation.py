@@ -4,6 +4,7 @@ the token limit, the constraint, and prompts as token ids (server/pipeline/run.p
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 
 from engine import BudgetSpec, Constraint, EngineService, Request, SamplingParams, check_token_ids
 from server.errors import APIError
@@ -25,11 +26,13 @@ async def build_request(
     defaults: dict,
     forced: tuple[str, str] | None = None,
     budget: BudgetSpec | None = None,
+    preserved: frozenset[int] = frozenset(),
 ) -> Request:
     """The engine request of a validated body (every generating route builds it here):
     the token limit resolved, the structured-output constraint compiled (``forced``:
     (kind, source) of a constraint the route imposes, e.g. a required tool call), the
-    sampling parameters completed from the server's and the route's defaults."""
+    sampling parameters completed from the server's and the route's defaults;
+    ``preserved``: special tokens the answer's text keeps (a tool family's markers)."""
     engine = state.require_ready()
     n_tokens = resolve_max_tokens(max_tokens, state.settings.n_predict, len(ids), engine)
     constraint = await constraint_of(engine, body, forced) or state.default_constraint
@@ -40,6 +43,7 @@ async def build_request(
     texts = dry_breaker_texts(body, all_defaults)  # found in the vocabulary once per set, off the event loop
     breakers = await asyncio.to_thread(engine.dry_breakers, texts) if texts else None
     params = sampling_params(body, n_tokens, logprobs, all_defaults, constraint, bias, breakers, budget)
+    params = dataclasses.replace(params, preserved=preserved) if preserved else params
     n = getattr(body, "n", 1)
     s = state.settings
     cache_prompt = s.cache_prompt if body.cache_prompt is None else body.cache_prompt

@@ -26,13 +26,22 @@ def piece(engine: Engine, token_id: int) -> str:
 
 
 async def start_run(
-    http: HTTPRequest, body: OpenAIFields, ids: list[int], max_tokens, logprobs, forced=None, budget=None, media=()
+    http: HTTPRequest,
+    body: OpenAIFields,
+    ids: list[int],
+    max_tokens,
+    logprobs,
+    forced=None,
+    budget=None,
+    media=(),
+    preserved: frozenset[int] = frozenset(),
 ) -> Run | None:
     """The body's run, admitted (refusals raise APIError); None when the client left.
-    ``media``: the prompt's images (engine MediaItems)."""
+    ``media``: the prompt's images (engine MediaItems); ``preserved``: special tokens
+    its text keeps."""
     state = http.app.state.slotserve
     engine = state.require_ready()
-    req = await build_request(state, body, ids, max_tokens, logprobs, OPENAI_DEFAULTS, forced, budget)
+    req = await build_request(state, body, ids, max_tokens, logprobs, OPENAI_DEFAULTS, forced, budget, preserved)
     req.media = list(media)
     run = Run(state, http, req)
     run.req_timings = body.timings_per_token

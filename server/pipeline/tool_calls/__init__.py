@@ -1,0 +1,65 @@
+"""Tool calls in chat completions, in each template family's own syntax: which family a
+chat template is (``family``), the calls found in the model's text, whole or streamed
+(``parse``, ``ToolCallStream``), and the grammar that forces a call when ``tool_choice``
+requires one (``forced_grammar``). The families and their syntax: ``syntax.FAMILIES``."""
+
+from __future__ import annotations
+
+import functools
+import json
+import re
+
+from server.pipeline.tool_calls.call import ToolCall, param_schemas
+from server.pipeline.tool_calls.stream import ToolCallStream, parse
+from server.pipeline.tool_calls.syntax import BY_NAME, FAMILIES, family
+
+__all__ = [
+    "FAMILIES",
+    "ToolCall",
+    "ToolCallStream",
+    "family",
+    "forced_grammar",
+    "marker_text",
+    "param_schemas",
+    "parse",
+    "preserved",
+]
+LITERAL = re.compile(r'"(?:[^"\\]|\\.)*"')
+SAMPLE = {"type": "object", "properties": {"s": {"type": "string"}, "n": {"type": "integer"}}, "required": ["s", "n"]}
+
+
+@functools.cache
+def marker_text(fmt: str) -> str:
+    """Every marker the family writes around and inside its calls, as one text (its
+    grammar's literals for a sample tool, and its openings and closings)."""
+    syntax = BY_NAME[fmt]
+    grammar = syntax.grammar([{"type": "function", "function": {"name": "f", "parameters": SAMPLE}}], True)
+    literals = [json.loads(x) for x in LITERAL.findall(grammar)]
+    return "".join(literals + [m for pair in syntax.pairs for m in pair if m])
+
+
+def preserved(tokenizer, fmt: str) -> frozenset[int]:
+    """The special tokens among the family's markers: the answer's text keeps them
+    (llama.cpp's preserved tokens), so calls written with them can be read."""
+    special = getattr(tokenizer, "special_ids", frozenset())
+    if not special:
+        return frozenset()
+    return frozenset(i for i in tokenizer.encode(marker_text(fmt), add_special=False) if i in special)
+
+
+def forced_grammar(fmt: str, tools: list[dict], parallel: bool) -> str:
+    """A Lark grammar (llguidance) whose every sentence is a well-formed call of one of
+    ``tools`` in the family's syntax (parallel: one or more)."""
+    return BY_NAME[fmt].grammar(tools, parallel)
+
+
+def tools_system_prompt(tools: list[dict]) -> str:
+    """The Hermes tool instructions, for a template that does not render tools itself."""
+    listed = "\n".join(json.dumps(t, ensure_ascii=False) for t in tools)
+    return (
+        "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+        f"You are provided with function signatures within <tools></tools> XML tags:\n<tools>\n{listed}\n</tools>\n\n"
+        "For each function call, return a json object with function name and arguments within "
+        '<tool_call></tool_call> XML tags:\n<tool_call>\n{"name": <function-name>, "arguments": <args-json-object>}\n'
+        "</tool_call>"
+    )
