@@ -436,3 +436,128 @@ def test_the_forced_call_is_the_syntax_the_template_writes(templates):
         checked.add(fmt)
     assert not refused, refused
     assert checked >= {"xml", "glm", "hermes", "deepseek", "kimi-k2", "gpt-oss", "gemma4", "lfm2", "mistral"}
+
+
+def split_thought(thinking, text: str, opened: bool, streamed: bool) -> tuple[str, str]:
+    from server.pipeline.reasoning import ReasoningSplitter
+
+    splitter = ReasoningSplitter("auto", opened, thinking)
+    parts = [splitter.push(c) for c in (text if streamed else [text])] + [splitter.flush()]
+    return "".join(p[0] for p in parts).strip(), "".join(p[1] for p in parts)
+
+
+def test_thoughts_a_template_renders_split_back(templates):
+    """An assistant turn with a thought (``reasoning_content``) and an answer, as each
+    corpus template writes it after its own generation prompt (thinking on), splits
+    back — with the thought syntax slotserve finds in the template — into the same
+    thought and answer, whole and streamed a character at a time; the format's own
+    markers (gpt-oss's channels, Command R's response tags, ...) are not content."""
+    from server.pipeline.reasoning import opens_thinking
+    from server.pipeline.thinking_syntax import thinking_family
+
+    user = {"role": "user", "content": "2 + 2?"}
+    turn = {"role": "assistant", "content": "The answer is 4.", "reasoning_content": "Two and two make four."}
+    kwargs = {"enable_thinking": True, "reasoning_effort": "high", **SPECIAL}
+    split, wrong = {}, {}
+    for name, source in templates.items():
+        try:
+            full, prompt, plain = (
+                render_jinja_template([m], chat_template=source, add_generation_prompt=g, **kwargs)[0][0]
+                for m, g in (([user, turn], False), ([user], True), ([user, {**turn, "content": "XYZZY"}], False))
+            )
+        except Exception:  # noqa: BLE001 - a template that refuses the conversation: nothing to split
+            continue
+        if "make four" not in full or not full.startswith(prompt):
+            continue  # renders no past thought, or not after its own generation prompt
+        end = plain[plain.rindex("XYZZY") + 5 :]
+        text = full[len(prompt) :]
+        text = text[: len(text) - len(end)] if end.strip() and text.endswith(end) else text
+        thinking = thinking_family(source)
+        got = [split_thought(thinking, text, opens_thinking(prompt, thinking), s) for s in (False, True)]
+        if got[0] != got[1] or got[0][0] != turn["reasoning_content"] or got[0][1].strip() != turn["content"]:
+            wrong[name] = (thinking.name, got[0], text[:200])
+        split.setdefault(thinking.name, []).append(name)
+    assert not wrong, wrong
+    assert {"think", "seed", "command-r7b", "kimi-k3", "minimax-m3", "hunyuan", "gpt-oss", "muse"} <= set(split), split
+
+
+@pytest.mark.parametrize(
+    "family,prompt_end,answer",
+    [
+        ("apriel", "Here are my reasoning steps:\n", "T\n[BEGIN FINAL RESPONSE]\nA[END FINAL RESPONSE]"),
+        ("mistral", "[/INST]", "[THINK]T[/THINK]A"),
+        ("gemma4", "<|turn>model\n", "<|channel>thought\nT<channel|>A"),
+        ("solar", "<|begin|>assistant", "<|think|>T<|end|><|begin|>assistant<|content|>A"),
+        ("apertus", "<|assistant_start|>", "<|inner_prefix|>T<|inner_suffix|>A"),
+        ("granite", "<|end_of_role|>", "<think>T</think><response>A</response>"),
+        ("gpt-oss", "<|start|>assistant", "<|channel|>final<|message|>A<|return|>"),
+    ],
+)
+def test_each_familys_thought_is_split(family, prompt_end, answer):
+    """Families whose corpus templates render no past thought: the answer as the model
+    writes it (after the template's generation prompt) splits into thought and answer."""
+    from server.pipeline.reasoning import opens_thinking
+    from server.pipeline.thinking_syntax import BY_NAME
+
+    thinking = BY_NAME[family]
+    want = ("" if "T" not in answer else "T", "A")
+    for streamed in (False, True):
+        assert split_thought(thinking, answer, opens_thinking(prompt_end, thinking), streamed) == want
+
+
+@pytest.mark.parametrize("name", ["Qwen-Qwen3-0.6B", "Qwen3.5-4B", "openai-gpt-oss-120b", "GLM-4.6"])
+def test_an_agents_next_turn_begins_with_its_last_prompt_and_answer(templates, name):
+    """Eight turns of an agent with tools and thinking: each turn the model's answer (a
+    thought and a call, as the template writes them) is read by the chat route's answer
+    path, the client sends that message back with the tool's result, and the next
+    prompt the chat route renders begins with the last prompt plus the answer — so the
+    slot computes only the new tokens (issue 51's target; the cached count itself is
+    measured end to end in test_an_agent_loop_reuses_its_cached_prefix)."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from server.pipeline.chat_output import ChatAnswer
+    from server.pipeline.chat_prompt import render_chat
+    from server.pipeline.reasoning import opens_thinking
+    from server.pipeline.thinking_syntax import thinking_family
+    from server.pipeline.tool_calls import family
+    from server.schemas.requests import ChatCompletionRequest
+
+    source = templates[name]
+    template = ChatTemplate(source, SPECIAL)
+    tok = SimpleNamespace(chat_template=template, adds_bos=False, bos_token="<s>")
+    thinking, fmt = thinking_family(source), family(source)
+    messages: list[dict] = [{"role": "user", "content": "Plan a week of trips."}]  # as the client sends them
+    given = list(messages)  # as transformers takes them: arguments as objects
+    for k in range(8):
+        body = ChatCompletionRequest(messages=messages, tools=[PLAN], chat_template_kwargs={"enable_thinking": True})
+        prompt = asyncio.run(render_chat(SimpleNamespace(tokenizer=tok), body))
+        trip = {**TRIPS[k % 2], "days": k + 1}
+        written = {
+            "role": "assistant",
+            "content": "",
+            "reasoning_content": f"Trip {k}: I should plan it.",
+            "tool_calls": [
+                {"id": f"call{k}", "type": "function", "function": {"name": "plan_trip", "arguments": trip}}
+            ],
+        }
+        full = render_jinja_template([given + [written]], tools=[PLAN], chat_template=source, **SPECIAL)[0][0]
+        assert full.startswith(prompt), (k, full[len(prompt) - 80 : len(prompt) + 80], prompt[-80:])
+        answer = full[len(prompt) :]
+        last = "}" if fmt == "gpt-oss" else "</tool_call>"  # the answer's end: the end of turn is EOS, not text
+        answer = answer[: answer.rindex(last) + len(last)]
+        choice = ChatAnswer(1, "auto", opens_thinking(prompt, thinking), fmt, tools=[PLAN], thinking=thinking)
+        message = choice.choice(SimpleNamespace(index=0, text=answer, finish_reason="stop", logprobs=[]))["message"]
+        assert message["reasoning_content"] == written["reasoning_content"]
+        assert [json.loads(c["function"]["arguments"]) for c in message["tool_calls"]] == [trip]
+        result = {"role": "tool", "tool_call_id": message["tool_calls"][0]["id"], "content": "booked"}
+        messages += [message, result]
+        given += [
+            {**written, "tool_calls": [{**c, "id": message["tool_calls"][0]["id"]} for c in written["tool_calls"]]}
+        ]
+        given += [result]
+        following = ChatCompletionRequest(
+            messages=messages, tools=[PLAN], chat_template_kwargs={"enable_thinking": True}
+        )
+        after = asyncio.run(render_chat(SimpleNamespace(tokenizer=tok), following))
+        assert after.startswith(prompt + answer), (k, after[len(prompt) : len(prompt) + len(answer) + 40], answer)

@@ -18,10 +18,12 @@ from server.pipeline.chat_prompt import chat_template, render_chat, uses_tools
 from server.pipeline.generation import check_text_fits, encode
 from server.pipeline.media import ImageBudget, media_prompt
 from server.pipeline.openai_run import chunks, header, piece, start_run
+from server.pipeline.preserved import preserved
 from server.pipeline.reasoning import opens_thinking
 from server.pipeline.run import Run
 from server.pipeline.thinking_budget import budget_spec
-from server.pipeline.tool_calls import family, forced_grammar, preserved
+from server.pipeline.thinking_syntax import thinking_family
+from server.pipeline.tool_calls import family, forced_grammar
 from server.schemas.requests import ChatCompletionRequest, NamedToolChoice
 
 
@@ -98,15 +100,18 @@ async def open_chat(http: HTTPRequest, body: ChatCompletionRequest) -> ChatRun |
     state = http.app.state.slotserve
     engine = state.require_ready()
     prompt, ids, media = await chat_prompt(state, engine, body)
-    budget = budget_spec(state, engine, body, prompt)
+    thinking = thinking_family(chat_template(engine).source)
+    budget = budget_spec(state, engine, body, prompt, thinking)
     forced = forced_call(engine, body)
     tool_format = family(chat_template(engine).source) if uses_tools(body) else None
-    keep = preserved(engine.tokenizer, tool_format) if tool_format else frozenset()
+    keep = preserved(engine.tokenizer, tool_format, thinking)
     run = await start_run(http, body, ids, chat_max_tokens(body), chat_top(body), forced, budget, media, keep)
     if run is None:
         return None
     fmt = body.reasoning_format or state.settings.reasoning_format
     logprob = (lambda lp: chat_logprob(engine, lp)) if body.logprobs else None
     tools = [t.model_dump(exclude_none=True) for t in body.tools] if tool_format else None
-    answer = ChatAnswer(body.n, fmt, opens_thinking(prompt), tool_format, logprob, tools)
+    answer = ChatAnswer(
+        body.n, fmt, opens_thinking(prompt, thinking), tool_format, logprob, tools=tools, thinking=thinking
+    )
     return ChatRun(engine, body, run, answer, header("chat.completion", state.settings.model_name, engine))

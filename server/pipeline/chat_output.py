@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from server.pipeline.reasoning import ReasoningSplitter
+from server.pipeline.thinking_syntax import THINK, Thinking
 from server.pipeline.tool_calls import ToolCall, ToolCallStream
 
 
@@ -31,8 +32,16 @@ class ChatOutput:
     <think> open; ``tool_format``: the template family's call format, None when the
     request offers no tools (or tool_choice is "none")."""
 
-    def __init__(self, reasoning_format: str, opened: bool, tool_format: str | None, tools: list[dict] | None = None):
-        self._split = ReasoningSplitter(reasoning_format, opened)
+    def __init__(
+        self,
+        reasoning_format: str,
+        opened: bool,
+        tool_format: str | None,
+        tools: list[dict] | None = None,
+        thinking: Thinking = THINK,
+    ):
+        """``thinking``: the family's thought markers (server/pipeline/thinking_syntax.py)."""
+        self._split = ReasoningSplitter(reasoning_format, opened, thinking)
         self._tools = ToolCallStream(tool_format, tools) if tool_format else None
         self.n_calls = 0
 
@@ -79,8 +88,17 @@ class ChatAnswer:
     """The ``n`` choices of one chat request as OpenAI writes them. ``logprob``: renders
     one TokenLogprob (None when the request asked for no logprobs)."""
 
-    def __init__(self, n: int, reasoning_format: str, opened: bool, tool_format: str | None, logprob=None, tools=None):
-        self.outputs = [ChatOutput(reasoning_format, opened, tool_format, tools) for _ in range(n)]
+    def __init__(
+        self,
+        n: int,
+        reasoning_format: str,
+        opened: bool,
+        tool_format: str | None,
+        logprob=None,
+        tools=None,
+        thinking=THINK,
+    ):
+        self.outputs = [ChatOutput(reasoning_format, opened, tool_format, tools, thinking) for _ in range(n)]
         self.logprob = logprob
 
     def opening(self) -> list[dict]:

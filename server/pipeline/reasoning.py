@@ -1,6 +1,8 @@
 """The reasoning split of chat answers (llama-server's ``--reasoning-format``): text
 between ``<think>`` and ``</think>`` goes to ``reasoning_content``, the rest to
-``content``, whole or streamed.
+``content``, whole or streamed — in each template family's own markers
+(server/pipeline/thinking_syntax.py: ``<think>``, ``<seed:think>``, gpt-oss's analysis
+channel, Command R's, ...), the format's markers around the answer dropped.
 
 Formats: ``none`` leaves the text as generated; ``deepseek`` (and ``auto``, the
 default) splits; ``deepseek-legacy`` splits but also keeps the tags and the thought in
@@ -10,14 +12,15 @@ templates open it for the model) starts the answer in the reasoning part.
 
 from __future__ import annotations
 
+from server.pipeline.thinking_syntax import THINK, Thinking
+
 FORMATS = ("none", "auto", "deepseek", "deepseek-legacy")
-START, END = "<think>", "</think>"
 
 
-def opens_thinking(prompt: str) -> bool:
-    """Whether the rendered prompt leaves a <think> block open for the model (the
-    template opened it, or a prefilled assistant message is inside one)."""
-    return prompt.rfind(START) > prompt.rfind(END)
+def opens_thinking(prompt: str, thinking: Thinking = THINK) -> bool:
+    """Whether the rendered prompt leaves a thought open for the model (the template
+    opened it, or a prefilled assistant message is inside one)."""
+    return prompt.rfind(thinking.start) > prompt.rfind(thinking.end)
 
 
 def held(text: str, tag: str) -> int:
@@ -32,13 +35,19 @@ class ReasoningSplitter:
     """``push(text) -> (reasoning, content)`` for each streamed piece; ``flush()`` at the
     end gives what was held back (a tag's possible beginning)."""
 
-    def __init__(self, fmt: str, opened: bool = False):
+    def __init__(self, fmt: str, opened: bool = False, thinking: Thinking = THINK):
+        self.start, self.end = thinking.start, thinking.end
+        self._drop = Dropper(thinking.drop if fmt != "none" else ())
         self.split = fmt != "none"
         self.legacy = fmt == "deepseek-legacy"
         self.state = "think" if opened else "start"  # start: a <think> may still open the answer
         self._buf = ""
 
     def push(self, text: str) -> tuple[str, str]:
+        reasoning, content = self._push(text)
+        return reasoning, self._drop.push(content)
+
+    def _push(self, text: str) -> tuple[str, str]:
         if not self.split:
             return "", text
         self._buf += text
@@ -46,25 +55,25 @@ class ReasoningSplitter:
         while self._buf:
             if self.state == "start":
                 stripped = self._buf.lstrip()
-                if stripped.startswith(START):
+                if stripped.startswith(self.start):
                     if self.legacy:
-                        content += self._buf[: len(self._buf) - len(stripped) + len(START)]
-                    self._buf, self.state = stripped[len(START) :].lstrip("\n"), "think"
-                elif START.startswith(stripped):  # may still become <think>
+                        content += self._buf[: len(self._buf) - len(stripped) + len(self.start)]
+                    self._buf, self.state = stripped[len(self.start) :].lstrip("\n"), "think"
+                elif self.start.startswith(stripped):  # may still become the opening
                     break
                 else:
                     self.state = "answer"
             elif self.state == "think":
-                at = self._buf.find(END)
+                at = self._buf.find(self.end)
                 if at < 0:
-                    keep = held(self._buf, END)
+                    keep = held(self._buf, self.end)
                     piece, self._buf = self._buf[: len(self._buf) - keep], self._buf[len(self._buf) - keep :]
                     reasoning += piece
                     content += piece if self.legacy else ""
                     break
                 reasoning += self._buf[:at]
-                content += self._buf[: at + len(END)] if self.legacy else ""
-                self._buf, self.state = self._buf[at + len(END) :], "after"
+                content += self._buf[: at + len(self.end)] if self.legacy else ""
+                self._buf, self.state = self._buf[at + len(self.end) :], "after"
             elif self.state == "after":  # the newlines that close a thought are not the answer's
                 self._buf = self._buf.lstrip("\n")
                 self.state = "answer" if self._buf else "after"
@@ -76,5 +85,28 @@ class ReasoningSplitter:
     def flush(self) -> tuple[str, str]:
         rest, self._buf = self._buf, ""
         if self.state == "think":
-            return rest, rest if self.legacy else ""
-        return "", rest
+            return rest, self._drop.push(rest if self.legacy else "") + self._drop.flush()
+        return "", self._drop.push(rest) + self._drop.flush()
+
+
+class Dropper:
+    """Content with a format's markers taken out, streamed: a text end that may begin a
+    marker is held back until it does or does not."""
+
+    def __init__(self, markers: tuple[str, ...]):
+        self.markers = markers
+        self._buf = ""
+
+    def push(self, text: str) -> str:
+        if not self.markers:
+            return text
+        self._buf += text
+        for marker in self.markers:
+            self._buf = self._buf.replace(marker, "")
+        keep = max(held(self._buf, m) for m in self.markers)
+        out, self._buf = self._buf[: len(self._buf) - keep], self._buf[len(self._buf) - keep :]
+        return out
+
+    def flush(self) -> str:
+        rest, self._buf = self._buf, ""
+        return rest

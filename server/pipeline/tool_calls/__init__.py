@@ -22,7 +22,6 @@ __all__ = [
     "marker_text",
     "param_schemas",
     "parse",
-    "preserved",
 ]
 LITERAL = re.compile(r'"(?:[^"\\]|\\.)*"')
 SAMPLE = {"type": "object", "properties": {"s": {"type": "string"}, "n": {"type": "integer"}}, "required": ["s", "n"]}
@@ -36,15 +35,6 @@ def marker_text(fmt: str) -> str:
     grammar = syntax.grammar([{"type": "function", "function": {"name": "f", "parameters": SAMPLE}}], True)
     literals = [json.loads(x) for x in LITERAL.findall(grammar)]
     return "".join(literals + [m for pair in syntax.pairs for m in pair if m])
-
-
-def preserved(tokenizer, fmt: str) -> frozenset[int]:
-    """The special tokens among the family's markers: the answer's text keeps them
-    (llama.cpp's preserved tokens), so calls written with them can be read."""
-    special = getattr(tokenizer, "special_ids", frozenset())
-    if not special:
-        return frozenset()
-    return frozenset(i for i in tokenizer.encode(marker_text(fmt), add_special=False) if i in special)
 
 
 def forced_grammar(fmt: str, tools: list[dict], parallel: bool) -> str:

@@ -320,7 +320,7 @@ FAMILIES: tuple[Syntax, ...] = (
     Syntax(
         "gpt-oss",
         ("<|channel|>",),
-        (("<|channel|>commentary to=functions.", None), ("to=functions.", None)),
+        (("<|channel|>commentary to=functions.", None), (" to=functions.", None), ("to=functions.", None)),
         r.gpt_oss,
         named(lambda n: lit(f" to=functions.{n}<|channel|>commentary json<|message|>"), "<|call|>"),
     ),
