@@ -67,6 +67,17 @@ CONVERSATIONS = {
         {"enable_thinking": True},
     ),
     "no-thinking": ([{"role": "user", "content": "2 + 2?"}], None, {"enable_thinking": False}),
+    "kept-thinking": (  # earlier turns' thoughts kept (GLM 4.7's clear_thinking, Hunyuan's, LFM2.5's ...)
+        [
+            {"role": "user", "content": "2 + 2?"},
+            {"role": "assistant", "content": "4", "reasoning_content": "Two and two make four."},
+            {"role": "user", "content": "And 3 + 3?"},
+            {"role": "assistant", "content": "6", "reasoning_content": "Three and three make six."},
+            {"role": "user", "content": "And 4 + 4?"},
+        ],
+        None,
+        {"enable_thinking": True, "clear_thinking": False, "preserve_thinking": True, "preserved_thinking": True},
+    ),
 }
 
 
@@ -561,3 +572,86 @@ def test_an_agents_next_turn_begins_with_its_last_prompt_and_answer(templates, n
         )
         after = asyncio.run(render_chat(SimpleNamespace(tokenizer=tok), following))
         assert after.startswith(prompt + answer), (k, after[len(prompt) : len(prompt) + len(answer) + 40], answer)
+
+
+@pytest.mark.parametrize("name", ["Qwen-Qwen3-0.6B", "openai-gpt-oss-120b"])
+def test_an_agent_loop_reuses_its_cached_prefix(templates, tmp_path, name):
+    """An 8-turn agent loop through the server (the demo model under a Qwen3-style and
+    a gpt-oss-style template; each answer a forced call, sent back with its result):
+    every turn computes only its new tokens — ``cached_tokens`` is the previous prompt
+    plus the answer, less the answer's last token, which was sampled but never run
+    through the model (llama-server's count is the same)."""
+    import httpx
+    from server_proc import InProcessServer
+
+    path = tmp_path / "template.jinja"
+    path.write_text(templates[name], encoding="utf-8")
+    city = {"type": "string", "enum": ["Paris", "Lyon"]}
+    tool = function_tool("book", {"city": city, "days": {"type": "integer", "minimum": 1, "maximum": 9}})
+    tool["function"]["parameters"]["additionalProperties"] = False
+    messages = [{"role": "user", "content": "Plan a week of trips."}]
+    body = {"tools": [tool], "tool_choice": "required", "max_tokens": 150, "temperature": 0}
+    body["chat_template_kwargs"] = {"enable_thinking": True}
+    seen = []
+    with InProcessServer(chat_template_file=path) as srv:
+        for _ in range(8):
+            answer = httpx.post(
+                srv.url + "/v1/chat/completions", json={**body, "messages": messages}, timeout=120
+            ).json()
+            usage, message = answer["usage"], answer["choices"][0]["message"]
+            seen.append(
+                (usage["prompt_tokens"], usage["completion_tokens"], usage["prompt_tokens_details"]["cached_tokens"])
+            )
+            (call,) = message["tool_calls"]
+            messages += [message, {"role": "tool", "tool_call_id": call["id"], "content": "booked"}]
+    for (prompt, completion, _), (_, _, cached) in zip(seen, seen[1:]):
+        assert cached == prompt + completion - 1, seen
+
+
+def test_apply_template_answers_as_transformers_renders_or_refuses(templates, tmp_path):
+    """Through HTTP, with a real template that refuses some conversations (llama.cpp's
+    DeepSeek R1 template, given tools): /apply-template gives transformers'
+    prompt for every conversation of CONVERSATIONS, and where transformers raises, the
+    route and the chat route answer 400 in OpenAI's error shape with the template's
+    message, and nothing is generated."""
+    import copy
+
+    import httpx
+    from server_proc import InProcessServer
+
+    from engine import Engine
+
+    source = templates["llama-cpp-deepseek-r1"]
+    path = tmp_path / "r1.jinja"
+    path.write_text(source, encoding="utf-8")
+    tok = Engine.from_pretrained().tokenizer
+    tok.use_chat_template("r1", source)
+    specials = tok.chat_template.special_tokens
+    refused = []
+    with InProcessServer(chat_template_file=path) as srv:
+        for name, (messages, tools, kwargs) in CONVERSATIONS.items():
+            sent = copy.deepcopy(messages)
+            for m in sent:
+                for call in m.get("tool_calls", []):
+                    call["function"]["arguments"] = json.dumps(call["function"]["arguments"])
+            body = {"messages": sent, "tools": tools, "chat_template_kwargs": kwargs}
+            if name == "parts":  # a template that takes strings gets the parts joined (item 2)
+                messages = [{"role": "user", "content": "".join(p["text"] for p in messages[0]["content"])}]
+            kind, theirs = outcome(
+                lambda messages=messages, tools=tools, kwargs=kwargs: render_jinja_template(
+                    [messages], tools=tools, chat_template=source, add_generation_prompt=True, **specials, **kwargs
+                )[0][0]
+            )
+            ours = httpx.post(srv.url + "/apply-template", json=body, timeout=60)
+            if kind == "text":
+                bos = specials.get("bos_token") if tok.adds_bos else None
+                assert ours.status_code == 200 and ours.json()["prompt"] == theirs.removeprefix(bos or ""), name
+                continue
+            refused.append(name)
+            chat = httpx.post(srv.url + "/v1/chat/completions", json={**body, "max_tokens": 4}, timeout=60)
+            for answer in (ours, chat):
+                assert "error" in answer.json(), (name, answer.status_code, answer.text[:300])
+                error = answer.json()["error"]
+                assert answer.status_code == 400 and error["type"] == "invalid_request_error", (name, answer.text)
+                assert theirs.split(": ", 1)[1][:40] in error["message"], (theirs, error)
+    assert set(refused) == {"tools", "call"}
