@@ -655,3 +655,13 @@ def test_apply_template_answers_as_transformers_renders_or_refuses(templates, tm
                 assert answer.status_code == 400 and error["type"] == "invalid_request_error", (name, answer.text)
                 assert theirs.split(": ", 1)[1][:40] in error["message"], (theirs, error)
     assert set(refused) == {"tools", "call"}
+
+
+def test_the_compatibility_page_lists_every_family():
+    """docs/compatibility.md names every tool-call and reasoning family the server knows."""
+    from server.pipeline.thinking_syntax import FAMILIES as THOUGHTS
+    from server.pipeline.tool_calls import FAMILIES as CALLS
+
+    page = (Path(__file__).parent.parent / "docs" / "compatibility.md").read_text(encoding="utf-8")
+    missing = [f.name for f in (*CALLS, *THOUGHTS) if f"`{f.name}`" not in page]
+    assert not missing, missing
