@@ -42,7 +42,8 @@ def test_a_tool_familys_special_markers_stay_in_the_text(tmp_path):
     """Kimi K2 writes its calls between special tokens, which the answer's text drops;
     the family's markers (tool_calls.preserved) are kept, so the call can be read, while
     other specials still vanish (llama.cpp's preserved tokens)."""
-    from server.pipeline.tool_calls import parse, preserved
+    from server.pipeline.preserved import preserved
+    from server.pipeline.tool_calls import parse
 
     markers = ("<|tool_calls_section_begin|>", "<|tool_call_begin|>", "<|tool_call_argument_begin|>")
     markers += ("<|tool_call_end|>", "<|tool_calls_section_end|>", "<|im_end|>")
@@ -51,7 +52,7 @@ def test_a_tool_familys_special_markers_stay_in_the_text(tmp_path):
     call = '<|tool_call_begin|>functions.f:0<|tool_call_argument_begin|>{"a": 1}<|tool_call_end|>'
     answer = f"Sure.<|tool_calls_section_begin|>{call}<|tool_calls_section_end|><|im_end|>"
     ids = tok.encode(answer, add_special=False)
-    keep = preserved(tok, "kimi-k2")
+    keep = preserved(tok, "kimi-k2")  # no thought markers: Kimi K2 writes <think>, no special token here
     assert keep == {tok.special_id(m) for m in markers[:5]}
 
     def text(keep):

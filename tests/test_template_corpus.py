@@ -665,3 +665,25 @@ def test_the_compatibility_page_lists_every_family():
     page = (Path(__file__).parent.parent / "docs" / "compatibility.md").read_text(encoding="utf-8")
     missing = [f.name for f in (*CALLS, *THOUGHTS) if f"`{f.name}`" not in page]
     assert not missing, missing
+
+
+def test_the_reasoning_budget_counts_the_familys_own_thought():
+    """The reasoning budget opens and closes on the family's markers (gpt-oss's analysis
+    channel here), not on ``<think>``: a prompt that opens the channel starts inside it,
+    and the forced end is the family's closing marker."""
+    from types import SimpleNamespace
+
+    from engine import Engine
+    from server.pipeline.thinking_budget import budget_spec
+    from server.pipeline.thinking_syntax import BY_NAME
+
+    tok = Engine.from_pretrained().tokenizer
+    gpt_oss = BY_NAME["gpt-oss"]
+    settings = SimpleNamespace(reasoning_budget=-1, reasoning_budget_message="")
+    body = SimpleNamespace(reasoning_budget_tokens=8, thinking_budget_tokens=None, reasoning_budget_message=None)
+    state, engine = SimpleNamespace(settings=settings), SimpleNamespace(tokenizer=tok)
+    spec = budget_spec(state, engine, body, "<|start|>assistant<|channel|>analysis<|message|>", gpt_oss)
+    assert spec.tokens == 8 and spec.opened
+    assert spec.start == tuple(tok.encode(gpt_oss.start, False))
+    assert spec.forced == tuple(tok.encode(gpt_oss.end, False))
+    assert not budget_spec(state, engine, body, "<|start|>assistant", gpt_oss).opened
