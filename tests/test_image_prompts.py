@@ -54,17 +54,22 @@ def _tokenizer(folder: Path, **specials):
     return PreTrainedTokenizerFast(tokenizer_file=str(folder / "tokenizer.json"), extra_special_tokens=specials)
 
 
+def _parts(folder: Path, images_cls, template_file: str):
+    """The checkpoint's image processor (its preprocessor_config.json) and a template."""
+    config = json.loads((folder / "preprocessor_config.json").read_text())
+    config.pop("image_processor_type")
+    return images_cls(**config), (DATA / template_file).read_text()
+
+
 def qwen(root: Path):
     from transformers import Qwen2_5_VLProcessor
     from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
     folder = root / "qwen"
     make_qwen2_5_vl(folder)
-    config = json.loads((folder / "preprocessor_config.json").read_text())
-    config.pop("image_processor_type")
-    template = (DATA / "qwen2_vl_chat_template.jinja").read_text()
+    images, template = _parts(folder, Qwen2VLImageProcessorPil, "qwen2_vl_chat_template.jinja")
     processor = _processor_without_videos(
-        Qwen2_5_VLProcessor, image_processor=Qwen2VLImageProcessorPil(**config), tokenizer=_tokenizer(folder),
+        Qwen2_5_VLProcessor, image_processor=images, tokenizer=_tokenizer(folder),
         video_processor=None, chat_template=template,
     )  # fmt: skip
     return folder, template, processor
@@ -76,11 +81,9 @@ def smolvlm(root: Path):
 
     folder = root / "smolvlm"
     make_smolvlm(folder)
-    config = json.loads((folder / "preprocessor_config.json").read_text())
-    config.pop("image_processor_type")
-    template = (DATA / "smolvlm_chat_template.jinja").read_text()
+    images, template = _parts(folder, SmolVLMImageProcessorPil, "smolvlm_chat_template.jinja")
     processor = _processor_without_videos(
-        SmolVLMProcessor, image_processor=SmolVLMImageProcessorPil(**config), tokenizer=_tokenizer(folder),
+        SmolVLMProcessor, image_processor=images, tokenizer=_tokenizer(folder),
         video_processor=SimpleNamespace(num_frames=None, fps=None),  # read for defaults only
         chat_template=template, image_seq_len=4,
     )  # fmt: skip
