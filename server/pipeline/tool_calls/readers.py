@@ -88,20 +88,27 @@ def mistral(body: str, schemas: Schemas) -> list | None:
     return calls if all(calls) else None
 
 
-def keyed(calls: str, params: str, quoted: str | None = None) -> Reader:
+def keyed(calls: str | Callable[[str], list[tuple[str, str]] | None], params: str) -> Reader:
     """Calls whose arguments are written one element per parameter: ``calls`` matches
-    each call (groups ``name`` and ``body``); ``params`` each argument in a body (groups
-    ``key`` and ``value``, and ``string`` where the family writes whether the value is
-    a string: ``true``/``string`` or not). Values are read by their schema's type."""
-    call_rx, param_rx = re.compile(calls, re.S), re.compile(params, re.S)
+    each call (groups ``name`` and ``body``; or splits the text into (name, body)
+    pairs, None when it cannot); ``params`` each argument in a body (groups ``key`` and
+    ``value``, and ``string`` where the family writes whether the value is a string:
+    ``true``/``string`` or not). Values are read by their schema's type."""
+    param_rx = re.compile(params, re.S)
+    if isinstance(calls, str):
+        call_rx = re.compile(calls, re.S)
+
+        def calls(body: str) -> list[tuple[str, str]] | None:
+            found = _all_matched(call_rx, body)
+            return None if found is None else [(m.group("name"), m.group("body")) for m in found]
 
     def read(body: str, schemas: Schemas) -> list | None:
-        found = _all_matched(call_rx, body)
+        found = calls(body)
         if found is None:
             return None
         out = []
-        for call in found:
-            name, inner = call.group("name").strip(), call.group("body")
+        for name, inner in found:
+            name = name.strip()
             props = schemas.get(name, {})
             if param_rx.sub("", inner).strip():
                 return None
@@ -123,6 +130,14 @@ def _cdata(text: str) -> str:
     if stripped.startswith("<![CDATA[") and stripped.endswith("]]>"):
         return stripped[9:-3]
     return text
+
+
+def glm_call(body: str) -> list[tuple[str, str]] | None:
+    """GLM's one call: the name, then its ``<arg_key>`` pairs (split, not matched: a
+    name is one line)."""
+    head, mark, rest = body.partition("<arg_key>")
+    name = head.strip()
+    return [(name, mark + rest)] if name and "\n" not in name and "<" not in name else None
 
 
 MINIMAX3_SEP = "]<]minimax[>["

@@ -21,6 +21,7 @@ class ToolCallStream:
         self._buf = ""
         self._open: tuple[str, str | None] | None = None  # the markers of the call being read
         self._said = False  # whether any content went out (``first`` families: a call only before)
+        self._searched = 0  # how much of a call's buffered text holds no closing marker
 
     def _opening(self) -> tuple[int, tuple[str, str | None]] | None:
         if self.syntax.first:
@@ -56,8 +57,9 @@ class ToolCallStream:
                 self._buf = self._buf[at + len(self._open[0]) :]
             else:
                 closing = self._open[1]
-                end = self._buf.find(closing) if closing else -1
+                end = self._buf.find(closing, max(0, self._searched - len(closing) + 1)) if closing else -1
                 if end < 0:
+                    self._searched = len(self._buf)  # a long call is searched once, not at every piece
                     break
                 body, self._buf = self._buf[:end], self._buf[end + len(closing) :].lstrip("\n")
                 out += self._read(body)
@@ -67,7 +69,7 @@ class ToolCallStream:
 
     def _read(self, body: str) -> list[str | ToolCall]:
         opening, closing = self._open
-        self._open = None
+        self._open, self._searched = None, 0
         got = self.syntax.read(self.syntax.region(opening, body, closing or ""), self._schemas)
         return got if got is not None else [opening + body + (closing or "")]
 
@@ -79,7 +81,7 @@ class ToolCallStream:
             body, self._buf = self._buf, ""
             return [p for p in self._read(body) if p != ""]
         rest, self._buf = self._open[0] + self._buf, ""
-        self._open = None
+        self._open, self._searched = None, 0
         return [rest]
 
 

@@ -65,7 +65,6 @@ def _invoke_grammar(prefix: str, section: tuple[str, str], typed: bool = False) 
 
 XML_CALL = r"<function=(?P<name>[^>\n]+)>\n?(?P<body>.*?)</function>"
 XML_PARAM = r"<parameter=(?P<key>[^>\n]+)>\n?(?P<value>.*?)\n?</parameter>\n?"
-GLM_CALL = r"\s*(?P<name>[^<\n]+?)\s*(?P<body>(?:<arg_key>.*)?)\Z"
 GLM_PARAM = r"<arg_key>(?P<key>.*?)</arg_key>\s*<arg_value>(?P<value>.*?)</arg_value>\s*"
 HY = ":opensource"
 DS_CALL = "<｜tool▁call▁begin｜>(?P<head>.*?)<｜tool▁sep｜>(?P<args>.*?)<｜tool▁call▁end｜>"
@@ -352,7 +351,7 @@ FAMILIES: tuple[Syntax, ...] = (
         "glm",
         ("<arg_key>", "<arg_value>", HERMES[0]),
         (HERMES,),
-        r.keyed(GLM_CALL, GLM_PARAM),
+        r.keyed(r.glm_call, GLM_PARAM),
         keyed(
             lambda n: f"{n}{NL}",
             "",
