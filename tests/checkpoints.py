@@ -83,6 +83,14 @@ FALCON_H1_TINY = dict(  # attention and Mamba2 in every layer; every muP multipl
 )
 
 
+LFM2_TINY = dict(  # short convolution, attention, convolution, attention (issue 52)
+    num_hidden_layers=4,
+    layer_types=["conv", "full_attention", "conv", "full_attention"],
+    conv_L_cache=3,
+    block_auto_adjust_ff_dim=False,
+    norm_eps=1e-5,
+)
+
 JAMBA_TINY = dict(  # Mamba1 at layers 0 and 2 (with MoE), attention at 1 and 3 (dense MLP)
     num_hidden_layers=4,
     attn_layer_period=2,
@@ -174,6 +182,7 @@ def make_checkpoint(
         "granitemoehybrid": (transformers.GraniteMoeHybridConfig, transformers.GraniteMoeHybridForCausalLM),
         "falconh1": (transformers.FalconH1Config, transformers.FalconH1ForCausalLM),
         "jamba": (transformers.JambaConfig, transformers.JambaForCausalLM),
+        "lfm2": (transformers.Lfm2Config, transformers.Lfm2ForCausalLM),
     }
     if arch == "mamba2":  # no attention fields: only what Mamba2Config knows
         base = {k: BASE[k] for k in ("vocab_size", "hidden_size", "num_hidden_layers", "bos_token_id", "eos_token_id")}

@@ -19,7 +19,7 @@ import gguf
 import numpy as np
 import pytest
 import torch
-from checkpoints import FALCON_H1_TINY, GEMMA3N_TINY, GRANITE_HYBRID_TINY, JAMBA_TINY, make_checkpoint
+from checkpoints import FALCON_H1_TINY, GEMMA3N_TINY, GRANITE_HYBRID_TINY, JAMBA_TINY, LFM2_TINY, make_checkpoint
 from gguf_tools import convert_many, converter_tree, requantize
 from safetensors.torch import load_file, save_file
 from unavailable import unavailable
@@ -41,7 +41,7 @@ def folder(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("gguf")
 
 
-ARCHS = ["gemma2", "gemma3", "gemma3n", "mamba2", "granitemoehybrid", "falconh1", "jamba"]
+ARCHS = ["gemma2", "gemma3", "gemma3n", "mamba2", "granitemoehybrid", "falconh1", "jamba", "lfm2"]
 
 
 @pytest.fixture(scope="module")
@@ -198,6 +198,7 @@ def _tiny(folder: Path, arch: str) -> Path:
     where it insists on one, transformers 4's layer names for Granite's layer list
     (this converter reads only those), the query scale llama.cpp assumes for Gemma."""
     extra = {"granitemoehybrid": GRANITE_HYBRID_TINY, "falconh1": FALCON_H1_TINY, "jamba": JAMBA_TINY,
+             "lfm2": LFM2_TINY,
              "gemma3n": {**GEMMA3N_TINY, "vocab_size_per_layer_input": 1000}}.get(arch, {})  # fmt: skip
     spm = arch.startswith("gemma") or arch == "jamba"
     if spm:

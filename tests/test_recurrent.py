@@ -11,6 +11,7 @@ from checkpoints import (
     FALCON_H1_TINY,
     GRANITE_HYBRID_TINY,
     JAMBA_TINY,
+    LFM2_TINY,
     greedy_reference,
     load_reference,
     make_checkpoint,
@@ -23,7 +24,13 @@ N_STEPS = 32
 EVERY = 16  # checkpoint spacing of these tests: prompts span several
 
 
-ARCHS = {"mamba2": {}, "granitemoehybrid": GRANITE_HYBRID_TINY, "falconh1": FALCON_H1_TINY, "jamba": JAMBA_TINY}
+ARCHS = {
+    "mamba2": {},
+    "granitemoehybrid": GRANITE_HYBRID_TINY,
+    "falconh1": FALCON_H1_TINY,
+    "jamba": JAMBA_TINY,
+    "lfm2": LFM2_TINY,
+}
 
 
 @pytest.fixture(scope="module", params=list(ARCHS))
@@ -254,3 +261,20 @@ def test_older_hub_spellings_of_a_hybrid_config_load_the_same_model(tmp_path):
     (folder / "config.json").write_text(text)
     old = run(engine_of(folder), [prompt], [0], n_steps=8)[0][0].output_ids
     assert old == new
+
+
+def test_an_older_lfm2_config_loads_the_same_model(tmp_path):
+    """LFM2 hub configs before transformers 5 list the attention layers as
+    ``full_attn_idxs`` instead of ``layer_types`` (issue 52)."""
+    import json
+
+    folder = make_checkpoint(tmp_path / "l", "lfm2", **LFM2_TINY)
+    (prompt,) = prompts_of(9, (20,))
+    new = run(engine_of(folder), [prompt], [0], n_steps=8)[0][0].output_ids
+    config = json.loads((folder / "config.json").read_text())
+    del config["layer_types"]
+    config["full_attn_idxs"] = [1, 3]
+    (folder / "config.json").write_text(json.dumps(config))
+    engine = engine_of(folder)
+    assert [s.kind for s in engine.model.layer_specs(torch.float32)] == ["recurrent", "attention_full"] * 2
+    assert run(engine, [prompt], [0], n_steps=8)[0][0].output_ids == new

@@ -6,7 +6,8 @@ file restores to an exact continuation in a new process."""
 from __future__ import annotations
 
 import httpx
-from checkpoints import GRANITE_HYBRID_TINY, make_checkpoint
+import pytest
+from checkpoints import GRANITE_HYBRID_TINY, LFM2_TINY, make_checkpoint
 from prometheus_client.parser import text_string_to_metric_families
 from server_proc import InProcessServer
 
@@ -30,8 +31,12 @@ def metric(srv, name: str, **labels) -> float:
     raise AssertionError(f"{name} {labels} not in /metrics")
 
 
-def test_a_hybrid_model_reuses_slots_through_checkpoints(tmp_path):
-    folder = make_checkpoint(tmp_path / "granite", "granitemoehybrid", **GRANITE_HYBRID_TINY)
+@pytest.mark.parametrize("arch,fields", [("granitemoehybrid", GRANITE_HYBRID_TINY), ("lfm2", LFM2_TINY)])
+def test_a_hybrid_model_reuses_slots_through_checkpoints(tmp_path, arch, fields):
+    """Granite 4 (Mamba2 + attention) and LFM2 (short convolutions + attention, issue 52):
+    a follow-up turn resumes from the live state, an edited turn from a checkpoint, a
+    slot saved in one process continues exactly in another, a text model refuses it."""
+    folder = make_checkpoint(tmp_path / arch, arch, **fields)
     slots_dir = str(tmp_path / "slots")
     args = ("-m", str(folder), "-np", "2", "-c", "2048", "--slot-save-path", slots_dir)
     args += ("--ssm-checkpoint-every", "32", "--ssm-checkpoints", "8")

@@ -135,6 +135,7 @@ LAYER_TYPES = {
     "sliding_attention": "sliding_attention",
     "linear_attention": "recurrent",  # transformers 5's name for Mamba layers in hybrids
     "mamba": "recurrent",
+    "conv": "recurrent",  # LFM2's gated short convolution: its window is a recurrent state
 }
 RECURRENT_MODEL_TYPES = ("mamba2",)  # every layer recurrent; no layer list in the config
 
@@ -144,6 +145,8 @@ def _layer_types(raw: dict, n_layers: int, window: int | None, path: Path) -> tu
     names), else Gemma 3's ``sliding_window_pattern`` (every n-th layer is global), else
     every layer sliding when the config has a window (Mistral), else all full."""
     given = raw.get("layer_types") or raw.get("layers_block_type")  # the latter: older Granite 4 configs
+    if given is None and isinstance(raw.get("full_attn_idxs"), list):  # older LFM2 configs
+        given = ["full_attention" if i in raw["full_attn_idxs"] else "conv" for i in range(n_layers)]
     if raw.get("model_type") in RECURRENT_MODEL_TYPES:
         return ("recurrent",) * n_layers
     if given is not None:
@@ -238,7 +241,7 @@ def parse_model_config(raw: dict, path: Path) -> ModelConfig:
         n_heads=n_heads,
         n_kv_heads=int(raw.get("num_key_value_heads") or n_heads),
         head_dim=int(raw.get("head_dim") or hidden // n_heads),
-        rms_norm_eps=float(raw.get("rms_norm_eps", raw.get("layer_norm_epsilon", 1e-6))),
+        rms_norm_eps=float(raw.get("rms_norm_eps", raw.get("layer_norm_epsilon", raw.get("norm_eps", 1e-6)))),
         max_position_embeddings=max_pos,
         tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
         attention_bias=bool(raw.get("attention_bias", False)),

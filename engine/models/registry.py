@@ -10,6 +10,7 @@ from engine.models.gemma3_vision import Gemma3ForConditionalGeneration
 from engine.models.gemma3n import Gemma3nForCausalLM
 from engine.models.granite_hybrid import GraniteMoeHybridForCausalLM
 from engine.models.jamba import JambaForCausalLM
+from engine.models.lfm2 import Lfm2ForCausalLM
 from engine.models.llama import LlamaForCausalLM
 from engine.models.mamba2 import Mamba2ForCausalLM
 from engine.models.mistral import MistralForCausalLM
@@ -33,6 +34,7 @@ MODELS: dict[str, type[DecoderLM]] = {
         GraniteMoeHybridForCausalLM,
         FalconH1ForCausalLM,
         JambaForCausalLM,
+        Lfm2ForCausalLM,
         SmolVLMForConditionalGeneration,
         Idefics3ForConditionalGeneration,
         Qwen2_5_VLForConditionalGeneration,
@@ -50,6 +52,7 @@ MODEL_TYPES = {  # config.json's model_type -> the class name
     "granitemoehybrid": "GraniteMoeHybridForCausalLM",
     "falcon_h1": "FalconH1ForCausalLM",
     "jamba": "JambaForCausalLM",
+    "lfm2": "Lfm2ForCausalLM",
 }
 
 

@@ -248,6 +248,16 @@ def _jamba(ck: GGUFMetadata) -> dict:
     return cfg
 
 
+def _lfm2(ck: GGUFMetadata) -> dict:
+    """LFM2: the converter writes 0 KV heads for the short-convolution layers and the
+    feed-forward size already adjusted (``block_auto_adjust_ff_dim`` off here)."""
+    cfg = _base(ck, "lfm2")
+    cfg["layer_types"] = ["full_attention" if k else "conv" for k in _kv_heads(ck)]
+    cfg.update(conv_L_cache=ck.get(f"{ck.arch}.shortconv.l_cache", 3), block_auto_adjust_ff_dim=False)
+    cfg["conv_bias"] = "blk.0.shortconv.in_proj.bias" in ck.tensors
+    return cfg
+
+
 # ---- tensors -------------------------------------------------------------------------
 
 
@@ -323,6 +333,12 @@ def _jamba_tensor(ck: GGUFMetadata, hf_name: str, found: str, read: Read) -> tor
     return _ssm_tensor(ck, hf_name, found, read)
 
 
+def _lfm2_tensor(ck: GGUFMetadata, hf_name: str, found: str, read: Read) -> torch.Tensor | None:
+    if found.endswith("shortconv.conv.weight"):
+        return read(found).unsqueeze(1)  # [channels, kernel] -> the Conv1d's [channels, 1, kernel]
+    return None
+
+
 def gguf_name(ck: GGUFMetadata, names: Any, hf_name: str) -> str | None:
     """The GGUF tensor the converter wrote for ``hf_name`` (None: none matches)."""
     lookup = re.sub(r"\.dt_bias$", ".dt_proj.bias", hf_name)  # the converter renames these first
@@ -345,4 +361,5 @@ ARCHITECTURES: dict[str, GGUFArch] = {
     "granitehybrid": GGUFArch("GraniteMoeHybridForCausalLM", _granite_hybrid, _granite_tensor),
     "falcon-h1": GGUFArch("FalconH1ForCausalLM", _falcon_h1, _ssm_tensor),
     "jamba": GGUFArch("JambaForCausalLM", _jamba, _jamba_tensor),
+    "lfm2": GGUFArch("Lfm2ForCausalLM", _lfm2, _lfm2_tensor),
 }
