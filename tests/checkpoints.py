@@ -91,6 +91,16 @@ LFM2_TINY = dict(  # short convolution, attention, convolution, attention (issue
     norm_eps=1e-5,
 )
 
+QWEN3_5_TINY = dict(  # Gated DeltaNet, gated attention, twice (issue 52); 2 key heads for 4 value heads
+    num_hidden_layers=4,
+    layer_types=["linear_attention", "full_attention", "linear_attention", "full_attention"],
+    linear_num_value_heads=4,
+    linear_num_key_heads=2,
+    linear_key_head_dim=16,
+    linear_value_head_dim=8,
+    linear_conv_kernel_dim=4,
+)
+
 JAMBA_TINY = dict(  # Mamba1 at layers 0 and 2 (with MoE), attention at 1 and 3 (dense MLP)
     num_hidden_layers=4,
     attn_layer_period=2,
@@ -183,6 +193,7 @@ def make_checkpoint(
         "falconh1": (transformers.FalconH1Config, transformers.FalconH1ForCausalLM),
         "jamba": (transformers.JambaConfig, transformers.JambaForCausalLM),
         "lfm2": (transformers.Lfm2Config, transformers.Lfm2ForCausalLM),
+        "qwen3_5": (transformers.Qwen3_5TextConfig, transformers.Qwen3_5ForCausalLM),
     }
     if arch == "mamba2":  # no attention fields: only what Mamba2Config knows
         base = {k: BASE[k] for k in ("vocab_size", "hidden_size", "num_hidden_layers", "bos_token_id", "eos_token_id")}

@@ -150,14 +150,18 @@ def download_sdist(folder: Path = CACHE) -> Path:
     return archives[-1]
 
 
-def convert(folder: Path, out: Path, outtype: str = "f32") -> Path:
-    """``folder`` (a Hugging Face checkpoint) as a GGUF at ``out``, written by llama.cpp's converter."""
-    return convert_many([(folder, out, outtype)])[0]
+def convert(folder: Path, out: Path, outtype: str = "f32", flags: tuple[str, ...] = ()) -> Path:
+    """``folder`` (a Hugging Face checkpoint) as a GGUF at ``out``, written by llama.cpp's
+    converter (``flags``: more of its options, e.g. ``--no-mtp`` for a Qwen3.5 without
+    multi-token-prediction layers)."""
+    return convert_many([(folder, out, outtype)], flags=flags)[0]
 
 
-def convert_many(jobs: list[tuple[Path, Path, str]], processes: int = 2) -> list[Path]:
+def convert_many(jobs: list[tuple[Path, Path, str]], processes: int = 2, flags: tuple[str, ...] = ()) -> list[Path]:
     """Several conversions, in ``processes`` interpreters side by side."""
-    runs = [("convert_hf_to_gguf.py", ["--outfile", str(out), "--outtype", t, str(src)]) for src, out, t in jobs]
+    runs = [
+        ("convert_hf_to_gguf.py", ["--outfile", str(out), "--outtype", t, *flags, str(src)]) for src, out, t in jobs
+    ]
     _run_converters([runs[i::processes] for i in range(processes) if runs[i::processes]])
     return [out for _, out, _ in jobs]
 

@@ -19,7 +19,15 @@ import gguf
 import numpy as np
 import pytest
 import torch
-from checkpoints import FALCON_H1_TINY, GEMMA3N_TINY, GRANITE_HYBRID_TINY, JAMBA_TINY, LFM2_TINY, make_checkpoint
+from checkpoints import (
+    FALCON_H1_TINY,
+    GEMMA3N_TINY,
+    GRANITE_HYBRID_TINY,
+    JAMBA_TINY,
+    LFM2_TINY,
+    QWEN3_5_TINY,
+    make_checkpoint,
+)
 from gguf_tools import convert_many, converter_tree, requantize
 from safetensors.torch import load_file, save_file
 from unavailable import unavailable
@@ -41,7 +49,8 @@ def folder(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("gguf")
 
 
-ARCHS = ["gemma2", "gemma3", "gemma3n", "mamba2", "granitemoehybrid", "falconh1", "jamba", "lfm2"]
+ARCHS = ["gemma2", "gemma3", "gemma3n", "mamba2", "granitemoehybrid", "falconh1", "jamba", "lfm2", "qwen3_5"]
+NO_MTP = ("qwen3_5",)  # the converter expects multi-token-prediction layers unless told there are none
 
 
 @pytest.fixture(scope="module")
@@ -55,9 +64,14 @@ def converted(folder) -> dict[str, tuple[Path, Path]]:
     ckpts["rss"] = make_checkpoint(  # ~52 MB of float32: the peak-memory test's
         folder / "rss-model", hidden_size=512, intermediate_size=1536, num_hidden_layers=10, vocab_size=8192
     )
-    jobs = [(ck, folder / f"{name}.gguf", "f16" if name.endswith("-f16") else "f32") for name, ck in ckpts.items()]
+    jobs = [
+        (ck, folder / f"{name}.gguf", "f16" if name.endswith("-f16") else "f32")
+        for name, ck in ckpts.items()
+        if name not in NO_MTP
+    ]
     jobs += [(DEMO_MODEL, folder / "demo-q8_0.gguf", "q8_0")]  # the f32 one: conftest's demo_f32_gguf
     convert_many(jobs)
+    convert_many([(ckpts[name], folder / f"{name}.gguf", "f32") for name in NO_MTP], flags=("--no-mtp",))
     return {name: (ck, folder / f"{name}.gguf") for name, ck in ckpts.items()}
 
 
@@ -198,7 +212,7 @@ def _tiny(folder: Path, arch: str) -> Path:
     where it insists on one, transformers 4's layer names for Granite's layer list
     (this converter reads only those), the query scale llama.cpp assumes for Gemma."""
     extra = {"granitemoehybrid": GRANITE_HYBRID_TINY, "falconh1": FALCON_H1_TINY, "jamba": JAMBA_TINY,
-             "lfm2": LFM2_TINY,
+             "lfm2": LFM2_TINY, "qwen3_5": QWEN3_5_TINY,
              "gemma3n": {**GEMMA3N_TINY, "vocab_size_per_layer_input": 1000}}.get(arch, {})  # fmt: skip
     spm = arch.startswith("gemma") or arch == "jamba"
     if spm:

@@ -12,6 +12,7 @@ from checkpoints import (
     GRANITE_HYBRID_TINY,
     JAMBA_TINY,
     LFM2_TINY,
+    QWEN3_5_TINY,
     greedy_reference,
     load_reference,
     make_checkpoint,
@@ -30,6 +31,7 @@ ARCHS = {
     "falconh1": FALCON_H1_TINY,
     "jamba": JAMBA_TINY,
     "lfm2": LFM2_TINY,
+    "qwen3_5": QWEN3_5_TINY,
 }
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import httpx
 import pytest
-from checkpoints import GRANITE_HYBRID_TINY, LFM2_TINY, make_checkpoint
+from checkpoints import GRANITE_HYBRID_TINY, LFM2_TINY, QWEN3_5_TINY, make_checkpoint
 from prometheus_client.parser import text_string_to_metric_families
 from server_proc import InProcessServer
 
@@ -31,9 +31,12 @@ def metric(srv, name: str, **labels) -> float:
     raise AssertionError(f"{name} {labels} not in /metrics")
 
 
-@pytest.mark.parametrize("arch,fields", [("granitemoehybrid", GRANITE_HYBRID_TINY), ("lfm2", LFM2_TINY)])
+@pytest.mark.parametrize(
+    "arch,fields", [("granitemoehybrid", GRANITE_HYBRID_TINY), ("lfm2", LFM2_TINY), ("qwen3_5", QWEN3_5_TINY)]
+)
 def test_a_hybrid_model_reuses_slots_through_checkpoints(tmp_path, arch, fields):
-    """Granite 4 (Mamba2 + attention) and LFM2 (short convolutions + attention, issue 52):
+    """Granite 4 (Mamba2 + attention), LFM2 (short convolutions + attention) and Qwen3.5
+    (Gated DeltaNet + gated attention; issue 52):
     a follow-up turn resumes from the live state, an edited turn from a checkpoint, a
     slot saved in one process continues exactly in another, a text model refuses it."""
     folder = make_checkpoint(tmp_path / arch, arch, **fields)

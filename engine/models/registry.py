@@ -17,6 +17,7 @@ from engine.models.mistral import MistralForCausalLM
 from engine.models.qwen2 import Qwen2ForCausalLM
 from engine.models.qwen2_5_vl import Qwen2_5_VLForConditionalGeneration
 from engine.models.qwen3 import Qwen3ForCausalLM
+from engine.models.qwen3_5 import Qwen3_5ForCausalLM
 from engine.models.smolvlm import Idefics3ForConditionalGeneration, SmolVLMForConditionalGeneration
 
 MODELS: dict[str, type[DecoderLM]] = {
@@ -25,6 +26,7 @@ MODELS: dict[str, type[DecoderLM]] = {
         LlamaForCausalLM,
         Qwen2ForCausalLM,
         Qwen3ForCausalLM,
+        Qwen3_5ForCausalLM,
         MistralForCausalLM,
         Gemma2ForCausalLM,
         Gemma3ForCausalLM,
@@ -53,6 +55,7 @@ MODEL_TYPES = {  # config.json's model_type -> the class name
     "falcon_h1": "FalconH1ForCausalLM",
     "jamba": "JambaForCausalLM",
     "lfm2": "Lfm2ForCausalLM",
+    "qwen3_5_text": "Qwen3_5ForCausalLM",
 }
 
 

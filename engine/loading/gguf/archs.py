@@ -258,6 +258,33 @@ def _lfm2(ck: GGUFMetadata) -> dict:
     return cfg
 
 
+def _qwen35(ck: GGUFMetadata) -> dict:
+    """Qwen3.5 text: Gated DeltaNet sizes in the file's ``ssm.*`` keys (key heads as
+    groups, their width as the state size, value heads as the time-step rank), the
+    rotary part of each head as ``rope.dimension_count``."""
+    a = ck.arch
+    cfg = _base(ck, "qwen3_5_text")
+    cfg["architectures"] = ["Qwen3_5ForCausalLM"]
+    cfg["layer_types"] = [
+        "linear_attention" if r else "full_attention" for r in ck.get(f"{a}.attention.recurrent_layers")
+    ]
+    heads = ck.get(f"{a}.ssm.time_step_rank")
+    cfg.update(
+        linear_num_key_heads=ck.get(f"{a}.ssm.group_count"),
+        linear_key_head_dim=ck.get(f"{a}.ssm.state_size"),
+        linear_num_value_heads=heads,
+        linear_value_head_dim=ck.get(f"{a}.ssm.inner_size") // heads,
+        linear_conv_kernel_dim=ck.get(f"{a}.ssm.conv_kernel"),
+    )
+    rotated = ck.get(f"{a}.rope.dimension_count") or cfg["head_dim"]
+    cfg["rope_parameters"] = {
+        "rope_type": "default",
+        "rope_theta": cfg["rope_theta"],
+        "partial_rotary_factor": rotated / cfg["head_dim"],
+    }
+    return cfg
+
+
 # ---- tensors -------------------------------------------------------------------------
 
 
@@ -339,6 +366,39 @@ def _lfm2_tensor(ck: GGUFMetadata, hf_name: str, found: str, read: Read) -> torc
     return None
 
 
+def _untile(t: torch.Tensor, dim: int, n_k: int, per_k: int, width: int) -> torch.Tensor:
+    """Value heads back from llama.cpp's tiled order ([v0 of each key head, v1 of
+    each, ...]) to Hugging Face's grouped order (each key head's value heads together)."""
+    shape = list(t.shape)
+    tiled = t.reshape(*shape[:dim], per_k, n_k, width, *shape[dim + 1 :])
+    return tiled.transpose(dim, dim + 1).reshape(shape)
+
+
+def _qwen35_tensor(ck: GGUFMetadata, hf_name: str, found: str, read: Read) -> torch.Tensor | None:
+    """Undo the converter: norms (but the gated one) stored with their +1, A as
+    -exp(A_log), the conv as [channels, kernel], the value heads tiled."""
+    a = ck.arch
+    if hf_name.endswith("norm.weight") and not hf_name.endswith("linear_attn.norm.weight"):
+        return read(found) - 1.0
+    if "linear_attn." not in hf_name:
+        return None
+    t = read(found)
+    if hf_name.endswith(".A_log"):
+        t = torch.log(-t)
+    n_k, n_v = ck.get(f"{a}.ssm.group_count"), ck.get(f"{a}.ssm.time_step_rank")
+    per_k, dk, dv = n_v // n_k, ck.get(f"{a}.ssm.state_size"), ck.get(f"{a}.ssm.inner_size") // n_v
+    if per_k > 1:
+        if hf_name.endswith(("A_log", "dt_bias", "in_proj_a.weight", "in_proj_b.weight")):
+            t = _untile(t, 0, n_k, per_k, 1)
+        elif hf_name.endswith(("in_proj_qkv.weight", "conv1d.weight")):
+            t = torch.cat([t[: 2 * n_k * dk], _untile(t[2 * n_k * dk :], 0, n_k, per_k, dv)])
+        elif hf_name.endswith("in_proj_z.weight"):
+            t = _untile(t, 0, n_k, per_k, dv)
+        elif hf_name.endswith("out_proj.weight"):
+            t = _untile(t, 1, n_k, per_k, dv)
+    return t.unsqueeze(1) if hf_name.endswith("conv1d.weight") else t
+
+
 def gguf_name(ck: GGUFMetadata, names: Any, hf_name: str) -> str | None:
     """The GGUF tensor the converter wrote for ``hf_name`` (None: none matches)."""
     lookup = re.sub(r"\.dt_bias$", ".dt_proj.bias", hf_name)  # the converter renames these first
@@ -362,4 +422,6 @@ ARCHITECTURES: dict[str, GGUFArch] = {
     "falcon-h1": GGUFArch("FalconH1ForCausalLM", _falcon_h1, _ssm_tensor),
     "jamba": GGUFArch("JambaForCausalLM", _jamba, _jamba_tensor),
     "lfm2": GGUFArch("Lfm2ForCausalLM", _lfm2, _lfm2_tensor),
+    # value heads are reordered across columns too (out_proj): read in float for now
+    "qwen35": GGUFArch("Qwen3_5ForCausalLM", _qwen35, _qwen35_tensor, keeps_blocks=False),
 }

@@ -1,0 +1,230 @@
+"""Qwen3.5 text (``Qwen3_5ForCausalLM``, issue 52): Gated DeltaNet layers with gated full
+attention every few layers (3:1 in the released models), each followed by a SwiGLU MLP.
+
+Gated DeltaNet, per value head h with its key head's q, k (L2-normed, q over sqrt(Dk)):
+    S_t = exp(g_t) * S_{t-1};  S_t += k_t (outer) beta_t * (v_t - k_t . S_t);  y_t = q_t . S_t
+with g = -exp(A_log) * softplus(a + dt_bias), beta = sigmoid(b); q, k, v come through a
+causal depthwise convolution (SiLU) whose last ``K - 1`` inputs are carried; y goes
+through an RMSNorm gated by SiLU(z). Its memory is a ``RecurrentSpec``: the conv window
+[conv_dim, K - 1] and the state [Hv, Dk, Dv] per sequence, so checkpoints, rollback,
+``seq_cp``, slot files and the prompt cache apply unchanged. The attention's query
+projection also gives a sigmoid gate on its output; q/k norms and the layer norms are
+zero-centred (weight + 1); rotary on the first ``partial_rotary_factor`` of each head.
+Prefill runs the recurrence token by token in torch (a chunked kernel is a next step).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from engine.models.base import DecoderLM
+from engine.models.config import ModelConfig
+from engine.models.gemma import GemmaRMSNorm
+from engine.models.layers import embedding
+from engine.models.rope import Rotary, rotate
+from engine.models.ssm import conv_step, conv_window, each_sequence
+from memory import ForwardView, FullAttentionSpec, LayerSpec
+from memory.spec import RecurrentSpec
+
+
+def delta_rule(q, k, v, g, beta, state):
+    """One sequence's tokens in order: q, k [n, Hv, Dk] (normed, q scaled), v [n, Hv, Dv],
+    g, beta [n, Hv], state [Hv, Dk, Dv] (float32) -> (y [n, Hv, Dv], the new state)."""
+    out = []
+    for t in range(q.shape[0]):
+        state = state * g[t].exp()[:, None, None]
+        remembered = (state * k[t][:, :, None]).sum(-2)  # [Hv, Dv]
+        state = state + k[t][:, :, None] * ((v[t] - remembered) * beta[t][:, None])[:, None, :]
+        out.append((state * q[t][:, :, None]).sum(-2))
+    return torch.stack(out), state
+
+
+def delta_step(q, k, v, g, beta, state):
+    """One token per sequence: q, k [B, Hv, Dk], v [B, Hv, Dv], g, beta [B, Hv], state
+    [B, Hv, Dk, Dv] -> (y [B, Hv, Dv], the new states)."""
+    state = state * g.exp()[:, :, None, None]
+    remembered = (state * k[..., None]).sum(-2)  # [B, Hv, Dv]
+    state = state + k[..., None] * ((v - remembered) * beta[..., None])[:, :, None, :]
+    return (state * q[..., None]).sum(-2), state
+
+
+class GatedRMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+        h = x.float()
+        h = self.weight * (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype)
+        return (h * F.silu(gate.float())).to(x.dtype)
+
+
+class GatedDeltaNet(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer: int):
+        super().__init__()
+        raw = cfg.raw
+        self.layer = layer
+        self.hv, self.hk = int(raw["linear_num_value_heads"]), int(raw["linear_num_key_heads"])
+        self.dk, self.dv = int(raw["linear_key_head_dim"]), int(raw["linear_value_head_dim"])
+        self.kernel = int(raw.get("linear_conv_kernel_dim") or 4)
+        self.key_dim, self.value_dim = self.hk * self.dk, self.hv * self.dv
+        conv_dim = 2 * self.key_dim + self.value_dim
+        self.conv1d = nn.Conv1d(conv_dim, conv_dim, self.kernel, groups=conv_dim, bias=False)
+        self.dt_bias = nn.Parameter(torch.ones(self.hv))
+        self.A_log = nn.Parameter(torch.zeros(self.hv))
+        self.norm = GatedRMSNorm(self.dv, cfg.rms_norm_eps)
+        self.out_proj = nn.Linear(self.value_dim, cfg.hidden_size, bias=False)
+        self.in_proj_qkv = nn.Linear(cfg.hidden_size, conv_dim, bias=False)
+        self.in_proj_z = nn.Linear(cfg.hidden_size, self.value_dim, bias=False)
+        self.in_proj_b = nn.Linear(cfg.hidden_size, self.hv, bias=False)
+        self.in_proj_a = nn.Linear(cfg.hidden_size, self.hv, bias=False)
+
+    def spec(self, dtype: torch.dtype) -> RecurrentSpec:
+        return RecurrentSpec((2 * self.key_dim + self.value_dim, self.kernel - 1), (self.hv, self.dk, self.dv), dtype)
+
+    def _heads(self, mixed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Conv outputs [n, conv_dim] -> q, k [n, Hv, Dk] (normed, q scaled), v [n, Hv, Dv]."""
+        q, k, v = mixed.float().split([self.key_dim, self.key_dim, self.value_dim], dim=-1)
+        rep = self.hv // self.hk
+        q, k = _l2(q.view(-1, self.hk, self.dk)), _l2(k.view(-1, self.hk, self.dk))
+        q = q.repeat_interleave(rep, dim=1) / self.dk**0.5
+        return q, k.repeat_interleave(rep, dim=1), v.view(-1, self.hv, self.dv)
+
+    def forward(self, x: torch.Tensor, view: ForwardView) -> torch.Tensor:
+        """x: [T, hidden] (the batch's sequences, each a run of rows) -> [T, hidden]."""
+        mixed = self.in_proj_qkv(x)  # [T, conv_dim]
+        z = self.in_proj_z(x).view(-1, self.hv, self.dv)
+        beta = self.in_proj_b(x).float().sigmoid()  # [T, Hv]
+        g = -self.A_log.float().exp() * F.softplus(self.in_proj_a(x).float() + self.dt_bias.float())  # [T, Hv]
+        window, state = view.states(self.layer)  # [B, C, K - 1], [B, Hv, Dk, Dv]
+        weight = self.conv1d.weight[:, 0, :]  # [C, K]
+        n_tokens = view.batch.n_tokens
+        if all(n == 1 for n in n_tokens):  # decode: one token per sequence, batched
+            conv, window = conv_step(mixed, window, weight, None)
+            y, state = delta_step(*self._heads(F.silu(conv)), g, beta, state.float())
+        else:
+
+            def run(b: int, rows: slice) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                conv, new_window = conv_window(mixed[rows], window[b], weight, None)
+                y, new_state = delta_rule(*self._heads(F.silu(conv)), g[rows], beta[rows], state[b].float())
+                return y, new_window, new_state
+
+            y, window, state = each_sequence(n_tokens, run)
+        view.store(self.layer, window, state)
+        y = self.norm(y.to(x.dtype), z)  # [T, Hv, Dv]
+        return self.out_proj(y.reshape(-1, self.value_dim))
+
+
+def _l2(x: torch.Tensor) -> torch.Tensor:
+    """transformers' (and FLA's) l2norm: x / sqrt(sum(x^2) + 1e-6)."""
+    return x * torch.rsqrt((x * x).sum(-1, keepdim=True) + 1e-6)
+
+
+class GatedAttention(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer: int, rotary_dim: int):
+        super().__init__()
+        self.layer, self.rot = layer, rotary_dim
+        self.n_heads, self.n_kv, self.d = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
+        bias = cfg.attention_bias
+        self.q_proj = nn.Linear(cfg.hidden_size, self.n_heads * self.d * 2, bias=bias)
+        self.k_proj = nn.Linear(cfg.hidden_size, self.n_kv * self.d, bias=bias)
+        self.v_proj = nn.Linear(cfg.hidden_size, self.n_kv * self.d, bias=bias)
+        self.o_proj = nn.Linear(self.n_heads * self.d, cfg.hidden_size, bias=bias)
+        self.q_norm = GemmaRMSNorm(self.d, cfg.rms_norm_eps)
+        self.k_norm = GemmaRMSNorm(self.d, cfg.rms_norm_eps)
+
+    def _rope(self, x: torch.Tensor, rope: tuple) -> torch.Tensor:
+        return torch.cat([rotate(x[..., : self.rot].contiguous(), *rope), x[..., self.rot :]], dim=-1)
+
+    def forward(self, x: torch.Tensor, rope: tuple, view: ForwardView) -> torch.Tensor:
+        n = x.shape[0]
+        q, gate = self.q_proj(x).view(n, self.n_heads, 2 * self.d).chunk(2, dim=-1)  # [T, H, D] each
+        q = self.q_norm(q)
+        k = self.k_norm(self.k_proj(x).view(n, self.n_kv, self.d))
+        v = self.v_proj(x).view(n, self.n_kv, self.d)
+        out = view.attend(self.layer, self._rope(q, rope), self._rope(k, rope), v, scale=self.d**-0.5)  # [T, H, D]
+        out = out.reshape(n, self.n_heads * self.d) * torch.sigmoid(gate.reshape(n, -1))
+        return self.o_proj(out)
+
+
+class MLP(nn.Module):
+    def __init__(self, hidden: int, ffn: int):
+        super().__init__()
+        self.gate_proj = nn.Linear(hidden, ffn, bias=False)
+        self.up_proj = nn.Linear(hidden, ffn, bias=False)
+        self.down_proj = nn.Linear(ffn, hidden, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class Qwen3_5Layer(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer: int, rotary_dim: int):
+        super().__init__()
+        if cfg.layer_types[layer] == "recurrent":
+            self.linear_attn = GatedDeltaNet(cfg, layer)
+        else:
+            self.self_attn = GatedAttention(cfg, layer, rotary_dim)
+        self.mlp = MLP(cfg.hidden_size, cfg.intermediate_size)
+        self.input_layernorm = GemmaRMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.post_attention_layernorm = GemmaRMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+    def forward(self, x: torch.Tensor, rope: tuple, view: ForwardView) -> torch.Tensor:
+        h = self.input_layernorm(x)
+        x = x + (self.linear_attn(h, view) if hasattr(self, "linear_attn") else self.self_attn(h, rope, view))
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+def rotary_dim(cfg: ModelConfig) -> int:
+    """The rotated part of each head: ``partial_rotary_factor`` (in ``rope_parameters``
+    in transformers 5, top level before) of the head, an even number."""
+    params = cfg.raw.get("rope_parameters") or {}
+    factor = params.get("partial_rotary_factor", cfg.raw.get("partial_rotary_factor", 1.0))
+    return int(cfg.head_dim * float(factor)) // 2 * 2
+
+
+class Qwen3_5ForCausalLM(DecoderLM):
+    def __init__(self, cfg: ModelConfig):
+        nn.Module.__init__(self)
+        self.cfg = cfg
+        self.rot = rotary_dim(cfg)
+        self.model = nn.Module()
+        self.model.embed_tokens = embedding(cfg.vocab_size, cfg.hidden_size)
+        self.model.layers = nn.ModuleList(Qwen3_5Layer(cfg, i, self.rot) for i in range(cfg.n_layers))
+        self.model.norm = GemmaRMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self._shards: dict[str, list[int]] = {}  # nothing fused: tensors load under their own names
+        self.rotary = Rotary(cfg.rope, self.rot, cfg.max_position_embeddings)
+
+    def init_buffers(self, device: torch.device) -> None:
+        self.rotary = Rotary(self.cfg.rope, self.rot, self.cfg.max_position_embeddings).to(device)
+
+    def _target(self, name: str) -> tuple[str, int | None]:
+        return name, None
+
+    def layer_specs(self, dtype: torch.dtype) -> list[LayerSpec]:
+        cfg = self.cfg
+        return [
+            layer.linear_attn.spec(dtype)
+            if hasattr(layer, "linear_attn")
+            else FullAttentionSpec(cfg.n_kv_heads, cfg.head_dim, dtype)
+            for layer in self.model.layers
+        ]
+
+    def rope_shift(self, layer: int, k: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
+        cos, sin = self.rotary.cos_sin(delta, scaled=False)
+        head = rotate(k[..., : self.rot].float().contiguous(), cos, sin).to(k.dtype)
+        return torch.cat([head, k[..., self.rot :]], dim=-1)
+
+    def hidden(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, view: ForwardView, rows: torch.Tensor, media=None
+    ) -> torch.Tensor:
+        """input_ids, positions: [T]; rows: [S] -> final hidden states [S, hidden]."""
+        x = self.model.embed_tokens(input_ids)  # [T, hidden]
+        rope = self.rotary.cos_sin(positions)  # [T, 1, rot] each
+        for layer in self.model.layers:
+            x = layer(x, rope, view)
+        return self.model.norm(x[rows])  # [S, hidden]
