@@ -23,7 +23,7 @@ from torch import nn
 from engine.errors import CheckpointError
 from engine.models.base import DecoderLM
 from engine.models.config import ModelConfig
-from engine.models.layers import RMSNorm, embedding
+from engine.models.layers import RMSNorm, SeparateGatedMLP, embedding
 from engine.models.ssm import conv_step, conv_window, each_sequence, selective_scan, selective_step
 from memory import ForwardView, FullAttentionSpec, LayerSpec
 from memory.spec import RecurrentSpec
@@ -115,23 +115,12 @@ class JambaAttention(nn.Module):
         return self.o_proj(view.attend(self.layer, q, k, v).reshape(n, self.n_heads * self.d))
 
 
-class JambaMLP(nn.Module):
-    def __init__(self, hidden: int, ffn: int):
-        super().__init__()
-        self.gate_proj = nn.Linear(hidden, ffn, bias=False)
-        self.up_proj = nn.Linear(hidden, ffn, bias=False)
-        self.down_proj = nn.Linear(ffn, hidden, bias=False)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
-
-
 class JambaMoE(nn.Module):
     def __init__(self, hidden: int, ffn: int, n_experts: int, top_k: int):
         super().__init__()
         self.top_k = top_k
         self.router = nn.Linear(hidden, n_experts, bias=False)
-        self.experts = nn.ModuleList(JambaMLP(hidden, ffn) for _ in range(n_experts))
+        self.experts = nn.ModuleList(SeparateGatedMLP(hidden, ffn) for _ in range(n_experts))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x: [T, hidden] -> [T, hidden]; each token's top-k experts weighted by their
@@ -161,7 +150,7 @@ class JambaLayer(nn.Module):
             top_k = _int(raw, "num_experts_per_tok", 2)
             self.feed_forward = JambaMoE(cfg.hidden_size, cfg.intermediate_size, n_experts, top_k)
         else:
-            self.feed_forward = JambaMLP(cfg.hidden_size, cfg.intermediate_size)
+            self.feed_forward = SeparateGatedMLP(cfg.hidden_size, cfg.intermediate_size)
 
     def forward(self, x: torch.Tensor, view: ForwardView) -> torch.Tensor:
         h = self.input_layernorm(x)

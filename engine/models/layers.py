@@ -55,6 +55,20 @@ class RMSNorm(nn.Module):
         return self.weight * h.to(x.dtype)
 
 
+class SeparateGatedMLP(nn.Module):
+    """down(silu(gate(x)) * up(x)) with gate, up and down under their checkpoint names
+    (the models whose loaders fuse nothing: Jamba, Qwen3.5)."""
+
+    def __init__(self, hidden: int, ffn: int):
+        super().__init__()
+        self.gate_proj = nn.Linear(hidden, ffn, bias=False)
+        self.up_proj = nn.Linear(hidden, ffn, bias=False)
+        self.down_proj = nn.Linear(ffn, hidden, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
 class GatedMLP(nn.Module):
     """down(silu(gate(x)) * up(x)), with gate and up fused into one matmul."""
 

@@ -22,7 +22,7 @@ from torch import nn
 from engine.models.base import DecoderLM
 from engine.models.config import ModelConfig
 from engine.models.gemma import GemmaRMSNorm
-from engine.models.layers import embedding
+from engine.models.layers import SeparateGatedMLP, embedding
 from engine.models.rope import Rotary, rotate
 from engine.models.ssm import conv_step, conv_window, each_sequence
 from memory import ForwardView, FullAttentionSpec, LayerSpec
@@ -150,17 +150,6 @@ class GatedAttention(nn.Module):
         return self.o_proj(out)
 
 
-class MLP(nn.Module):
-    def __init__(self, hidden: int, ffn: int):
-        super().__init__()
-        self.gate_proj = nn.Linear(hidden, ffn, bias=False)
-        self.up_proj = nn.Linear(hidden, ffn, bias=False)
-        self.down_proj = nn.Linear(ffn, hidden, bias=False)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
-
-
 class Qwen3_5Layer(nn.Module):
     def __init__(self, cfg: ModelConfig, layer: int, rotary_dim: int):
         super().__init__()
@@ -168,7 +157,7 @@ class Qwen3_5Layer(nn.Module):
             self.linear_attn = GatedDeltaNet(cfg, layer)
         else:
             self.self_attn = GatedAttention(cfg, layer, rotary_dim)
-        self.mlp = MLP(cfg.hidden_size, cfg.intermediate_size)
+        self.mlp = SeparateGatedMLP(cfg.hidden_size, cfg.intermediate_size)
         self.input_layernorm = GemmaRMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = GemmaRMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
