@@ -47,6 +47,12 @@ class DecoderLM(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.cfg = cfg
+        if "recurrent" in cfg.layer_types:  # an attention-only model given a hybrid's layer list
+            given = [t for t in cfg.raw.get("layer_types") or [] if "attention" not in str(t)]
+            raise CheckpointError(
+                f"config.json: field 'layer_types' names {', '.join(map(str, given))}, "
+                f"which {cfg.architecture} does not have (attention layers only)"
+            )
         qkv_bias = cfg.attention_bias if self.qkv_bias is None else self.qkv_bias
         shape = AttentionShape(
             hidden=cfg.hidden_size,
