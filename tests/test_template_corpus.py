@@ -331,7 +331,7 @@ def test_calls_a_template_renders_parse_back_to_the_same_calls(templates):
     every JSON type), rendered by each corpus template, parses back — with the family
     slotserve finds in the template — to the same calls, whole and streamed a character
     at a time, and no part of a call is left in the content. Every family of the
-    corpus whose templates render past calls is read (syntax.FAMILIES)."""
+    corpus whose templates render past calls is read (families.FAMILIES)."""
     from server.pipeline.tool_calls import FAMILIES, ToolCallStream, family, parse
 
     read, wrong = {}, {}
@@ -418,7 +418,7 @@ def test_the_forced_call_is_the_syntax_the_template_writes(templates):
     from engine import Engine
     from engine.sampling.grammar import GrammarCompiler
     from server.pipeline.tool_calls import family, forced_grammar
-    from server.pipeline.tool_calls.syntax import BY_NAME
+    from server.pipeline.tool_calls.families import BY_NAME
 
     tool = function_tool("forecast", {"city": {"type": "string"}, "days": {"type": "integer"}})
     tok = Engine.from_pretrained().tokenizer

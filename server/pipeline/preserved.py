@@ -4,10 +4,13 @@ thoughts, so that the answer can be read (tool_calls, reasoning)."""
 
 from __future__ import annotations
 
+import functools
+
 from server.pipeline.thinking_syntax import Thinking
 from server.pipeline.tool_calls import marker_text
 
 
+@functools.lru_cache(maxsize=64)  # once per model, family and thought syntax, not per request
 def preserved(tokenizer, tool_format: str | None, thinking: Thinking | None = None) -> frozenset[int]:
     """The ids of the special tokens among the family's markers (none where the
     tokenizer marks no token special)."""

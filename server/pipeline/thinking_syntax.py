@@ -5,6 +5,7 @@ whose marks the chat template holds; else DeepSeek's and Qwen's ``<think>``."""
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 
@@ -69,6 +70,7 @@ FAMILIES: tuple[Thinking, ...] = (
 BY_NAME = {t.name: t for t in FAMILIES}
 
 
+@functools.lru_cache(maxsize=16)  # once per template, not per request
 def thinking_family(source: str | None) -> Thinking:
     """The thought syntax of a chat template's source (``<think>`` when none other)."""
     return next((t for t in FAMILIES if source and t.marks and all(m in source for m in t.marks)), THINK)

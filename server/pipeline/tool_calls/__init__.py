@@ -1,7 +1,7 @@
 """Tool calls in chat completions, in each template family's own syntax: which family a
 chat template is (``family``), the calls found in the model's text, whole or streamed
 (``parse``, ``ToolCallStream``), and the grammar that forces a call when ``tool_choice``
-requires one (``forced_grammar``). The families and their syntax: ``syntax.FAMILIES``."""
+requires one (``forced_grammar``). The families and their syntax: ``families.FAMILIES``."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import json
 import re
 
 from server.pipeline.tool_calls.call import ToolCall, param_schemas
+from server.pipeline.tool_calls.families import BY_NAME, FAMILIES, family
 from server.pipeline.tool_calls.stream import ToolCallStream, parse
-from server.pipeline.tool_calls.syntax import BY_NAME, FAMILIES, family
 
 __all__ = [
     "FAMILIES",

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from server.pipeline.reasoning import held
 from server.pipeline.tool_calls.call import ToolCall, param_schemas
-from server.pipeline.tool_calls.syntax import BY_NAME
+from server.pipeline.tool_calls.families import BY_NAME
 
 
 class ToolCallStream:
@@ -14,7 +14,7 @@ class ToolCallStream:
     complete; ``flush()`` at the end."""
 
     def __init__(self, fmt: str, tools: list[dict] | None = None):
-        """``fmt``: a family's name (syntax.FAMILIES); ``tools``: the request's, whose
+        """``fmt``: a family's name (families.FAMILIES); ``tools``: the request's, whose
         schemas type the values of families that write arguments one by one."""
         self.syntax = BY_NAME[fmt]
         self._schemas = param_schemas(tools)
