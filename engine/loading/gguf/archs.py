@@ -1,9 +1,7 @@
 """What each GGUF architecture is as a Hugging Face checkpoint: the config.json its
-metadata stands for, and how each Hugging Face tensor is got back from the tensors
-llama.cpp's converter wrote (renamed through the ``gguf`` package's ``TensorNameMap``,
-then undoing what the converter changed: llama's interleaved rotary rows, Gemma's
-norms stored with their +1, Mamba's A stored as -exp(A_log), experts stacked into one
-tensor, gate and up projections split apart)."""
+metadata stands for, and how each Hugging Face tensor is found (renamed through the
+``gguf`` package's ``TensorNameMap``, then the architecture's hook in tensors.py undoes
+what the converter changed)."""
 
 from __future__ import annotations
 
@@ -11,32 +9,23 @@ import math
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 
-
-class GGUFMetadata(Protocol):
-    """What an architecture reads of a GGUF file (``GGUFCheckpoint`` is one)."""
-
-    arch: str
-    tensors: dict[str, tuple]  # name -> (type, row-major shape, offset, bytes)
-
-    def get(self, key: str, default: Any = None) -> Any: ...
-
-    @property
-    def vocab_size(self) -> int: ...
-
-
-class Rows(Protocol):
-    """A 2-D weight whose rows can be taken: a tensor, or one kept in blocks."""
-
-    shape: Any
-
-    def __getitem__(self, rows: torch.Tensor) -> Rows: ...
-
-
-Read = Callable[[str], Any]  # GGUF tensor name -> tensor (row-major, float), or blocks where kept
+from engine.loading.gguf.tensors import (
+    GGUFMetadata,
+    Read,
+    gemma3n_tensor,
+    gemma_tensor,
+    granite_tensor,
+    jamba_tensor,
+    kv_heads,
+    lfm2_tensor,
+    llama_tensor,
+    qwen35_tensor,
+    ssm_tensor,
+)
 
 
 @dataclass(frozen=True)
@@ -53,16 +42,6 @@ class GGUFArch:
     keeps_blocks: bool = True
 
 
-def _kv_heads(ck: GGUFMetadata) -> list[int]:
-    """Per-layer KV head count (hybrids write 0 for recurrent layers)."""
-    n = ck.get(f"{ck.arch}.attention.head_count_kv")
-    heads = ck.get(f"{ck.arch}.attention.head_count") or 0
-    layers = ck.get(f"{ck.arch}.block_count")
-    if isinstance(n, list):
-        return [int(x) for x in n]
-    return [int(n if n is not None else heads)] * layers
-
-
 def _base(ck: GGUFMetadata, model_type: str) -> dict:
     a = ck.arch
     n_head = ck.get(f"{a}.attention.head_count") or 0
@@ -74,7 +53,7 @@ def _base(ck: GGUFMetadata, model_type: str) -> dict:
         "intermediate_size": ck.get(f"{a}.feed_forward_length"),
         "num_hidden_layers": ck.get(f"{a}.block_count"),
         "num_attention_heads": n_head,
-        "num_key_value_heads": max(_kv_heads(ck)) or n_head,
+        "num_key_value_heads": max(kv_heads(ck)) or n_head,
         "head_dim": ck.get(f"{a}.attention.key_length") or (hidden // n_head if n_head else None),
         "rms_norm_eps": ck.get(f"{a}.attention.layer_norm_rms_epsilon"),
         "max_position_embeddings": ck.get(f"{a}.context_length"),
@@ -197,7 +176,7 @@ def _mamba2(ck: GGUFMetadata) -> dict:
 def _granite_hybrid(ck: GGUFMetadata) -> dict:
     a = ck.arch
     cfg = {**_base(ck, "granitemoehybrid"), **_ssm(ck, "mamba_")}
-    cfg["layer_types"] = ["attention" if k else "mamba" for k in _kv_heads(ck)]
+    cfg["layer_types"] = ["attention" if k else "mamba" for k in kv_heads(ck)]
     cfg["mamba_d_ssm"] = ck.get(f"{a}.ssm.inner_size")
     cfg["position_embedding_type"] = "rope" if ck.get(f"{a}.rope.scaling.finetuned") else None
     pairs = (("embedding_multiplier", "embedding_scale"), ("residual_multiplier", "residual_scale"),
@@ -230,7 +209,7 @@ def _jamba(ck: GGUFMetadata) -> dict:
     a = ck.arch
     cfg = _base(ck, "jamba")
     n = cfg["num_hidden_layers"]
-    attn = [i for i, k in enumerate(_kv_heads(ck)) if k]
+    attn = [i for i, k in enumerate(kv_heads(ck)) if k]
     moe = [i for i in range(n) if f"blk.{i}.ffn_gate_exps.weight" in ck.tensors]
     cfg["attn_layer_period"], cfg["attn_layer_offset"] = _every(attn, n)
     cfg["expert_layer_period"], cfg["expert_layer_offset"] = _every(moe, n)
@@ -252,7 +231,7 @@ def _lfm2(ck: GGUFMetadata) -> dict:
     """LFM2: the converter writes 0 KV heads for the short-convolution layers and the
     feed-forward size already adjusted (``block_auto_adjust_ff_dim`` off here)."""
     cfg = _base(ck, "lfm2")
-    cfg["layer_types"] = ["full_attention" if k else "conv" for k in _kv_heads(ck)]
+    cfg["layer_types"] = ["full_attention" if k else "conv" for k in kv_heads(ck)]
     cfg.update(conv_L_cache=ck.get(f"{ck.arch}.shortconv.l_cache", 3), block_auto_adjust_ff_dim=False)
     cfg["conv_bias"] = "blk.0.shortconv.in_proj.bias" in ck.tensors
     return cfg
@@ -285,120 +264,6 @@ def _qwen35(ck: GGUFMetadata) -> dict:
     return cfg
 
 
-# ---- tensors -------------------------------------------------------------------------
-
-
-def unpermute(w: Rows, n_head: int) -> Rows:
-    """llama.cpp's interleaved rotary rows -> Hugging Face's rotate-half rows (whole rows
-    move: a weight kept in blocks is permuted without decoding)."""
-    rows = w.shape[0]
-    order = torch.arange(rows).reshape(n_head, rows // n_head // 2, 2).transpose(1, 2).reshape(rows)  # [rows]
-    return w[order]
-
-
-def _layer(name: str) -> int:
-    return int(re.search(r"\.(\d+)\.", name).group(1))
-
-
-def _rotary(ck: GGUFMetadata, found: str, read: Read) -> torch.Tensor | None:
-    if not found.endswith(("attn_q.weight", "attn_k.weight")):
-        return None
-    heads = ck.get(f"{ck.arch}.attention.head_count")
-    if found.endswith("attn_k.weight"):
-        heads = _kv_heads(ck)[_layer(found)] or heads
-    return unpermute(read(found), heads)
-
-
-def _llama_tensor(ck: GGUFMetadata, hf_name: str, found: str, read: Read) -> torch.Tensor | None:
-    return _rotary(ck, found, read)
-
-
-def _gemma_tensor(ck: GGUFMetadata, hf_name: str, found: str, read: Read) -> torch.Tensor | None:
-    if hf_name.endswith("norm.weight"):  # stored with the +1 that Gemma's RMSNorm adds
-        return read(found) - 1.0
-    return None
-
-
-def _ssm_tensor(ck: GGUFMetadata, hf_name: str, found: str, read: Read) -> torch.Tensor | None:
-    """Mamba tensors: A back to A_log, conv weights to [channels, 1, kernel], the
-    unsqueezed A and D and the grouped norm back to their shapes."""
-    if found.endswith(("ssm_a", "ssm_d")):
-        t = read(found)
-        t = torch.log(-t) if hf_name.endswith(".A_log") else t  # stored as -exp(A_log)
-        return t.squeeze(1) if t.dim() == 2 and t.shape[1] == 1 else t  # Mamba2's [heads, 1] -> [heads]
-    if found.endswith("ssm_conv1d.weight"):
-        return read(found).unsqueeze(1)
-    if found.endswith("ssm_norm.weight"):
-        return read(found).reshape(-1)  # [groups, inner / groups] -> [inner]
-    return None
-
-
-def _granite_tensor(ck: GGUFMetadata, hf_name: str, found: str, read: Read) -> torch.Tensor | None:
-    i = _layer(hf_name) if ".layers." in hf_name else -1
-    if hf_name.endswith("block_sparse_moe.input_linear.weight"):
-        return torch.cat([read(f"blk.{i}.ffn_gate_exps.weight"), read(f"blk.{i}.ffn_up_exps.weight")], dim=1)
-    if hf_name.endswith("shared_mlp.input_linear.weight"):
-        shared = "shexp" if f"blk.{i}.ffn_gate_shexp.weight" in ck.tensors else ""
-        gate, up = (f"blk.{i}.ffn_{p}{'_' + shared if shared else ''}.weight" for p in ("gate", "up"))
-        return torch.cat([read(gate), read(up)], dim=0)
-    ssm = _ssm_tensor(ck, hf_name, found, read)
-    return ssm if ssm is not None else _rotary(ck, found, read)
-
-
-def _gemma3n_tensor(ck: GGUFMetadata, hf_name: str, found: str, read: Read) -> torch.Tensor | None:
-    stacked = re.match(r"model\.altup_(unembed_)?projections\.(\d+)\.weight$", hf_name)
-    if stacked:  # the converter stacks the three projections into one tensor
-        return read("altup_unembd_proj.weight" if stacked.group(1) else "altup_proj.weight")[int(stacked.group(2))]
-    return None
-
-
-def _jamba_tensor(ck: GGUFMetadata, hf_name: str, found: str, read: Read) -> torch.Tensor | None:
-    expert = re.search(r"\.(\d+)\.feed_forward\.experts\.(\d+)\.(gate|up|down)_proj\.weight$", hf_name)
-    if expert:
-        layer, x, kind = expert.groups()
-        return read(f"blk.{layer}.ffn_{kind}_exps.weight")[int(x)]
-    return _ssm_tensor(ck, hf_name, found, read)
-
-
-def _lfm2_tensor(ck: GGUFMetadata, hf_name: str, found: str, read: Read) -> torch.Tensor | None:
-    if found.endswith("shortconv.conv.weight"):
-        return read(found).unsqueeze(1)  # [channels, kernel] -> the Conv1d's [channels, 1, kernel]
-    return None
-
-
-def _untile(t: torch.Tensor, dim: int, n_k: int, per_k: int, width: int) -> torch.Tensor:
-    """Value heads back from llama.cpp's tiled order ([v0 of each key head, v1 of
-    each, ...]) to Hugging Face's grouped order (each key head's value heads together)."""
-    shape = list(t.shape)
-    tiled = t.reshape(*shape[:dim], per_k, n_k, width, *shape[dim + 1 :])
-    return tiled.transpose(dim, dim + 1).reshape(shape)
-
-
-def _qwen35_tensor(ck: GGUFMetadata, hf_name: str, found: str, read: Read) -> torch.Tensor | None:
-    """Undo the converter: norms (but the gated one) stored with their +1, A as
-    -exp(A_log), the conv as [channels, kernel], the value heads tiled."""
-    a = ck.arch
-    if hf_name.endswith("norm.weight") and not hf_name.endswith("linear_attn.norm.weight"):
-        return read(found) - 1.0
-    if "linear_attn." not in hf_name:
-        return None
-    t = read(found)
-    if hf_name.endswith(".A_log"):
-        t = torch.log(-t)
-    n_k, n_v = ck.get(f"{a}.ssm.group_count"), ck.get(f"{a}.ssm.time_step_rank")
-    per_k, dk, dv = n_v // n_k, ck.get(f"{a}.ssm.state_size"), ck.get(f"{a}.ssm.inner_size") // n_v
-    if per_k > 1:
-        if hf_name.endswith(("A_log", "dt_bias", "in_proj_a.weight", "in_proj_b.weight")):
-            t = _untile(t, 0, n_k, per_k, 1)
-        elif hf_name.endswith(("in_proj_qkv.weight", "conv1d.weight")):
-            t = torch.cat([t[: 2 * n_k * dk], _untile(t[2 * n_k * dk :], 0, n_k, per_k, dv)])
-        elif hf_name.endswith("in_proj_z.weight"):
-            t = _untile(t, 0, n_k, per_k, dv)
-        elif hf_name.endswith("out_proj.weight"):
-            t = _untile(t, 1, n_k, per_k, dv)
-    return t.unsqueeze(1) if hf_name.endswith("conv1d.weight") else t
-
-
 def gguf_name(ck: GGUFMetadata, names: Any, hf_name: str) -> str | None:
     """The GGUF tensor the converter wrote for ``hf_name`` (None: none matches)."""
     lookup = re.sub(r"\.dt_bias$", ".dt_proj.bias", hf_name)  # the converter renames these first
@@ -410,18 +275,18 @@ def gguf_name(ck: GGUFMetadata, names: Any, hf_name: str) -> str | None:
 
 
 ARCHITECTURES: dict[str, GGUFArch] = {
-    "llama": GGUFArch("LlamaForCausalLM", _llama_like("llama"), _llama_tensor),
+    "llama": GGUFArch("LlamaForCausalLM", _llama_like("llama"), llama_tensor),
     "qwen2": GGUFArch("Qwen2ForCausalLM", _llama_like("qwen2")),
     "qwen2vl": GGUFArch("Qwen2ForCausalLM", _llama_like("qwen2")),  # Qwen2-VL's language model (M-RoPE sections)
     "qwen3": GGUFArch("Qwen3ForCausalLM", _llama_like("qwen3")),
-    "gemma2": GGUFArch("Gemma2ForCausalLM", _gemma("gemma2"), _gemma_tensor),
-    "gemma3": GGUFArch("Gemma3ForCausalLM", _gemma("gemma3_text"), _gemma_tensor),
-    "gemma3n": GGUFArch("Gemma3nForCausalLM", _gemma3n, _gemma3n_tensor),
-    "mamba2": GGUFArch("Mamba2ForCausalLM", _mamba2, _ssm_tensor),
-    "granitehybrid": GGUFArch("GraniteMoeHybridForCausalLM", _granite_hybrid, _granite_tensor),
-    "falcon-h1": GGUFArch("FalconH1ForCausalLM", _falcon_h1, _ssm_tensor),
-    "jamba": GGUFArch("JambaForCausalLM", _jamba, _jamba_tensor),
-    "lfm2": GGUFArch("Lfm2ForCausalLM", _lfm2, _lfm2_tensor),
+    "gemma2": GGUFArch("Gemma2ForCausalLM", _gemma("gemma2"), gemma_tensor),
+    "gemma3": GGUFArch("Gemma3ForCausalLM", _gemma("gemma3_text"), gemma_tensor),
+    "gemma3n": GGUFArch("Gemma3nForCausalLM", _gemma3n, gemma3n_tensor),
+    "mamba2": GGUFArch("Mamba2ForCausalLM", _mamba2, ssm_tensor),
+    "granitehybrid": GGUFArch("GraniteMoeHybridForCausalLM", _granite_hybrid, granite_tensor),
+    "falcon-h1": GGUFArch("FalconH1ForCausalLM", _falcon_h1, ssm_tensor),
+    "jamba": GGUFArch("JambaForCausalLM", _jamba, jamba_tensor),
+    "lfm2": GGUFArch("Lfm2ForCausalLM", _lfm2, lfm2_tensor),
     # value heads are reordered across columns too (out_proj): read in float for now
-    "qwen35": GGUFArch("Qwen3_5ForCausalLM", _qwen35, _qwen35_tensor, keeps_blocks=False),
+    "qwen35": GGUFArch("Qwen3_5ForCausalLM", _qwen35, qwen35_tensor, keeps_blocks=False),
 }

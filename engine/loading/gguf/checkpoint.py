@@ -5,7 +5,7 @@ named as the Hugging Face checkpoint names them, and its tokenizer rebuilt
 comes as the file's bytes, mapped (``mmap``, the default of the engine) or read; any
 other is read and dequantized.
 
-What each architecture's metadata and tensors stand for is in engine/gguf_archs.py.
+What each architecture's metadata and tensors stand for is in archs.py and tensors.py here.
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ Read into the pairs a PEFT folder gives (engine/loading/lora_adapter.py):
   alpha is 0 or missing), folded into each B;
 - the converter moved the rows of ``lora_b`` as it moved the base weight's rows (llama's
   interleaved rotary q/k rows): the architecture's tensor hook
-  (engine/loading/gguf/archs.py) moves them back, as it does for the base model's.
+  (engine/loading/gguf/tensors.py) moves them back, as it does for the base model's.
 """
 
 from __future__ import annotations

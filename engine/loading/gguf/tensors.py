@@ -1,0 +1,158 @@
+"""How each Hugging Face tensor is got back from what llama.cpp's converter wrote:
+undoing llama's interleaved rotary rows, Gemma's and Qwen3.5's norms stored with their
++1, Mamba's A stored as -exp(A_log), experts stacked into one tensor, gate and up
+projections split apart, Qwen3.5's tiled value heads. Each hook: (checkpoint, HF name,
+GGUF name, read) -> the HF tensor, or None where the renamed tensor is right as it is
+(archs.py's table names the hook of each architecture)."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import torch
+
+
+class GGUFMetadata(Protocol):
+    """What an architecture reads of a GGUF file (``GGUFCheckpoint`` is one)."""
+
+    arch: str
+    tensors: dict[str, tuple]  # name -> (type, row-major shape, offset, bytes)
+
+    def get(self, key: str, default: Any = None) -> Any: ...
+
+    @property
+    def vocab_size(self) -> int: ...
+
+
+class Rows(Protocol):
+    """A 2-D weight whose rows can be taken: a tensor, or one kept in blocks."""
+
+    shape: Any
+
+    def __getitem__(self, rows: torch.Tensor) -> Rows: ...
+
+
+Read = Callable[[str], Any]  # GGUF tensor name -> tensor (row-major, float), or blocks where kept
+
+
+def kv_heads(ck: GGUFMetadata) -> list[int]:
+    """Per-layer KV head count (hybrids write 0 for recurrent layers)."""
+    n = ck.get(f"{ck.arch}.attention.head_count_kv")
+    heads = ck.get(f"{ck.arch}.attention.head_count") or 0
+    layers = ck.get(f"{ck.arch}.block_count")
+    if isinstance(n, list):
+        return [int(x) for x in n]
+    return [int(n if n is not None else heads)] * layers
+
+
+def unpermute(w: Rows, n_head: int) -> Rows:
+    """llama.cpp's interleaved rotary rows -> Hugging Face's rotate-half rows (whole rows
+    move: a weight kept in blocks is permuted without decoding)."""
+    rows = w.shape[0]
+    order = torch.arange(rows).reshape(n_head, rows // n_head // 2, 2).transpose(1, 2).reshape(rows)  # [rows]
+    return w[order]
+
+
+def _layer(name: str) -> int:
+    return int(re.search(r"\.(\d+)\.", name).group(1))
+
+
+def _rotary(ck: GGUFMetadata, found: str, read: Read) -> torch.Tensor | None:
+    if not found.endswith(("attn_q.weight", "attn_k.weight")):
+        return None
+    heads = ck.get(f"{ck.arch}.attention.head_count")
+    if found.endswith("attn_k.weight"):
+        heads = kv_heads(ck)[_layer(found)] or heads
+    return unpermute(read(found), heads)
+
+
+def llama_tensor(ck: GGUFMetadata, hf_name: str, found: str, read: Read) -> torch.Tensor | None:
+    return _rotary(ck, found, read)
+
+
+def gemma_tensor(ck: GGUFMetadata, hf_name: str, found: str, read: Read) -> torch.Tensor | None:
+    if hf_name.endswith("norm.weight"):  # stored with the +1 that Gemma's RMSNorm adds
+        return read(found) - 1.0
+    return None
+
+
+def ssm_tensor(ck: GGUFMetadata, hf_name: str, found: str, read: Read) -> torch.Tensor | None:
+    """Mamba tensors: A back to A_log, conv weights to [channels, 1, kernel], the
+    unsqueezed A and D and the grouped norm back to their shapes."""
+    if found.endswith(("ssm_a", "ssm_d")):
+        t = read(found)
+        t = torch.log(-t) if hf_name.endswith(".A_log") else t  # stored as -exp(A_log)
+        return t.squeeze(1) if t.dim() == 2 and t.shape[1] == 1 else t  # Mamba2's [heads, 1] -> [heads]
+    if found.endswith("ssm_conv1d.weight"):
+        return read(found).unsqueeze(1)
+    if found.endswith("ssm_norm.weight"):
+        return read(found).reshape(-1)  # [groups, inner / groups] -> [inner]
+    return None
+
+
+def granite_tensor(ck: GGUFMetadata, hf_name: str, found: str, read: Read) -> torch.Tensor | None:
+    i = _layer(hf_name) if ".layers." in hf_name else -1
+    if hf_name.endswith("block_sparse_moe.input_linear.weight"):
+        return torch.cat([read(f"blk.{i}.ffn_gate_exps.weight"), read(f"blk.{i}.ffn_up_exps.weight")], dim=1)
+    if hf_name.endswith("shared_mlp.input_linear.weight"):
+        shared = "shexp" if f"blk.{i}.ffn_gate_shexp.weight" in ck.tensors else ""
+        gate, up = (f"blk.{i}.ffn_{p}{'_' + shared if shared else ''}.weight" for p in ("gate", "up"))
+        return torch.cat([read(gate), read(up)], dim=0)
+    ssm = ssm_tensor(ck, hf_name, found, read)
+    return ssm if ssm is not None else _rotary(ck, found, read)
+
+
+def gemma3n_tensor(ck: GGUFMetadata, hf_name: str, found: str, read: Read) -> torch.Tensor | None:
+    stacked = re.match(r"model\.altup_(unembed_)?projections\.(\d+)\.weight$", hf_name)
+    if stacked:  # the converter stacks the three projections into one tensor
+        return read("altup_unembd_proj.weight" if stacked.group(1) else "altup_proj.weight")[int(stacked.group(2))]
+    return None
+
+
+def jamba_tensor(ck: GGUFMetadata, hf_name: str, found: str, read: Read) -> torch.Tensor | None:
+    expert = re.search(r"\.(\d+)\.feed_forward\.experts\.(\d+)\.(gate|up|down)_proj\.weight$", hf_name)
+    if expert:
+        layer, x, kind = expert.groups()
+        return read(f"blk.{layer}.ffn_{kind}_exps.weight")[int(x)]
+    return ssm_tensor(ck, hf_name, found, read)
+
+
+def lfm2_tensor(ck: GGUFMetadata, hf_name: str, found: str, read: Read) -> torch.Tensor | None:
+    if found.endswith("shortconv.conv.weight"):
+        return read(found).unsqueeze(1)  # [channels, kernel] -> the Conv1d's [channels, 1, kernel]
+    return None
+
+
+def untile(t: torch.Tensor, dim: int, n_k: int, per_k: int, width: int) -> torch.Tensor:
+    """Value heads back from llama.cpp's tiled order ([v0 of each key head, v1 of
+    each, ...]) to Hugging Face's grouped order (each key head's value heads together)."""
+    shape = list(t.shape)
+    tiled = t.reshape(*shape[:dim], per_k, n_k, width, *shape[dim + 1 :])
+    return tiled.transpose(dim, dim + 1).reshape(shape)
+
+
+def qwen35_tensor(ck: GGUFMetadata, hf_name: str, found: str, read: Read) -> torch.Tensor | None:
+    """Undo the converter: norms (but the gated one) stored with their +1, A as
+    -exp(A_log), the conv as [channels, kernel], the value heads tiled."""
+    a = ck.arch
+    if hf_name.endswith("norm.weight") and not hf_name.endswith("linear_attn.norm.weight"):
+        return read(found) - 1.0
+    if "linear_attn." not in hf_name:
+        return None
+    t = read(found)
+    if hf_name.endswith(".A_log"):
+        t = torch.log(-t)
+    n_k, n_v = ck.get(f"{a}.ssm.group_count"), ck.get(f"{a}.ssm.time_step_rank")
+    per_k, dk, dv = n_v // n_k, ck.get(f"{a}.ssm.state_size"), ck.get(f"{a}.ssm.inner_size") // n_v
+    if per_k > 1:
+        if hf_name.endswith(("A_log", "dt_bias", "in_proj_a.weight", "in_proj_b.weight")):
+            t = untile(t, 0, n_k, per_k, 1)
+        elif hf_name.endswith(("in_proj_qkv.weight", "conv1d.weight")):
+            t = torch.cat([t[: 2 * n_k * dk], untile(t[2 * n_k * dk :], 0, n_k, per_k, dv)])
+        elif hf_name.endswith("in_proj_z.weight"):
+            t = untile(t, 0, n_k, per_k, dv)
+        elif hf_name.endswith("out_proj.weight"):
+            t = untile(t, 1, n_k, per_k, dv)
+    return t.unsqueeze(1) if hf_name.endswith("conv1d.weight") else t
