@@ -101,6 +101,20 @@ QWEN3_5_TINY = dict(  # Gated DeltaNet, gated attention, twice (issue 52); 2 key
     linear_conv_kernel_dim=4,
 )
 
+QWEN3_5_MOE_TINY = dict(  # Qwen3.5's layers, every MLP 4 experts (top 2) and a gated shared expert
+    **QWEN3_5_TINY,
+    num_experts=4,
+    num_experts_per_tok=2,
+    moe_intermediate_size=32,
+    shared_expert_intermediate_size=48,
+)
+
+QWEN3_NEXT_TINY = dict(  # fused DeltaNet projections; layer 1 dense (mlp_only_layers), unnormalized top-k
+    **QWEN3_5_MOE_TINY,
+    mlp_only_layers=[1],
+    norm_topk_prob=False,
+)
+
 JAMBA_TINY = dict(  # Mamba1 at layers 0 and 2 (with MoE), attention at 1 and 3 (dense MLP)
     num_hidden_layers=4,
     attn_layer_period=2,
@@ -194,6 +208,8 @@ def make_checkpoint(
         "jamba": (transformers.JambaConfig, transformers.JambaForCausalLM),
         "lfm2": (transformers.Lfm2Config, transformers.Lfm2ForCausalLM),
         "qwen3_5": (transformers.Qwen3_5TextConfig, transformers.Qwen3_5ForCausalLM),
+        "qwen3_5_moe": (transformers.Qwen3_5MoeTextConfig, transformers.Qwen3_5MoeForCausalLM),
+        "qwen3_next": (transformers.Qwen3NextConfig, transformers.Qwen3NextForCausalLM),
     }
     if arch == "mamba2":  # no attention fields: only what Mamba2Config knows
         base = {k: BASE[k] for k in ("vocab_size", "hidden_size", "num_hidden_layers", "bos_token_id", "eos_token_id")}
@@ -397,3 +413,44 @@ def make_adapter(folder, out, alpha: float, seed: int = 0):
                 p.copy_(torch.randn_like(p) * 0.2)
     model.save_pretrained(out)
     return model.merge_and_unload().eval()
+
+
+def make_published_qwen3_5_moe(folder: Path) -> Path:
+    """A tiny Qwen3.5-MoE folder laid out as the published ones are: the multimodal
+    class (``model.language_model.*``, a vision tower), experts stacked
+    (``experts.gate_up_proj``), a multi-token-prediction tensor, interleaved M-RoPE
+    sections and ``full_attention_interval`` instead of a layer list."""
+    import transformers
+    from safetensors.torch import load_file, save_file
+
+    text = {**BASE, **QWEN3_5_MOE_TINY, "rope_parameters": {
+        "rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25,
+        "mrope_section": [1, 1, 0], "mrope_interleaved": True}}  # fmt: skip
+    del text["layer_types"]
+    text["full_attention_interval"] = 2
+    vision = dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64, patch_size=4)
+    torch.manual_seed(0)
+    config = transformers.Qwen3_5MoeConfig(text_config=text, vision_config=vision)
+    model = transformers.Qwen3_5MoeForConditionalGeneration(config)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.1)
+    model.save_pretrained(folder)
+    weights = load_file(str(folder / "model.safetensors"))
+    stacked = {}
+    for name in [n for n in weights if ".experts.0." in n]:
+        base, kind = name.split(".experts.0.")
+        kind = kind.removesuffix(".weight")
+        each = [weights.pop(f"{base}.experts.{e}.{kind}.weight") for e in range(text["num_experts"])]
+        stacked.setdefault(base, {})[kind] = torch.stack(each)  # [E, out, in]
+    for base, kinds in stacked.items():
+        weights[f"{base}.experts.gate_up_proj"] = torch.cat([kinds.pop("gate_proj"), kinds.pop("up_proj")], dim=1)
+        weights[f"{base}.experts.down_proj"] = kinds.pop("down_proj")
+    weights["mtp.fc.weight"] = torch.zeros(64, 128)
+    save_file(weights, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    config = json.loads((folder / "config.json").read_text())
+    assert "layer_types" not in config["text_config"] or config["text_config"].pop("layer_types")
+    config["text_config"]["full_attention_interval"] = 2
+    (folder / "config.json").write_text(json.dumps(config))
+    write_byte_tokenizer(folder)
+    return folder

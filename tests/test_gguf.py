@@ -25,7 +25,9 @@ from checkpoints import (
     GRANITE_HYBRID_TINY,
     JAMBA_TINY,
     LFM2_TINY,
+    QWEN3_5_MOE_TINY,
     QWEN3_5_TINY,
+    QWEN3_NEXT_TINY,
     make_checkpoint,
 )
 from gguf_tools import convert_many, converter_tree, requantize
@@ -49,8 +51,10 @@ def folder(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("gguf")
 
 
-ARCHS = ["gemma2", "gemma3", "gemma3n", "mamba2", "granitemoehybrid", "falconh1", "jamba", "lfm2", "qwen3_5"]
-NO_MTP = ("qwen3_5",)  # the converter expects multi-token-prediction layers unless told there are none
+ARCHS = ["gemma2", "gemma3", "gemma3n", "mamba2", "granitemoehybrid", "falconh1", "jamba", "lfm2", "qwen3_5",
+         "qwen3_5_moe", "qwen3_next"]  # fmt: skip
+# the converter expects multi-token-prediction layers unless told there are none
+NO_MTP = ("qwen3_5", "qwen3_5_moe", "qwen3_next")
 
 
 @pytest.fixture(scope="module")
@@ -212,7 +216,9 @@ def _tiny(folder: Path, arch: str) -> Path:
     where it insists on one, transformers 4's layer names for Granite's layer list
     (this converter reads only those), the query scale llama.cpp assumes for Gemma."""
     extra = {"granitemoehybrid": GRANITE_HYBRID_TINY, "falconh1": FALCON_H1_TINY, "jamba": JAMBA_TINY,
-             "lfm2": LFM2_TINY, "qwen3_5": QWEN3_5_TINY,
+             "lfm2": LFM2_TINY, "qwen3_5": QWEN3_5_TINY, "qwen3_5_moe": QWEN3_5_MOE_TINY,
+             # llama.cpp's Qwen3-Next has experts in every layer and renormalizes their weights
+             "qwen3_next": {**QWEN3_NEXT_TINY, "mlp_only_layers": [], "norm_topk_prob": True},
              "gemma3n": {**GEMMA3N_TINY, "vocab_size_per_layer_input": 1000}}.get(arch, {})  # fmt: skip
     spm = arch.startswith("gemma") or arch == "jamba"
     if spm:
@@ -264,10 +270,11 @@ def test_each_architecture_converts_and_matches_transformers(converted, arch):
     assert len({t for row in ours for t in row}) > 4  # not a degenerate repeat
 
 
-@pytest.mark.parametrize("arch", ["gemma3n", "granitemoehybrid", "jamba"])
+@pytest.mark.parametrize("arch", ["gemma3n", "granitemoehybrid", "jamba", "qwen3_next"])
 def test_architectures_with_rebuilt_tensors_keep_the_rest_in_blocks(converted, folder, monkeypatch, arch):
-    """Gemma 3n's stacked AltUp projections, Granite's split gate/up and Jamba's stacked
-    experts are rebuilt in float at load; every other matrix of a Q8_0 file stays in its
+    """Gemma 3n's stacked AltUp projections, Granite's split gate/up and Jamba's and
+    Qwen3-Next's stacked experts are rebuilt in float at load (Qwen3-Next's fused b/a
+    rows are taken from its blocks); every other matrix of a Q8_0 file stays in its
     blocks, and greedy tokens equal those of the same file fully dequantized (in the
     file's layout with 16-bit activations and a float32 cache, which keep these random
     models' near-ties; the defaults' 8-bit arithmetic and f16 cache are held to llama.cpp's

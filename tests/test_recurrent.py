@@ -12,7 +12,9 @@ from checkpoints import (
     GRANITE_HYBRID_TINY,
     JAMBA_TINY,
     LFM2_TINY,
+    QWEN3_5_MOE_TINY,
     QWEN3_5_TINY,
+    QWEN3_NEXT_TINY,
     greedy_reference,
     load_reference,
     make_checkpoint,
@@ -32,6 +34,8 @@ ARCHS = {
     "jamba": JAMBA_TINY,
     "lfm2": LFM2_TINY,
     "qwen3_5": QWEN3_5_TINY,
+    "qwen3_5_moe": QWEN3_5_MOE_TINY,
+    "qwen3_next": QWEN3_NEXT_TINY,
 }
 
 

@@ -147,6 +147,9 @@ def _layer_types(raw: dict, n_layers: int, window: int | None, path: Path) -> tu
     given = raw.get("layer_types") or raw.get("layers_block_type")  # the latter: older Granite 4 configs
     if given is None and isinstance(raw.get("full_attn_idxs"), list):  # older LFM2 configs
         given = ["full_attention" if i in raw["full_attn_idxs"] else "conv" for i in range(n_layers)]
+    if given is None and raw.get("full_attention_interval"):  # Qwen3-Next / Qwen3.5 configs without the list
+        every = int(raw["full_attention_interval"])
+        given = ["full_attention" if (i + 1) % every == 0 else "linear_attention" for i in range(n_layers)]
     if raw.get("model_type") in RECURRENT_MODEL_TYPES:
         return ("recurrent",) * n_layers
     if given is not None:

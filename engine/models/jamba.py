@@ -24,6 +24,7 @@ from engine.errors import CheckpointError
 from engine.models.base import DecoderLM
 from engine.models.config import ModelConfig
 from engine.models.layers import RMSNorm, SeparateGatedMLP, embedding
+from engine.models.moe import run_experts
 from engine.models.ssm import conv_step, conv_window, each_sequence, selective_scan, selective_step
 from memory import ForwardView, FullAttentionSpec, LayerSpec
 from memory.spec import RecurrentSpec
@@ -127,13 +128,7 @@ class JambaMoE(nn.Module):
         share of the softmax over all experts (not renormalized)."""
         probs = torch.softmax(self.router(x).float(), dim=-1)  # [T, E]
         weights, idx = probs.topk(self.top_k, dim=-1)  # [T, k]
-        weights = weights.to(x.dtype)
-        out = torch.zeros_like(x)
-        for e, expert in enumerate(self.experts):
-            rows, pos = torch.where(idx == e)
-            if len(rows):
-                out.index_add_(0, rows, expert(x[rows]) * weights[rows, pos, None])
-        return out
+        return run_experts(x, self.experts, weights.to(x.dtype), idx)
 
 
 class JambaLayer(nn.Module):

@@ -1,10 +1,12 @@
-"""Sparse mixture of experts: a router picks ``top_k`` experts per token, each a gated
-MLP; outputs are summed with the softmax of the chosen logits as weights.
+"""Sparse mixtures of experts: a router picks ``top_k`` experts per token, each a gated
+MLP, and their outputs are summed with the router's weights.
 
-Experts are stored as in Granite checkpoints, fused 3-D: ``input_linear.weight``
-[E, 2 * ffn, hidden] (gate rows, then up rows) and ``output_linear.weight``
-[E, hidden, ffn]; the router is ``router.layer.weight`` [E, hidden]. Tokens are
-grouped by expert, so each expert runs one matmul over the tokens that chose it.
+``SparseMoE`` (Granite): the softmax of the chosen logits as weights; experts stored
+fused 3-D as in Granite checkpoints: ``input_linear.weight`` [E, 2 * ffn, hidden] (gate
+rows, then up rows) and ``output_linear.weight`` [E, hidden, ffn]; the router is
+``router.layer.weight`` [E, hidden]. ``SharedExpertMoE`` (Qwen3-Next, Qwen3.5-MoE):
+experts one by one, plus a gated shared expert. Tokens are grouped by expert, so each
+expert runs one matmul over the tokens that chose it.
 """
 
 from __future__ import annotations
@@ -12,6 +14,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from engine.models.layers import SeparateGatedMLP
 
 
 class TopKRouter(nn.Module):
@@ -56,3 +60,55 @@ class SparseMoE(nn.Module):
             h = F.linear(F.silu(gate) * up, self.output_linear.weight[expert])  # [n, hidden]
             out.index_add_(0, rows, h * weights.flatten()[sel, None])
         return out
+
+
+def run_experts(x: torch.Tensor, experts: nn.ModuleList, weights: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+    """x: [T, hidden]; weights, idx: [T, k] -> the weighted sum of each token's experts
+    [T, hidden]. Grouped by expert: each chosen expert runs once over its tokens."""
+    out = torch.zeros_like(x)
+    for e in idx.unique().tolist():
+        rows, pos = torch.where(idx == e)
+        out.index_add_(0, rows, experts[e](x[rows]) * weights[rows, pos, None])
+    return out
+
+
+def split_fused_experts(name: str, tensor: torch.Tensor):
+    """transformers 5's stacked experts (``experts.gate_up_proj`` [E, 2F, H],
+    ``experts.down_proj`` [E, H, F], as Qwen3.5-MoE checkpoints are published) -> the
+    (name, tensor) pairs of experts stored one by one; any other tensor as it is."""
+    for kind in ("gate_up_proj", "down_proj"):
+        if name.endswith(f"experts.{kind}") or name.endswith(f"experts.{kind}.weight"):
+            base = name[: name.index(f"experts.{kind}")] + "experts"
+            for e, w in enumerate(tensor):
+                if kind == "down_proj":
+                    yield f"{base}.{e}.down_proj.weight", w
+                else:
+                    gate, up = w.chunk(2, dim=0)
+                    yield f"{base}.{e}.gate_proj.weight", gate
+                    yield f"{base}.{e}.up_proj.weight", up
+            return
+    yield name, tensor
+
+
+class SharedExpertMoE(nn.Module):
+    """Qwen2-MoE style (Qwen3-Next, Qwen3.5-MoE): the softmax over all experts, its
+    top-k (renormalized to sum 1 when ``norm_topk``), plus a shared expert scaled by
+    sigmoid(shared_expert_gate(x)). Names as in the checkpoints: ``gate`` (the router),
+    ``experts.<e>.{gate,up,down}_proj``, ``shared_expert``, ``shared_expert_gate``."""
+
+    def __init__(self, hidden: int, ffn: int, shared_ffn: int, n_experts: int, top_k: int, norm_topk: bool):
+        super().__init__()
+        self.top_k, self.norm_topk = top_k, norm_topk
+        self.gate = nn.Linear(hidden, n_experts, bias=False)
+        self.experts = nn.ModuleList(SeparateGatedMLP(hidden, ffn) for _ in range(n_experts))
+        self.shared_expert = SeparateGatedMLP(hidden, shared_ffn)
+        self.shared_expert_gate = nn.Linear(hidden, 1, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x: [T, hidden] -> [T, hidden]."""
+        probs = torch.softmax(self.gate(x).float(), dim=-1)  # [T, E]
+        weights, idx = probs.topk(self.top_k, dim=-1)  # [T, k]
+        if self.norm_topk:
+            weights = weights / weights.sum(-1, keepdim=True)
+        out = run_experts(x, self.experts, weights.to(x.dtype), idx)
+        return out + torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)

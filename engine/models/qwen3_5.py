@@ -95,7 +95,7 @@ class GatedDeltaNet(nn.Module):
 
     def forward(self, x: torch.Tensor, view: ForwardView) -> torch.Tensor:
         """x: [T, hidden] (the batch's sequences, each a run of rows) -> [T, hidden]."""
-        mixed = self.in_proj_qkv(x)  # [T, conv_dim]
+        mixed = self.in_proj_qkv(x)  # [T, conv_dim]: q, k of every key head, then v grouped by key head
         z = self.in_proj_z(x).view(-1, self.hv, self.dv)
         beta = self.in_proj_b(x).float().sigmoid()  # [T, Hv]
         g = -self.A_log.float().exp() * F.softplus(self.in_proj_a(x).float() + self.dt_bias.float())  # [T, Hv]
@@ -151,13 +151,13 @@ class GatedAttention(nn.Module):
 
 
 class Qwen3_5Layer(nn.Module):
-    def __init__(self, cfg: ModelConfig, layer: int, rotary_dim: int):
+    def __init__(self, cfg: ModelConfig, layer: int, rotary_dim: int, mlp: nn.Module):
         super().__init__()
         if cfg.layer_types[layer] == "recurrent":
             self.linear_attn = GatedDeltaNet(cfg, layer)
         else:
             self.self_attn = GatedAttention(cfg, layer, rotary_dim)
-        self.mlp = SeparateGatedMLP(cfg.hidden_size, cfg.intermediate_size)
+        self.mlp = mlp
         self.input_layernorm = GemmaRMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = GemmaRMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
@@ -176,17 +176,23 @@ def rotary_dim(cfg: ModelConfig) -> int:
 
 
 class Qwen3_5ForCausalLM(DecoderLM):
+    skipped_prefixes = ("mtp.",)  # the multi-token-prediction head published with the model
+
     def __init__(self, cfg: ModelConfig):
         nn.Module.__init__(self)
         self.cfg = cfg
         self.rot = rotary_dim(cfg)
         self.model = nn.Module()
         self.model.embed_tokens = embedding(cfg.vocab_size, cfg.hidden_size)
-        self.model.layers = nn.ModuleList(Qwen3_5Layer(cfg, i, self.rot) for i in range(cfg.n_layers))
+        self.model.layers = nn.ModuleList(Qwen3_5Layer(cfg, i, self.rot, self.mlp(i)) for i in range(cfg.n_layers))
         self.model.norm = GemmaRMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         self._shards: dict[str, list[int]] = {}  # nothing fused: tensors load under their own names
         self.rotary = Rotary(cfg.rope, self.rot, cfg.max_position_embeddings)
+
+    def mlp(self, layer: int) -> nn.Module:
+        """The feed-forward block of ``layer`` (dense here; experts in the MoE variants)."""
+        return SeparateGatedMLP(self.cfg.hidden_size, self.cfg.intermediate_size)
 
     def init_buffers(self, device: torch.device) -> None:
         self.rotary = Rotary(self.cfg.rope, self.rot, self.cfg.max_position_embeddings).to(device)

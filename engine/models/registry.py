@@ -18,6 +18,12 @@ from engine.models.qwen2 import Qwen2ForCausalLM
 from engine.models.qwen2_5_vl import Qwen2_5_VLForConditionalGeneration
 from engine.models.qwen3 import Qwen3ForCausalLM
 from engine.models.qwen3_5 import Qwen3_5ForCausalLM
+from engine.models.qwen3_next import (
+    Qwen3_5ForConditionalGeneration,
+    Qwen3_5MoeForCausalLM,
+    Qwen3_5MoeForConditionalGeneration,
+    Qwen3NextForCausalLM,
+)
 from engine.models.smolvlm import Idefics3ForConditionalGeneration, SmolVLMForConditionalGeneration
 
 MODELS: dict[str, type[DecoderLM]] = {
@@ -27,6 +33,10 @@ MODELS: dict[str, type[DecoderLM]] = {
         Qwen2ForCausalLM,
         Qwen3ForCausalLM,
         Qwen3_5ForCausalLM,
+        Qwen3_5ForConditionalGeneration,
+        Qwen3_5MoeForCausalLM,
+        Qwen3_5MoeForConditionalGeneration,
+        Qwen3NextForCausalLM,
         MistralForCausalLM,
         Gemma2ForCausalLM,
         Gemma3ForCausalLM,
@@ -56,6 +66,10 @@ MODEL_TYPES = {  # config.json's model_type -> the class name
     "jamba": "JambaForCausalLM",
     "lfm2": "Lfm2ForCausalLM",
     "qwen3_5_text": "Qwen3_5ForCausalLM",
+    "qwen3_5": "Qwen3_5ForConditionalGeneration",
+    "qwen3_5_moe_text": "Qwen3_5MoeForCausalLM",
+    "qwen3_5_moe": "Qwen3_5MoeForConditionalGeneration",
+    "qwen3_next": "Qwen3NextForCausalLM",
 }
 
 

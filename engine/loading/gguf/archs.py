@@ -237,13 +237,17 @@ def _lfm2(ck: GGUFMetadata) -> dict:
     return cfg
 
 
+QWEN35_TYPES = {"qwen35": "qwen3_5_text", "qwen35moe": "qwen3_5_moe_text", "qwen3next": "qwen3_next"}
+
+
 def _qwen35(ck: GGUFMetadata) -> dict:
-    """Qwen3.5 text: Gated DeltaNet sizes in the file's ``ssm.*`` keys (key heads as
-    groups, their width as the state size, value heads as the time-step rank), the
-    rotary part of each head as ``rope.dimension_count``."""
+    """Qwen3.5 text (dense and MoE) and Qwen3-Next: Gated DeltaNet sizes in the file's
+    ``ssm.*`` keys (key heads as groups, their width as the state size, value heads as
+    the time-step rank), the rotary part of each head as ``rope.dimension_count``; the
+    experts' sizes, dense layers where no ``ffn_gate_exps`` is written, the chosen
+    experts' weights renormalized (llama.cpp's rule: the file does not say)."""
     a = ck.arch
-    cfg = _base(ck, "qwen3_5_text")
-    cfg["architectures"] = ["Qwen3_5ForCausalLM"]
+    cfg = _base(ck, QWEN35_TYPES[a])
     cfg["layer_types"] = [
         "linear_attention" if r else "full_attention" for r in ck.get(f"{a}.attention.recurrent_layers")
     ]
@@ -255,6 +259,16 @@ def _qwen35(ck: GGUFMetadata) -> dict:
         linear_value_head_dim=ck.get(f"{a}.ssm.inner_size") // heads,
         linear_conv_kernel_dim=ck.get(f"{a}.ssm.conv_kernel"),
     )
+    if ck.get(f"{a}.expert_count"):
+        n = cfg["num_hidden_layers"]
+        cfg.update(
+            num_experts=ck.get(f"{a}.expert_count"),
+            num_experts_per_tok=ck.get(f"{a}.expert_used_count"),
+            moe_intermediate_size=ck.get(f"{a}.expert_feed_forward_length"),
+            shared_expert_intermediate_size=ck.get(f"{a}.expert_shared_feed_forward_length"),
+            mlp_only_layers=[i for i in range(n) if f"blk.{i}.ffn_gate_exps.weight" not in ck.tensors],
+            norm_topk_prob=True,
+        )
     rotated = ck.get(f"{a}.rope.dimension_count") or cfg["head_dim"]
     cfg["rope_parameters"] = {
         "rope_type": "default",
@@ -289,4 +303,6 @@ ARCHITECTURES: dict[str, GGUFArch] = {
     "lfm2": GGUFArch("Lfm2ForCausalLM", _lfm2, lfm2_tensor),
     # value heads are reordered across columns too (out_proj): read in float for now
     "qwen35": GGUFArch("Qwen3_5ForCausalLM", _qwen35, qwen35_tensor, keeps_blocks=False),
+    "qwen35moe": GGUFArch("Qwen3_5MoeForCausalLM", _qwen35, qwen35_tensor, keeps_blocks=False),
+    "qwen3next": GGUFArch("Qwen3NextForCausalLM", _qwen35, qwen35_tensor),  # no tiling: rows move, blocks stay
 }

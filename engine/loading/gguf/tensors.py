@@ -112,11 +112,8 @@ def gemma3n_tensor(ck: GGUFMetadata, hf_name: str, found: str, read: Read) -> to
 
 
 def jamba_tensor(ck: GGUFMetadata, hf_name: str, found: str, read: Read) -> torch.Tensor | None:
-    expert = re.search(r"\.(\d+)\.feed_forward\.experts\.(\d+)\.(gate|up|down)_proj\.weight$", hf_name)
-    if expert:
-        layer, x, kind = expert.groups()
-        return read(f"blk.{layer}.ffn_{kind}_exps.weight")[int(x)]
-    return ssm_tensor(ck, hf_name, found, read)
+    expert = expert_tensor(hf_name, read)
+    return expert if expert is not None else ssm_tensor(ck, hf_name, found, read)
 
 
 def lfm2_tensor(ck: GGUFMetadata, hf_name: str, found: str, read: Read) -> torch.Tensor | None:
@@ -133,20 +130,35 @@ def untile(t: torch.Tensor, dim: int, n_k: int, per_k: int, width: int) -> torch
     return tiled.transpose(dim, dim + 1).reshape(shape)
 
 
+def expert_tensor(hf_name: str, read: Read) -> torch.Tensor | None:
+    """One expert's matrix (``....<layer>.<mlp>.experts.<e>.<kind>_proj.weight``) from the
+    layer's stacked ``ffn_<kind>_exps`` [experts, out, in]; None for any other name."""
+    expert = re.search(r"\.(\d+)\.\w+\.experts\.(\d+)\.(gate|up|down)_proj\.weight$", hf_name)
+    if expert is None:
+        return None
+    layer, x, kind = expert.groups()
+    return read(f"blk.{layer}.ffn_{kind}_exps.weight")[int(x)]
+
+
 def qwen35_tensor(ck: GGUFMetadata, hf_name: str, found: str, read: Read) -> torch.Tensor | None:
     """Undo the converter: norms (but the gated one) stored with their +1, A as
-    -exp(A_log), the conv as [channels, kernel], the value heads tiled."""
+    -exp(A_log), the conv as [channels, kernel], experts stacked, the value heads tiled
+    (Qwen3.5), b and a fused per key head (Qwen3-Next's ``ssm_ba``)."""
     a = ck.arch
     if hf_name.endswith("norm.weight") and not hf_name.endswith("linear_attn.norm.weight"):
         return read(found) - 1.0
     if "linear_attn." not in hf_name:
-        return None
+        return expert_tensor(hf_name, read)
+    n_k, n_v = ck.get(f"{a}.ssm.group_count"), ck.get(f"{a}.ssm.time_step_rank")
+    per_k, dk, dv = n_v // n_k, ck.get(f"{a}.ssm.state_size"), ck.get(f"{a}.ssm.inner_size") // n_v
+    fused = f"blk.{_layer(hf_name)}.ssm_ba.weight"
+    if hf_name.endswith(("in_proj_b.weight", "in_proj_a.weight")) and fused in ck.tensors:
+        rows = torch.arange(n_k * 2 * per_k).view(n_k, 2, per_k)  # [Hk, (b, a), per]: each key head's b, then a
+        return read(fused)[rows[:, int(hf_name.endswith("a.weight"))].flatten()]
     t = read(found)
     if hf_name.endswith(".A_log"):
         t = torch.log(-t)
-    n_k, n_v = ck.get(f"{a}.ssm.group_count"), ck.get(f"{a}.ssm.time_step_rank")
-    per_k, dk, dv = n_v // n_k, ck.get(f"{a}.ssm.state_size"), ck.get(f"{a}.ssm.inner_size") // n_v
-    if per_k > 1:
+    if per_k > 1 and a != "qwen3next":  # Qwen3-Next's converter keeps the grouped order
         if hf_name.endswith(("A_log", "dt_bias", "in_proj_a.weight", "in_proj_b.weight")):
             t = untile(t, 0, n_k, per_k, 1)
         elif hf_name.endswith(("in_proj_qkv.weight", "conv1d.weight")):
