@@ -91,6 +91,15 @@ LFM2_TINY = dict(  # short convolution, attention, convolution, attention (issue
     norm_eps=1e-5,
 )
 
+LFM2_MOE_TINY = dict(  # LFM2's layers; layer 0 dense, then 4 experts (top 2), sigmoid router with a bias
+    **LFM2_TINY,
+    num_dense_layers=1,
+    num_experts=4,
+    num_experts_per_tok=2,
+    moe_intermediate_size=32,
+    routed_scaling_factor=1.5,
+)
+
 QWEN3_5_TINY = dict(  # Gated DeltaNet, gated attention, twice (issue 52); 2 key heads for 4 value heads
     num_hidden_layers=4,
     layer_types=["linear_attention", "full_attention", "linear_attention", "full_attention"],
@@ -207,6 +216,7 @@ def make_checkpoint(
         "falconh1": (transformers.FalconH1Config, transformers.FalconH1ForCausalLM),
         "jamba": (transformers.JambaConfig, transformers.JambaForCausalLM),
         "lfm2": (transformers.Lfm2Config, transformers.Lfm2ForCausalLM),
+        "lfm2_moe": (transformers.Lfm2MoeConfig, transformers.Lfm2MoeForCausalLM),
         "qwen3_5": (transformers.Qwen3_5TextConfig, transformers.Qwen3_5ForCausalLM),
         "qwen3_5_moe": (transformers.Qwen3_5MoeTextConfig, transformers.Qwen3_5MoeForCausalLM),
         "qwen3_next": (transformers.Qwen3NextConfig, transformers.Qwen3NextForCausalLM),
@@ -221,6 +231,9 @@ def make_checkpoint(
     with torch.no_grad():  # random biases and norms too, so every parameter matters
         for p in model.parameters():
             p.add_(torch.randn_like(p) * noise)
+        for name, b in model.named_buffers():
+            if name.endswith("expert_bias"):  # LFM2-MoE's routing offset, a buffer: big enough to steer
+                b.add_(torch.randn_like(b) * 0.5)
     folder.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(folder)
     if tokenizer == "spm":

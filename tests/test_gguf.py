@@ -24,6 +24,7 @@ from checkpoints import (
     GEMMA3N_TINY,
     GRANITE_HYBRID_TINY,
     JAMBA_TINY,
+    LFM2_MOE_TINY,
     LFM2_TINY,
     QWEN3_5_MOE_TINY,
     QWEN3_5_TINY,
@@ -51,8 +52,8 @@ def folder(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("gguf")
 
 
-ARCHS = ["gemma2", "gemma3", "gemma3n", "mamba2", "granitemoehybrid", "falconh1", "jamba", "lfm2", "qwen3_5",
-         "qwen3_5_moe", "qwen3_next"]  # fmt: skip
+ARCHS = ["gemma2", "gemma3", "gemma3n", "mamba2", "granitemoehybrid", "falconh1", "jamba", "lfm2", "lfm2_moe",
+         "qwen3_5", "qwen3_5_moe", "qwen3_next"]  # fmt: skip
 # the converter expects multi-token-prediction layers unless told there are none
 NO_MTP = ("qwen3_5", "qwen3_5_moe", "qwen3_next")
 
@@ -216,7 +217,9 @@ def _tiny(folder: Path, arch: str) -> Path:
     where it insists on one, transformers 4's layer names for Granite's layer list
     (this converter reads only those), the query scale llama.cpp assumes for Gemma."""
     extra = {"granitemoehybrid": GRANITE_HYBRID_TINY, "falconh1": FALCON_H1_TINY, "jamba": JAMBA_TINY,
-             "lfm2": LFM2_TINY, "qwen3_5": QWEN3_5_TINY, "qwen3_5_moe": QWEN3_5_MOE_TINY,
+             "lfm2": LFM2_TINY, "qwen3_5": QWEN3_5_TINY,
+             "qwen3_5_moe": QWEN3_5_MOE_TINY,
+             "lfm2_moe": {**LFM2_MOE_TINY, "routed_scaling_factor": 1.0},  # the file has no scale: llama.cpp's 1
              # llama.cpp's Qwen3-Next has experts in every layer and renormalizes their weights
              "qwen3_next": {**QWEN3_NEXT_TINY, "mlp_only_layers": [], "norm_topk_prob": True},
              "gemma3n": {**GEMMA3N_TINY, "vocab_size_per_layer_input": 1000}}.get(arch, {})  # fmt: skip

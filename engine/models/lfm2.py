@@ -7,7 +7,9 @@ sequence); C times that; the output projection. Its memory is a ``RecurrentSpec`
 state is that window alone (the SSM part is one unused number per sequence), so the
 conv layers get everything the recurrent memory has: checkpoints, rollback, ``seq_cp``,
 slot files, the prompt cache. The final norm is ``model.embedding_norm`` (the
-checkpoint's name); the LM head is tied to the embeddings.
+checkpoint's name); the LM head is tied to the embeddings. LFM2-MoE
+(``Lfm2MoeForCausalLM``) is the same model with experts after the first
+``num_dense_layers`` layers.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from engine.errors import CheckpointError
 from engine.models.base import DecoderLM
 from engine.models.config import ModelConfig
 from engine.models.layers import RMSNorm, embedding
+from engine.models.moe import run_experts
 from engine.models.rope import Rotary, rotate
 from engine.models.ssm import conv_step, conv_window, each_sequence
 from memory import ForwardView, FullAttentionSpec, LayerSpec
@@ -102,16 +105,44 @@ def ffn_size(raw: dict, size: int) -> int:
     return size
 
 
+class Lfm2MoE(nn.Module):
+    """LFM2-MoE's experts: sigmoid scores; the top-k chosen on score + ``expert_bias``
+    (a load-balancing offset that only steers the choice), weighted by their scores,
+    renormalized when ``norm_topk_prob``, times ``routed_scaling_factor``."""
+
+    def __init__(self, raw: dict, hidden: int):
+        super().__init__()
+        n = int(raw["num_experts"])
+        self.top_k, self.norm = int(raw["num_experts_per_tok"]), bool(raw.get("norm_topk_prob", True))
+        self.scale = float(raw.get("routed_scaling_factor") or 1.0)
+        self.gate = nn.Linear(hidden, n, bias=False)
+        self.experts = nn.ModuleList(Lfm2MLP(hidden, int(raw["moe_intermediate_size"])) for _ in range(n))
+        self.expert_bias = nn.Parameter(torch.zeros(n)) if raw.get("use_expert_bias", True) else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x: [T, hidden] -> [T, hidden]."""
+        scores = self.gate(x).float().sigmoid()  # [T, E]
+        steer = scores if self.expert_bias is None else scores + self.expert_bias.float()
+        idx = steer.topk(self.top_k, dim=-1).indices  # [T, k]
+        weights = scores.gather(1, idx)
+        if self.norm:
+            weights = weights / (weights.sum(-1, keepdim=True) + 1e-6)
+        return run_experts(x, self.experts, (weights * self.scale).to(x.dtype), idx)
+
+
 class Lfm2Layer(nn.Module):
     def __init__(self, cfg: ModelConfig, layer: int):
         super().__init__()
-        hidden = cfg.hidden_size
+        hidden, raw = cfg.hidden_size, cfg.raw
         if cfg.layer_types[layer] == "recurrent":
-            kernel = int(cfg.raw.get("conv_L_cache") or 3)
-            self.conv = ShortConv(hidden, kernel, bool(cfg.raw.get("conv_bias", False)), layer)
+            kernel = int(raw.get("conv_L_cache") or 3)
+            self.conv = ShortConv(hidden, kernel, bool(raw.get("conv_bias", False)), layer)
         else:
             self.self_attn = Lfm2Attention(cfg, layer)
-        self.feed_forward = Lfm2MLP(hidden, ffn_size(cfg.raw, cfg.intermediate_size))
+        if raw.get("num_experts") and layer >= int(raw.get("num_dense_layers") or 0):  # LFM2-MoE
+            self.feed_forward = Lfm2MoE(raw, hidden)
+        else:
+            self.feed_forward = Lfm2MLP(hidden, ffn_size(raw, cfg.intermediate_size))
         self.operator_norm = RMSNorm(hidden, cfg.rms_norm_eps)
         self.ffn_norm = RMSNorm(hidden, cfg.rms_norm_eps)
 
@@ -157,3 +188,7 @@ class Lfm2ForCausalLM(DecoderLM):
         for layer in self.model.layers:
             x = layer(x, rope, view)
         return self.model.embedding_norm(x[rows])  # [S, hidden]
+
+
+class Lfm2MoeForCausalLM(Lfm2ForCausalLM):
+    pass

@@ -10,7 +10,7 @@ from engine.models.gemma3_vision import Gemma3ForConditionalGeneration
 from engine.models.gemma3n import Gemma3nForCausalLM
 from engine.models.granite_hybrid import GraniteMoeHybridForCausalLM
 from engine.models.jamba import JambaForCausalLM
-from engine.models.lfm2 import Lfm2ForCausalLM
+from engine.models.lfm2 import Lfm2ForCausalLM, Lfm2MoeForCausalLM
 from engine.models.llama import LlamaForCausalLM
 from engine.models.mamba2 import Mamba2ForCausalLM
 from engine.models.mistral import MistralForCausalLM
@@ -47,6 +47,7 @@ MODELS: dict[str, type[DecoderLM]] = {
         FalconH1ForCausalLM,
         JambaForCausalLM,
         Lfm2ForCausalLM,
+        Lfm2MoeForCausalLM,
         SmolVLMForConditionalGeneration,
         Idefics3ForConditionalGeneration,
         Qwen2_5_VLForConditionalGeneration,
@@ -65,6 +66,7 @@ MODEL_TYPES = {  # config.json's model_type -> the class name
     "falcon_h1": "FalconH1ForCausalLM",
     "jamba": "JambaForCausalLM",
     "lfm2": "Lfm2ForCausalLM",
+    "lfm2_moe": "Lfm2MoeForCausalLM",
     "qwen3_5_text": "Qwen3_5ForCausalLM",
     "qwen3_5": "Qwen3_5ForConditionalGeneration",
     "qwen3_5_moe_text": "Qwen3_5MoeForCausalLM",

@@ -228,12 +228,25 @@ def _jamba(ck: GGUFMetadata) -> dict:
 
 
 def _lfm2(ck: GGUFMetadata) -> dict:
-    """LFM2: the converter writes 0 KV heads for the short-convolution layers and the
-    feed-forward size already adjusted (``block_auto_adjust_ff_dim`` off here)."""
-    cfg = _base(ck, "lfm2")
+    """LFM2 and LFM2-MoE: the converter writes 0 KV heads for the short-convolution
+    layers and the feed-forward size already adjusted (``block_auto_adjust_ff_dim`` off
+    here); of the experts, neither a weight scale nor whether the chosen weights are
+    renormalized (llama.cpp's rule stands in: renormalized, unscaled)."""
+    a = ck.arch
+    cfg = _base(ck, "lfm2_moe" if a == "lfm2moe" else "lfm2")
     cfg["layer_types"] = ["full_attention" if k else "conv" for k in kv_heads(ck)]
-    cfg.update(conv_L_cache=ck.get(f"{ck.arch}.shortconv.l_cache", 3), block_auto_adjust_ff_dim=False)
+    cfg.update(conv_L_cache=ck.get(f"{a}.shortconv.l_cache", 3), block_auto_adjust_ff_dim=False)
     cfg["conv_bias"] = "blk.0.shortconv.in_proj.bias" in ck.tensors
+    if ck.get(f"{a}.expert_count"):
+        cfg.update(
+            num_experts=ck.get(f"{a}.expert_count"),
+            num_experts_per_tok=ck.get(f"{a}.expert_used_count"),
+            moe_intermediate_size=ck.get(f"{a}.expert_feed_forward_length"),
+            num_dense_layers=ck.get(f"{a}.leading_dense_block_count") or 0,
+            use_expert_bias="blk.{}.exp_probs_b.bias".format(cfg["num_hidden_layers"] - 1) in ck.tensors,
+            norm_topk_prob=True,
+            routed_scaling_factor=1.0,
+        )
     return cfg
 
 
@@ -285,6 +298,8 @@ def gguf_name(ck: GGUFMetadata, names: Any, hf_name: str) -> str | None:
     found = names.get_name(lookup, try_suffixes=(".weight", ".bias"))
     if found is not None and found not in ck.tensors and found.endswith(".weight") and found[:-7] in ck.tensors:
         return found[:-7]  # a few names are written without ".weight" (Falcon-H1's ffn_norm)
+    if found is not None and found not in ck.tensors and f"{found}.bias" in ck.tensors:
+        return f"{found}.bias"  # an HF name without a suffix written as a bias (LFM2-MoE's expert_bias)
     return found
 
 
@@ -301,6 +316,7 @@ ARCHITECTURES: dict[str, GGUFArch] = {
     "falcon-h1": GGUFArch("FalconH1ForCausalLM", _falcon_h1, ssm_tensor),
     "jamba": GGUFArch("JambaForCausalLM", _jamba, jamba_tensor),
     "lfm2": GGUFArch("Lfm2ForCausalLM", _lfm2, lfm2_tensor),
+    "lfm2moe": GGUFArch("Lfm2MoeForCausalLM", _lfm2, lfm2_tensor),
     # value heads are reordered across columns too (out_proj): read in float for now
     "qwen35": GGUFArch("Qwen3_5ForCausalLM", _qwen35, qwen35_tensor, keeps_blocks=False),
     "qwen35moe": GGUFArch("Qwen3_5MoeForCausalLM", _qwen35, qwen35_tensor, keeps_blocks=False),

@@ -119,7 +119,7 @@ def jamba_tensor(ck: GGUFMetadata, hf_name: str, found: str, read: Read) -> torc
 def lfm2_tensor(ck: GGUFMetadata, hf_name: str, found: str, read: Read) -> torch.Tensor | None:
     if found.endswith("shortconv.conv.weight"):
         return read(found).unsqueeze(1)  # [channels, kernel] -> the Conv1d's [channels, 1, kernel]
-    return None
+    return expert_tensor(hf_name, read)
 
 
 def untile(t: torch.Tensor, dim: int, n_k: int, per_k: int, width: int) -> torch.Tensor:
@@ -133,10 +133,11 @@ def untile(t: torch.Tensor, dim: int, n_k: int, per_k: int, width: int) -> torch
 def expert_tensor(hf_name: str, read: Read) -> torch.Tensor | None:
     """One expert's matrix (``....<layer>.<mlp>.experts.<e>.<kind>_proj.weight``) from the
     layer's stacked ``ffn_<kind>_exps`` [experts, out, in]; None for any other name."""
-    expert = re.search(r"\.(\d+)\.\w+\.experts\.(\d+)\.(gate|up|down)_proj\.weight$", hf_name)
+    expert = re.search(r"\.(\d+)\.\w+\.experts\.(\d+)\.(gate_proj|up_proj|down_proj|w1|w3|w2)\.weight$", hf_name)
     if expert is None:
         return None
     layer, x, kind = expert.groups()
+    kind = {"w1": "gate", "w3": "up", "w2": "down"}.get(kind, kind.removesuffix("_proj"))  # LFM2 names w1, w3, w2
     return read(f"blk.{layer}.ffn_{kind}_exps.weight")[int(x)]
 
 
