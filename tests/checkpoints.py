@@ -124,6 +124,24 @@ QWEN3_NEXT_TINY = dict(  # fused DeltaNet projections; layer 1 dense (mlp_only_l
     norm_topk_prob=False,
 )
 
+NEMOTRON_H_TINY = dict(  # Mamba2, MoE, attention, MLP, Mamba2, MoE; 2 groups of 2 experts, latent MoE
+    num_hidden_layers=None,
+    layers_block_type=["linear_attention", "moe", "full_attention", "mlp", "linear_attention", "moe"],
+    mamba_num_heads=8,
+    mamba_head_dim=16,
+    ssm_state_size=16,
+    n_groups=2,
+    chunk_size=8,
+    n_routed_experts=4,
+    num_experts_per_tok=2,
+    moe_intermediate_size=32,
+    moe_shared_expert_intermediate_size=48,
+    n_group=2,
+    topk_group=1,
+    routed_scaling_factor=1.5,
+    moe_latent_size=32,
+)
+
 JAMBA_TINY = dict(  # Mamba1 at layers 0 and 2 (with MoE), attention at 1 and 3 (dense MLP)
     num_hidden_layers=4,
     attn_layer_period=2,
@@ -217,6 +235,7 @@ def make_checkpoint(
         "jamba": (transformers.JambaConfig, transformers.JambaForCausalLM),
         "lfm2": (transformers.Lfm2Config, transformers.Lfm2ForCausalLM),
         "lfm2_moe": (transformers.Lfm2MoeConfig, transformers.Lfm2MoeForCausalLM),
+        "nemotron_h": (transformers.NemotronHConfig, transformers.NemotronHForCausalLM),
         "qwen3_5": (transformers.Qwen3_5TextConfig, transformers.Qwen3_5ForCausalLM),
         "qwen3_5_moe": (transformers.Qwen3_5MoeTextConfig, transformers.Qwen3_5MoeForCausalLM),
         "qwen3_next": (transformers.Qwen3NextConfig, transformers.Qwen3NextForCausalLM),
@@ -232,7 +251,7 @@ def make_checkpoint(
         for p in model.parameters():
             p.add_(torch.randn_like(p) * noise)
         for name, b in model.named_buffers():
-            if name.endswith("expert_bias"):  # LFM2-MoE's routing offset, a buffer: big enough to steer
+            if name.endswith(("expert_bias", "e_score_correction_bias")):  # routing offsets (buffers) that steer
                 b.add_(torch.randn_like(b) * 0.5)
     folder.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(folder)

@@ -26,6 +26,7 @@ from checkpoints import (
     JAMBA_TINY,
     LFM2_MOE_TINY,
     LFM2_TINY,
+    NEMOTRON_H_TINY,
     QWEN3_5_MOE_TINY,
     QWEN3_5_TINY,
     QWEN3_NEXT_TINY,
@@ -53,7 +54,7 @@ def folder(tmp_path_factory) -> Path:
 
 
 ARCHS = ["gemma2", "gemma3", "gemma3n", "mamba2", "granitemoehybrid", "falconh1", "jamba", "lfm2", "lfm2_moe",
-         "qwen3_5", "qwen3_5_moe", "qwen3_next"]  # fmt: skip
+         "qwen3_5", "qwen3_5_moe", "qwen3_next", "nemotron_h"]  # fmt: skip
 # the converter expects multi-token-prediction layers unless told there are none
 NO_MTP = ("qwen3_5", "qwen3_5_moe", "qwen3_next")
 
@@ -222,6 +223,7 @@ def _tiny(folder: Path, arch: str) -> Path:
              "lfm2_moe": {**LFM2_MOE_TINY, "routed_scaling_factor": 1.0},  # the file has no scale: llama.cpp's 1
              # llama.cpp's Qwen3-Next has experts in every layer and renormalizes their weights
              "qwen3_next": {**QWEN3_NEXT_TINY, "mlp_only_layers": [], "norm_topk_prob": True},
+             "nemotron_h": NEMOTRON_H_TINY,
              "gemma3n": {**GEMMA3N_TINY, "vocab_size_per_layer_input": 1000}}.get(arch, {})  # fmt: skip
     spm = arch.startswith("gemma") or arch == "jamba"
     if spm:

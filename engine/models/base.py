@@ -47,7 +47,7 @@ class DecoderLM(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.cfg = cfg
-        if "recurrent" in cfg.layer_types:  # an attention-only model given a hybrid's layer list
+        if set(cfg.layer_types) - {"full_attention", "sliding_attention"}:  # given a hybrid's layer list
             given = [t for t in cfg.raw.get("layer_types") or [] if "attention" not in str(t)]
             raise CheckpointError(
                 f"config.json: field 'layer_types' names {', '.join(map(str, given))}, "

@@ -136,8 +136,24 @@ LAYER_TYPES = {
     "linear_attention": "recurrent",  # transformers 5's name for Mamba layers in hybrids
     "mamba": "recurrent",
     "conv": "recurrent",  # LFM2's gated short convolution: its window is a recurrent state
+    "mlp": "feed_forward",  # Nemotron-H's layers of one MLP or MoE: no memory
+    "moe": "feed_forward",
 }
 RECURRENT_MODEL_TYPES = ("mamba2",)  # every layer recurrent; no layer list in the config
+
+
+NEMOTRON_PATTERN = {"M": "linear_attention", "E": "moe", "*": "full_attention", "-": "mlp"}
+
+
+def _layer_list(raw: dict) -> list | None:
+    """The layer list where a config gives one but no ``num_hidden_layers`` (Nemotron-H's
+    ``layers_block_type``, or its older ``hybrid_override_pattern`` string)."""
+    if raw.get("num_hidden_layers") is not None:
+        return None
+    if isinstance(raw.get("layers_block_type"), list):
+        return raw["layers_block_type"]
+    pattern = raw.get("hybrid_override_pattern")
+    return [NEMOTRON_PATTERN.get(c, c) for c in pattern] if isinstance(pattern, str) else None
 
 
 def _layer_types(raw: dict, n_layers: int, window: int | None, path: Path) -> tuple[str, ...]:
@@ -145,6 +161,8 @@ def _layer_types(raw: dict, n_layers: int, window: int | None, path: Path) -> tu
     names), else Gemma 3's ``sliding_window_pattern`` (every n-th layer is global), else
     every layer sliding when the config has a window (Mistral), else all full."""
     given = raw.get("layer_types") or raw.get("layers_block_type")  # the latter: older Granite 4 configs
+    if given is None and isinstance(raw.get("hybrid_override_pattern"), str):  # Nemotron-H hub configs
+        given = [NEMOTRON_PATTERN.get(c, c) for c in raw["hybrid_override_pattern"]]
     if given is None and isinstance(raw.get("full_attn_idxs"), list):  # older LFM2 configs
         given = ["full_attention" if i in raw["full_attn_idxs"] else "conv" for i in range(n_layers)]
     if given is None and raw.get("full_attention_interval"):  # Qwen3-Next / Qwen3.5 configs without the list
@@ -228,7 +246,7 @@ def parse_model_config(raw: dict, path: Path) -> ModelConfig:
     hidden = int(_require(raw, "hidden_size", path))
     n_heads = int(raw.get("num_heads") or 1) if recurrent else int(_require(raw, "num_attention_heads", path))
     window = raw.get("sliding_window") if raw.get("use_sliding_window", True) else None
-    n_layers = int(_require(raw, "num_hidden_layers", path))
+    n_layers = int(_require(raw, "num_hidden_layers", path) if _layer_list(raw) is None else len(_layer_list(raw)))
     max_pos = int(raw.get("max_position_embeddings") or (2**20 if recurrent else 4096))  # a state has no limit
     if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window <= 0):
         raise CheckpointError(f"{path}: field 'sliding_window' is {window!r}; it must be a positive integer")

@@ -14,6 +14,7 @@ from engine.models.lfm2 import Lfm2ForCausalLM, Lfm2MoeForCausalLM
 from engine.models.llama import LlamaForCausalLM
 from engine.models.mamba2 import Mamba2ForCausalLM
 from engine.models.mistral import MistralForCausalLM
+from engine.models.nemotron_h import NemotronHForCausalLM
 from engine.models.qwen2 import Qwen2ForCausalLM
 from engine.models.qwen2_5_vl import Qwen2_5_VLForConditionalGeneration
 from engine.models.qwen3 import Qwen3ForCausalLM
@@ -48,6 +49,7 @@ MODELS: dict[str, type[DecoderLM]] = {
         JambaForCausalLM,
         Lfm2ForCausalLM,
         Lfm2MoeForCausalLM,
+        NemotronHForCausalLM,
         SmolVLMForConditionalGeneration,
         Idefics3ForConditionalGeneration,
         Qwen2_5_VLForConditionalGeneration,
@@ -67,6 +69,7 @@ MODEL_TYPES = {  # config.json's model_type -> the class name
     "jamba": "JambaForCausalLM",
     "lfm2": "Lfm2ForCausalLM",
     "lfm2_moe": "Lfm2MoeForCausalLM",
+    "nemotron_h": "NemotronHForCausalLM",
     "qwen3_5_text": "Qwen3_5ForCausalLM",
     "qwen3_5": "Qwen3_5ForConditionalGeneration",
     "qwen3_5_moe_text": "Qwen3_5MoeForCausalLM",

@@ -250,6 +250,51 @@ def _lfm2(ck: GGUFMetadata) -> dict:
     return cfg
 
 
+def _nemotron_h(ck: GGUFMetadata) -> dict:
+    """Nemotron-H: each block's mixer from what the file holds (KV heads: attention;
+    ``ssm_in``: Mamba2; stacked experts: MoE; else the MLP); the MLP's width from its
+    tensor (the converter writes 0 for it); ``time_step_min`` is not written (its
+    default, 0.001, stands in)."""
+    a = ck.arch
+    cfg = _base(ck, "nemotron_h")
+    n = cfg.pop("num_hidden_layers")
+    heads = kv_heads(ck)
+
+    def kind(i: int) -> str:
+        if heads[i]:
+            return "full_attention"
+        if f"blk.{i}.ssm_in.weight" in ck.tensors:
+            return "linear_attention"
+        return "moe" if f"blk.{i}.ffn_up_exps.weight" in ck.tensors else "mlp"
+
+    cfg["layers_block_type"] = [kind(i) for i in range(n)]
+    dense = next((i for i, k in enumerate(cfg["layers_block_type"]) if k == "mlp"), None)
+    cfg["intermediate_size"] = ck.tensors[f"blk.{dense}.ffn_up.weight"][1][0] if dense is not None else 1
+    inner, ssm_heads = ck.get(f"{a}.ssm.inner_size"), ck.get(f"{a}.ssm.time_step_rank")
+    cfg.update(
+        mamba_num_heads=ssm_heads,
+        mamba_head_dim=inner // ssm_heads if ssm_heads else 1,
+        ssm_state_size=ck.get(f"{a}.ssm.state_size"),
+        n_groups=ck.get(f"{a}.ssm.group_count") or 1,
+        conv_kernel=ck.get(f"{a}.ssm.conv_kernel") or 4,
+        layer_norm_epsilon=ck.get(f"{a}.attention.layer_norm_epsilon"),
+        use_conv_bias=any(name.endswith("ssm_conv1d.bias") for name in ck.tensors),
+    )
+    if ck.get(f"{a}.expert_count"):
+        cfg.update(
+            n_routed_experts=ck.get(f"{a}.expert_count"),
+            num_experts_per_tok=ck.get(f"{a}.expert_used_count"),
+            n_group=ck.get(f"{a}.expert_group_count") or 1,
+            topk_group=ck.get(f"{a}.expert_group_used_count") or 1,
+            moe_intermediate_size=ck.get(f"{a}.expert_feed_forward_length"),
+            moe_shared_expert_intermediate_size=ck.get(f"{a}.expert_shared_feed_forward_length"),
+            norm_topk_prob=bool(ck.get(f"{a}.expert_weights_norm", True)),
+            routed_scaling_factor=ck.get(f"{a}.expert_weights_scale") or 1.0,
+            moe_latent_size=ck.get(f"{a}.moe_latent_size"),
+        )
+    return cfg
+
+
 QWEN35_TYPES = {"qwen35": "qwen3_5_text", "qwen35moe": "qwen3_5_moe_text", "qwen3next": "qwen3_next"}
 
 
@@ -295,6 +340,7 @@ def gguf_name(ck: GGUFMetadata, names: Any, hf_name: str) -> str | None:
     """The GGUF tensor the converter wrote for ``hf_name`` (None: none matches)."""
     lookup = re.sub(r"\.dt_bias$", ".dt_proj.bias", hf_name)  # the converter renames these first
     lookup = re.sub(r"_scale$", "_scale.weight", lookup)
+    lookup = re.sub(r"e_score_correction_bias$", "e_score_correction.bias", lookup)  # the converter's rename
     found = names.get_name(lookup, try_suffixes=(".weight", ".bias"))
     if found is not None and found not in ck.tensors and found.endswith(".weight") and found[:-7] in ck.tensors:
         return found[:-7]  # a few names are written without ".weight" (Falcon-H1's ffn_norm)
@@ -317,6 +363,10 @@ ARCHITECTURES: dict[str, GGUFArch] = {
     "jamba": GGUFArch("JambaForCausalLM", _jamba, jamba_tensor),
     "lfm2": GGUFArch("Lfm2ForCausalLM", _lfm2, lfm2_tensor),
     "lfm2moe": GGUFArch("Lfm2MoeForCausalLM", _lfm2, lfm2_tensor),
+    # Mamba2's tensors, stacked experts; with transformers 5 installed the converter writes
+    # every Nemotron-H as nemotron_h_moe (its config always lists expert fields)
+    "nemotron_h": GGUFArch("NemotronHForCausalLM", _nemotron_h, jamba_tensor),
+    "nemotron_h_moe": GGUFArch("NemotronHForCausalLM", _nemotron_h, jamba_tensor),
     # value heads are reordered across columns too (out_proj): read in float for now
     "qwen35": GGUFArch("Qwen3_5ForCausalLM", _qwen35, qwen35_tensor, keeps_blocks=False),
     "qwen35moe": GGUFArch("Qwen3_5MoeForCausalLM", _qwen35, qwen35_tensor, keeps_blocks=False),
