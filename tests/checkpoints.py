@@ -142,6 +142,24 @@ NEMOTRON_H_TINY = dict(  # Mamba2, MoE, attention, MLP, Mamba2, MoE; 2 groups of
     moe_latent_size=32,
 )
 
+GEMMA4_TINY = dict(  # sliding and full layers, full ones wider with k = v; the last two share KV; MoE; PLE
+    num_hidden_layers=6,
+    layer_types=["sliding_attention", "sliding_attention", "full_attention"] * 2,
+    sliding_window=4,
+    global_head_dim=32,
+    num_global_key_value_heads=1,
+    attention_k_eq_v=True,
+    num_kv_shared_layers=2,
+    use_double_wide_mlp=True,
+    hidden_size_per_layer_input=8,
+    vocab_size_per_layer_input=320,
+    enable_moe_block=True,
+    num_experts=4,
+    top_k_experts=2,
+    moe_intermediate_size=32,
+    final_logit_softcapping=30.0,
+)
+
 JAMBA_TINY = dict(  # Mamba1 at layers 0 and 2 (with MoE), attention at 1 and 3 (dense MLP)
     num_hidden_layers=4,
     attn_layer_period=2,
@@ -229,6 +247,7 @@ def make_checkpoint(
         "gemma2": (transformers.Gemma2Config, transformers.Gemma2ForCausalLM),
         "gemma3": (transformers.Gemma3TextConfig, transformers.Gemma3ForCausalLM),
         "gemma3n": (transformers.Gemma3nTextConfig, transformers.Gemma3nForCausalLM),
+        "gemma4": (transformers.Gemma4TextConfig, transformers.Gemma4ForCausalLM),
         "mamba2": (transformers.Mamba2Config, transformers.Mamba2ForCausalLM),
         "granitemoehybrid": (transformers.GraniteMoeHybridConfig, transformers.GraniteMoeHybridForCausalLM),
         "falconh1": (transformers.FalconH1Config, transformers.FalconH1ForCausalLM),
@@ -253,6 +272,8 @@ def make_checkpoint(
         for name, b in model.named_buffers():
             if name.endswith(("expert_bias", "e_score_correction_bias")):  # routing offsets (buffers) that steer
                 b.add_(torch.randn_like(b) * 0.5)
+            if name.endswith("layer_scalar"):  # Gemma 4's per-layer output scale (a buffer)
+                b.add_(torch.randn_like(b) * noise)
     folder.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(folder)
     if tokenizer == "spm":
@@ -483,6 +504,30 @@ def make_published_qwen3_5_moe(folder: Path) -> Path:
     config = json.loads((folder / "config.json").read_text())
     assert "layer_types" not in config["text_config"] or config["text_config"].pop("layer_types")
     config["text_config"]["full_attention_interval"] = 2
+    (folder / "config.json").write_text(json.dumps(config))
+    write_byte_tokenizer(folder)
+    return folder
+
+
+def make_published_gemma4(folder: Path) -> Path:
+    """A tiny Gemma 4 folder as published: the multimodal class (``model.language_model.*``,
+    a vision tower), the full layers' shape as ``global_head_dim`` and
+    ``num_global_key_value_heads`` (not transformers 5.24's ``per_layer_config``)."""
+    import transformers
+
+    vision = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2, head_dim=16)
+    torch.manual_seed(0)
+    text = {**BASE, **GEMMA4_TINY, "pad_token_id": 0}  # the multimodal model masks its placeholders with it
+    config = transformers.Gemma4Config(text_config=text, vision_config=vision, audio_config=None)
+    model = transformers.Gemma4ForConditionalGeneration(config)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.1)
+    model.save_pretrained(folder)
+    config = json.loads((folder / "config.json").read_text())
+    text = config["text_config"]
+    del text["per_layer_config"]
+    text.update(global_head_dim=GEMMA4_TINY["global_head_dim"], num_global_key_value_heads=1)
     (folder / "config.json").write_text(json.dumps(config))
     write_byte_tokenizer(folder)
     return folder

@@ -6,7 +6,13 @@ from __future__ import annotations
 import json
 
 import torch
-from checkpoints import NEMOTRON_H_TINY, greedy_reference, make_checkpoint, make_published_qwen3_5_moe
+from checkpoints import (
+    NEMOTRON_H_TINY,
+    greedy_reference,
+    make_checkpoint,
+    make_published_gemma4,
+    make_published_qwen3_5_moe,
+)
 
 from engine import Engine, SamplingParams
 
@@ -21,6 +27,23 @@ def test_a_published_qwen3_5_moe_folder_serves_its_text_as_transformers(tmp_path
     ref = transformers.Qwen3_5MoeForConditionalGeneration.from_pretrained(folder, dtype=torch.float32).eval()
     engine = Engine.from_pretrained(str(folder), n_ctx=256, n_seq_max=1)
     assert [s.kind for s in engine.model.layer_specs(torch.float32)] == ["recurrent", "attention_full"] * 2
+    assert_answers_as(engine, ref)
+
+
+def test_a_published_gemma4_folder_serves_its_text_as_transformers(tmp_path):
+    """Gemma 4's multimodal folder with the full layers' shape in ``global_head_dim`` /
+    ``num_global_key_value_heads``: the text model, KV sharing and experts included."""
+    import transformers
+
+    folder = make_published_gemma4(tmp_path / "g")
+    ref = transformers.Gemma4ForConditionalGeneration.from_pretrained(folder, dtype=torch.float32).eval()
+    engine = Engine.from_pretrained(str(folder), n_ctx=256, n_seq_max=1)
+    widths = [getattr(s, "head_dim", None) for s in engine.model.layer_specs(torch.float32)]
+    assert widths == [16, 16, 32, 16, None, None]  # the wide full layer; the last two reuse layers 3 and 2
+    assert_answers_as(engine, ref)
+
+
+def assert_answers_as(engine: Engine, ref) -> None:
     prompt = torch.randint(1, 300, (40,), generator=torch.Generator().manual_seed(3)).tolist()
     seq = engine.add_sequence(prompt, SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True), seq_id=0)
     logits = []

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from checkpoints import GEMMA3N_TINY, greedy_reference, load_reference, make_checkpoint
+from checkpoints import GEMMA3N_TINY, GEMMA4_TINY, greedy_reference, load_reference, make_checkpoint
 
 from engine import Engine, SamplingParams
 
@@ -67,8 +67,20 @@ CASES = {
         "gemma3n",
         {**GEMMA3N_TINY, "activation_sparsity_pattern": [0.95, 0.0, 0.0, 0.0], "intermediate_size": [128, 96, 128, 96]},
     ),
+    "gemma4": ("gemma4", GEMMA4_TINY),  # wide full layers with k = v, proportional rope, KV sharing, MoE, PLE
+    "gemma4-dense": (  # the large models' shape: no per-layer inputs, no sharing, no experts
+        "gemma4",
+        {
+            **GEMMA4_TINY,
+            "hidden_size_per_layer_input": 0,
+            "num_kv_shared_layers": 0,
+            "attention_k_eq_v": False,
+            "enable_moe_block": False,
+            "sliding_window": 16,
+        },
+    ),  # fmt: skip
 }
-WINDOWED = {"mistral-swa", "gemma2", "gemma3", "gemma3n"}
+WINDOWED = {"mistral-swa", "gemma2", "gemma3", "gemma3n", "gemma4", "gemma4-dense"}
 MODES = {"unified": dict(kv_unified=True), "stream": dict(kv_unified=False), "swa-full": dict(swa_full=True)}
 RUNS = [(case, mode) for case in CASES for mode in MODES if mode != "swa-full" or case in WINDOWED]
 

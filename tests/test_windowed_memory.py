@@ -1,4 +1,4 @@
-"""Sliding-window models (Mistral, Gemma 2, Gemma 3, Gemma 3n) after the slot
+"""Sliding-window models (Mistral, Gemma 2, Gemma 3, Gemma 3n, Gemma 4) after the slot
 operations, against transformers: a prefix copy to another slot, cuts back into the
 window (exact while the ring holds it), a cut back to the prompt's end after the window
 has moved past it (a checkpoint), a cut too far back (recomputed, never served from
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from checkpoints import GEMMA3N_TINY, greedy_reference, load_reference, make_checkpoint
+from checkpoints import GEMMA3N_TINY, GEMMA4_TINY, greedy_reference, load_reference, make_checkpoint
 
 from engine import Engine, SamplingParams
 
@@ -17,6 +17,7 @@ WINDOWED = {
     "gemma2": ("gemma2", {"num_hidden_layers": 4, "sliding_window": 8, "query_pre_attn_scalar": 24}),
     "gemma3": ("gemma3", {"num_hidden_layers": 6, "sliding_window": 8, "query_pre_attn_scalar": 16}),
     "gemma3n": ("gemma3n", GEMMA3N_TINY),
+    "gemma4": ("gemma4", {**GEMMA4_TINY, "sliding_window": 8}),
 }
 STEP = 16  # tokens per step and sequence: the ring holds window - 1 + STEP cells
 GREEDY = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)

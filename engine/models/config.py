@@ -16,7 +16,7 @@ from typing import Any
 
 from engine.errors import CheckpointError
 
-ROPE_TYPES = ("default", "linear", "llama3", "yarn")
+ROPE_TYPES = ("default", "linear", "llama3", "yarn", "proportional")
 
 
 @dataclass(frozen=True)
@@ -33,6 +33,7 @@ class RopeConfig:
     mscale: float | None = None
     mscale_all_dim: float | None = None
     truncate: bool = True
+    partial_rotary_factor: float = 1.0  # "proportional" (Gemma 4): the rotated share of each head
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,7 @@ from engine.models.falcon_h1 import FalconH1ForCausalLM
 from engine.models.gemma import Gemma2ForCausalLM, Gemma3ForCausalLM
 from engine.models.gemma3_vision import Gemma3ForConditionalGeneration
 from engine.models.gemma3n import Gemma3nForCausalLM
+from engine.models.gemma4 import Gemma4ForCausalLM, Gemma4ForConditionalGeneration
 from engine.models.granite_hybrid import GraniteMoeHybridForCausalLM
 from engine.models.jamba import JambaForCausalLM
 from engine.models.lfm2 import Lfm2ForCausalLM, Lfm2MoeForCausalLM
@@ -43,6 +44,8 @@ MODELS: dict[str, type[DecoderLM]] = {
         Gemma3ForCausalLM,
         Gemma3ForConditionalGeneration,
         Gemma3nForCausalLM,
+        Gemma4ForCausalLM,
+        Gemma4ForConditionalGeneration,
         Mamba2ForCausalLM,
         GraniteMoeHybridForCausalLM,
         FalconH1ForCausalLM,
@@ -63,6 +66,8 @@ MODEL_TYPES = {  # config.json's model_type -> the class name
     "gemma2": "Gemma2ForCausalLM",
     "gemma3_text": "Gemma3ForCausalLM",
     "gemma3n_text": "Gemma3nForCausalLM",
+    "gemma4_text": "Gemma4ForCausalLM",
+    "gemma4": "Gemma4ForConditionalGeneration",
     "mamba2": "Mamba2ForCausalLM",
     "granitemoehybrid": "GraniteMoeHybridForCausalLM",
     "falcon_h1": "FalconH1ForCausalLM",

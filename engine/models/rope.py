@@ -1,5 +1,5 @@
 """Rotary position embeddings (rotate-half layout) with the scaling types of Llama-family
-configs: default, linear, llama3, yarn. Frequencies follow transformers'
+configs: default, linear, llama3, yarn, proportional (Gemma 4). Frequencies follow transformers'
 ``modeling_rope_utils`` so logits match it."""
 
 from __future__ import annotations
@@ -74,6 +74,10 @@ class Rotary(torch.nn.Module):
             inv_freq = _llama3(inv_freq, rope, max_position_embeddings)
         elif rope.rope_type == "yarn":
             inv_freq, self.attention_scaling = _yarn(rope, head_dim, max_position_embeddings)
+        elif rope.rope_type == "proportional":  # Gemma 4: the first angles rotate (over the whole head), the rest stay
+            angles = int(rope.partial_rotary_factor * head_dim // 2)
+            rotated = 1.0 / (rope.theta ** (torch.arange(0, 2 * angles, 2, device=CPU).float() / head_dim))
+            inv_freq = torch.cat([rotated, torch.zeros(head_dim // 2 - angles, device=CPU)]) / rope.factor
         self.register_buffer("inv_freq", inv_freq, persistent=False)  # [D/2] float32
 
     def cos_sin(self, positions: torch.Tensor, scaled: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
