@@ -234,6 +234,48 @@ def write_spm_tokenizer(folder: Path, vocab_size: int = 1000, symbols: tuple[str
     (folder / "added_tokens.json").write_text(json.dumps(added))  # as transformers 4 wrote them, for the converter
 
 
+def write_gemma4_tokenizer(folder: Path, vocab_size: int = 1000) -> None:
+    """A tokenizer shaped as Gemma 4's tokenizer.json: BPE over raw UTF-8 with byte
+        fallback (``<0xNN>`` tokens), spaces written as U+2581 by the normalizer, text split
+        only at newlines, merges trained on ``spm_corpus``; ``<pad>``, ``<eos>``, ``<bos>``,
+        ``<unk>`` first and ``<unusedN>`` filling the vocabulary to ``vocab_size``; ``<bos>`` put
+    in front."""
+    from tokenizers import Regex, Tokenizer, models, normalizers, pre_tokenizers, trainers
+
+    specials = ["<pad>", "<eos>", "<bos>", "<unk>"]
+    split = pre_tokenizers.Split(Regex("[^\n]+|[\n]+"), behavior="isolated")
+    trained = Tokenizer(models.BPE())
+    trained.normalizer = normalizers.Replace(" ", "\u2581")
+    trained.pre_tokenizer = split
+    trained.train_from_iterator(spm_corpus(), trainers.BpeTrainer(vocab_size=vocab_size - 300, show_progress=False))
+    model = json.loads(trained.to_str())["model"]
+    pieces = specials + [f"<0x{b:02X}>" for b in range(256)]
+    pieces += [t for t, _ in sorted(model["vocab"].items(), key=lambda kv: kv[1]) if t not in pieces]
+    pieces += [f"<unused{i}>" for i in range(vocab_size - len(pieces))]
+    added = [
+        {"id": i, "content": t, "single_word": False, "lstrip": False, "rstrip": False, "normalized": False,
+         "special": True}
+        for i, t in enumerate(pieces) if t in specials or t.startswith("<unused")
+    ]  # fmt: skip
+    spec = {
+        "version": "1.0", "truncation": None, "padding": None, "added_tokens": added,
+        "normalizer": {"type": "Replace", "pattern": {"String": " "}, "content": "\u2581"},
+        "pre_tokenizer": json.loads(split.__getstate__()),
+        "post_processor": {"type": "TemplateProcessing", "single": [{"SpecialToken": {"id": "<bos>", "type_id": 0}},
+                           {"Sequence": {"id": "A", "type_id": 0}}], "pair": [{"Sequence": {"id": "A", "type_id": 0}}],
+                           "special_tokens": {"<bos>": {"id": "<bos>", "ids": [2], "tokens": ["<bos>"]}}},
+        "decoder": {"type": "Sequence", "decoders": [
+            {"type": "Replace", "pattern": {"String": "\u2581"}, "content": " "},
+            {"type": "ByteFallback"}, {"type": "Fuse"}]},
+        "model": {"type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": None,
+                  "end_of_word_suffix": None, "fuse_unk": False, "byte_fallback": True, "ignore_merges": False,
+                  "vocab": {t: i for i, t in enumerate(pieces)}, "merges": model["merges"]},
+    }  # fmt: skip
+    Tokenizer.from_str(json.dumps(spec)).save(str(folder / "tokenizer.json"))
+    config = {"bos_token": "<bos>", "eos_token": "<eos>", "pad_token": "<pad>", "unk_token": "<unk>"}
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+
+
 def make_checkpoint(
     folder: Path, arch: str = "llama", seed: int = 0, noise: float = 0.1, tokenizer: str = "bytes", **overrides
 ) -> Path:
@@ -278,6 +320,8 @@ def make_checkpoint(
     model.save_pretrained(folder)
     if tokenizer == "spm":
         write_spm_tokenizer(folder, config.vocab_size)
+    elif tokenizer == "gemma4":
+        write_gemma4_tokenizer(folder, config.vocab_size)
     else:
         write_byte_tokenizer(folder)
     return folder

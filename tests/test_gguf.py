@@ -22,6 +22,7 @@ import torch
 from checkpoints import (
     FALCON_H1_TINY,
     GEMMA3N_TINY,
+    GEMMA4_TINY,
     GRANITE_HYBRID_TINY,
     JAMBA_TINY,
     LFM2_MOE_TINY,
@@ -54,7 +55,7 @@ def folder(tmp_path_factory) -> Path:
 
 
 ARCHS = ["gemma2", "gemma3", "gemma3n", "mamba2", "granitemoehybrid", "falconh1", "jamba", "lfm2", "lfm2_moe",
-         "qwen3_5", "qwen3_5_moe", "qwen3_next", "nemotron_h"]  # fmt: skip
+         "qwen3_5", "qwen3_5_moe", "qwen3_next", "nemotron_h", "gemma4"]  # fmt: skip
 # the converter expects multi-token-prediction layers unless told there are none
 NO_MTP = ("qwen3_5", "qwen3_5_moe", "qwen3_next")
 
@@ -224,13 +225,15 @@ def _tiny(folder: Path, arch: str) -> Path:
              # llama.cpp's Qwen3-Next has experts in every layer and renormalizes their weights
              "qwen3_next": {**QWEN3_NEXT_TINY, "mlp_only_layers": [], "norm_topk_prob": True},
              "nemotron_h": NEMOTRON_H_TINY,
+             "gemma4": {**GEMMA4_TINY, "vocab_size_per_layer_input": 1000},
              "gemma3n": {**GEMMA3N_TINY, "vocab_size_per_layer_input": 1000}}.get(arch, {})  # fmt: skip
     spm = arch.startswith("gemma") or arch == "jamba"
     if spm:
         extra = {**extra, "vocab_size": 1000}
+    tokenizer = "gemma4" if arch == "gemma4" else "spm" if spm else "bytes"  # Gemma 4's converter wants its BPE
     if arch in ("gemma2", "gemma3"):  # windows the prompts outgrow; 6 layers: Gemma 3's 6th is global
         extra = {**extra, "query_pre_attn_scalar": 16, "sliding_window": 4, "num_hidden_layers": 6}
-    ckpt = make_checkpoint(folder / f"tiny-{arch}", arch, tokenizer="spm" if spm else "bytes", **extra)
+    ckpt = make_checkpoint(folder / f"tiny-{arch}", arch, tokenizer=tokenizer, **extra)
     if arch == "granitemoehybrid":
         cfg = json.loads((ckpt / "config.json").read_text())
         cfg["layer_types"] = ["attention" if t == "full_attention" else "mamba" for t in cfg["layer_types"]]
@@ -302,11 +305,14 @@ def test_architectures_with_rebuilt_tensors_keep_the_rest_in_blocks(converted, f
     assert ours == _greedy(path, ARCH_PROMPTS)
 
 
-def test_a_sentencepiece_gguf_tokenizer_gives_the_hf_tokenizers_ids(converted):
+@pytest.mark.parametrize("name,kind,leading", [("llama-spm", "llama", b" "), ("gemma4", "gemma4", b"")])
+def test_a_sentencepiece_style_gguf_tokenizer_gives_the_hf_tokenizers_ids(converted, name, kind, leading):
+    """SentencePiece (scores, a space put in front) and Gemma 4's BPE (the file's merges
+    over raw UTF-8 with byte fallback, no space in front)."""
     from transformers import AutoTokenizer
 
-    ckpt, path = converted["llama-spm"]
-    assert GGUFCheckpoint(path).get("tokenizer.ggml.model") == "llama"  # SentencePiece, with scores
+    ckpt, path = converted[name]
+    assert GGUFCheckpoint(path).get("tokenizer.ggml.model") == kind
     ours = Engine.from_pretrained(str(path), n_seq_max=1).tokenizer
     hf = AutoTokenizer.from_pretrained(ckpt)
     texts = _strings(200)
@@ -316,7 +322,7 @@ def test_a_sentencepiece_gguf_tokenizer_gives_the_hf_tokenizers_ids(converted):
         hf.decode(hf.encode(t), skip_special_tokens=True) for t in texts
     ]
     pieces = [ours.token_bytes(i) for i in ours.encode("x hello", add_special=False)]
-    assert b"".join(pieces) == b" x hello"  # U+2581 is a space (what grammars match against)
+    assert b"".join(pieces) == leading + b"x hello"  # U+2581 is a space (what grammars match against)
 
 
 def test_a_gguf_serves_over_http(f32):

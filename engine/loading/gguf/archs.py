@@ -17,6 +17,7 @@ from engine.loading.gguf.tensors import (
     GGUFMetadata,
     Read,
     gemma3n_tensor,
+    gemma4_tensor,
     gemma_tensor,
     granite_tensor,
     jamba_tensor,
@@ -250,6 +251,56 @@ def _lfm2(ck: GGUFMetadata) -> dict:
     return cfg
 
 
+def _gemma4(ck: GGUFMetadata) -> dict:
+    """Gemma 4: per-layer KV heads and feed-forward widths, the two head sizes
+    (``key_length`` full, ``key_length_swa`` sliding), k = v where a full layer that
+    keeps its own cache has no ``attn_v``, the full layers' rotated share from
+    ``rope_freqs`` (1 where an angle turns, 1e30 where it stands)."""
+    a = ck.arch
+    cfg = _base(ck, "gemma4_text")
+    n = cfg["num_hidden_layers"]
+    slides = [bool(x) for x in ck.get(f"{a}.attention.sliding_window_pattern")]
+    heads, ffn = kv_heads(ck), ck.get(f"{a}.feed_forward_length")
+    ffn = ffn if isinstance(ffn, list) else [ffn] * n
+    full_head, swa_head = ck.get(f"{a}.attention.key_length"), ck.get(f"{a}.attention.key_length_swa")
+    shared = ck.get(f"{a}.attention.shared_kv_layers") or 0
+    own_full = [i for i in range(n - shared) if not slides[i]]
+    turning = full_head // 2
+    if "rope_freqs.weight" in ck.tensors:
+        turning = int((ck.small_tensor("rope_freqs.weight") < 2).sum())
+    cfg.update(
+        layer_types=["sliding_attention" if s else "full_attention" for s in slides],
+        sliding_window=ck.get(f"{a}.attention.sliding_window"),
+        head_dim=swa_head,
+        num_key_value_heads=next((heads[i] for i in range(n) if slides[i]), heads[0]),
+        per_layer_config={
+            str(i): {"head_dim": swa_head if slides[i] else full_head, "num_key_value_heads": heads[i]}
+            for i in range(n)
+        },
+        attention_k_eq_v=bool(own_full) and f"blk.{own_full[0]}.attn_v.weight" not in ck.tensors,
+        intermediate_size=ffn[0],
+        use_double_wide_mlp=any(f == 2 * ffn[0] for f in ffn[n - shared :]) if shared else False,
+        num_kv_shared_layers=shared,
+        hidden_size_per_layer_input=ck.get(f"{a}.embedding_length_per_layer_input") or 0,
+        final_logit_softcapping=ck.get(f"{a}.final_logit_softcapping"),
+        rope_parameters={
+            "full_attention": {"rope_type": "proportional", "rope_theta": cfg["rope_theta"],
+                               "partial_rotary_factor": 2 * turning / full_head},
+            "sliding_attention": {"rope_type": "default", "rope_theta": ck.get(f"{a}.rope.freq_base_swa", 10000.0)},
+        },
+    )  # fmt: skip
+    if "per_layer_token_embd.weight" in ck.tensors:
+        cfg["vocab_size_per_layer_input"] = ck.tensors["per_layer_token_embd.weight"][1][0]
+    if ck.get(f"{a}.expert_count"):
+        cfg.update(
+            enable_moe_block=True,
+            num_experts=ck.get(f"{a}.expert_count"),
+            top_k_experts=ck.get(f"{a}.expert_used_count"),
+            moe_intermediate_size=ck.get(f"{a}.expert_feed_forward_length"),
+        )
+    return cfg
+
+
 def _nemotron_h(ck: GGUFMetadata) -> dict:
     """Nemotron-H: each block's mixer from what the file holds (KV heads: attention;
     ``ssm_in``: Mamba2; stacked experts: MoE; else the MLP); the MLP's width from its
@@ -344,8 +395,9 @@ def gguf_name(ck: GGUFMetadata, names: Any, hf_name: str) -> str | None:
     found = names.get_name(lookup, try_suffixes=(".weight", ".bias"))
     if found is not None and found not in ck.tensors and found.endswith(".weight") and found[:-7] in ck.tensors:
         return found[:-7]  # a few names are written without ".weight" (Falcon-H1's ffn_norm)
-    if found is not None and found not in ck.tensors and f"{found}.bias" in ck.tensors:
-        return f"{found}.bias"  # an HF name without a suffix written as a bias (LFM2-MoE's expert_bias)
+    for suffix in (".bias", ".weight"):  # an HF name without a suffix written with one (LFM2-MoE's
+        if found is not None and found not in ck.tensors and f"{found}{suffix}" in ck.tensors:  # expert_bias,
+            return f"{found}{suffix}"  # Gemma 4's layer_scalar)
     return found
 
 
@@ -357,6 +409,7 @@ ARCHITECTURES: dict[str, GGUFArch] = {
     "gemma2": GGUFArch("Gemma2ForCausalLM", _gemma("gemma2"), gemma_tensor),
     "gemma3": GGUFArch("Gemma3ForCausalLM", _gemma("gemma3_text"), gemma_tensor),
     "gemma3n": GGUFArch("Gemma3nForCausalLM", _gemma3n, gemma3n_tensor),
+    "gemma4": GGUFArch("Gemma4ForCausalLM", _gemma4, gemma4_tensor),
     "mamba2": GGUFArch("Mamba2ForCausalLM", _mamba2, ssm_tensor),
     "granitehybrid": GGUFArch("GraniteMoeHybridForCausalLM", _granite_hybrid, granite_tensor),
     "falcon-h1": GGUFArch("FalconH1ForCausalLM", _falcon_h1, ssm_tensor),

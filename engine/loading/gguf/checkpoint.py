@@ -104,6 +104,14 @@ class GGUFCheckpoint:
         values = gguf.quants.dequantize(np.frombuffer(buf, dtype=np.uint8).reshape(rows, -1), qtype)  # [rows, n]
         return torch.from_numpy(values.reshape(shape))
 
+    def small_tensor(self, name: str) -> torch.Tensor:
+        """A small tensor the config is derived from (Gemma 4's ``rope_freqs``), in float."""
+        fd = os.open(self.path, os.O_RDONLY)
+        try:
+            return self.tensor(name, fd).float()
+        finally:
+            os.close(fd)
+
     def name_map(self) -> Any:
         """The ``gguf`` package's map from Hugging Face names to this file's."""
         return gguf.get_tensor_name_map(_model_arch(self.arch), self.get(f"{self.arch}.block_count"))

@@ -22,6 +22,8 @@ class GGUFMetadata(Protocol):
 
     def get(self, key: str, default: Any = None) -> Any: ...
 
+    def small_tensor(self, name: str) -> torch.Tensor: ...
+
     @property
     def vocab_size(self) -> int: ...
 
@@ -102,6 +104,15 @@ def granite_tensor(ck: GGUFMetadata, hf_name: str, found: str, read: Read) -> to
         return torch.cat([read(gate), read(up)], dim=0)
     ssm = ssm_tensor(ck, hf_name, found, read)
     return ssm if ssm is not None else _rotary(ck, found, read)
+
+
+def gemma4_tensor(ck: GGUFMetadata, hf_name: str, found: str, read: Read) -> torch.Tensor | None:
+    """The router's scales the converter files under other tensors' names."""
+    if hf_name.endswith(".router.scale"):
+        return read(f"blk.{_layer(hf_name)}.ffn_gate_inp.scale")
+    if hf_name.endswith(".router.per_expert_scale"):
+        return read(f"blk.{_layer(hf_name)}.ffn_down_exps.scale")
+    return None
 
 
 def gemma3n_tensor(ck: GGUFMetadata, hf_name: str, found: str, read: Read) -> torch.Tensor | None:

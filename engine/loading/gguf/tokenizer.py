@@ -1,9 +1,10 @@
 """A GGUF file's tokenizer rebuilt as a ``tokenizers`` tokenizer (the tokenizer.json a
 Hugging Face folder would carry), from the metadata llama.cpp's converter writes:
 ``tokenizer.ggml.model`` (``gpt2``: byte-level BPE with merges; ``llama``: SentencePiece
-BPE with scores and byte fallback), ``.pre`` (which pre-tokenizer split a byte-level
-model was trained with), ``.tokens``, ``.scores``, ``.token_type``, ``.merges``,
-``.add_space_prefix``, the special token ids and ``tokenizer.chat_template``."""
+BPE with scores and byte fallback; ``gemma4``: BPE with merges over raw UTF-8), ``.pre``
+(which pre-tokenizer split a byte-level model was trained with), ``.tokens``,
+``.scores``, ``.token_type``, ``.merges``, ``.add_space_prefix``, the special token ids
+and ``tokenizer.chat_template``."""
 
 from __future__ import annotations
 
@@ -37,16 +38,19 @@ PRE_SPLITS: dict[str, str | None] = {
 
 def build_tokenizer(fields: dict[str, Any], where: str) -> HFTokenizer:
     model = fields.get("tokenizer.ggml.model")
-    if model not in ("gpt2", "llama"):
+    if model not in ("gpt2", "llama", "gemma4"):
         kind = f"GGUF tokenizer model '{model}'"
-        raise CheckpointError(f"{where}: {kind} is not supported (only gpt2, byte-level BPE, and llama, SentencePiece)")
+        raise CheckpointError(
+            f"{where}: {kind} is not supported (only gpt2, byte-level BPE; llama, SentencePiece; gemma4)"
+        )
     tokens: list[str] = fields.get("tokenizer.ggml.tokens") or []
     types: list[int] = fields.get("tokenizer.ggml.token_type") or [NORMAL] * len(tokens)
-    spec = (
-        _byte_level_spec(fields, tokens, types, where)
-        if model == "gpt2"
-        else _sentencepiece_spec(fields, tokens, types)
-    )
+    if model == "gpt2":
+        spec = _byte_level_spec(fields, tokens, types, where)
+    elif model == "gemma4":
+        spec = _gemma4_spec(fields, tokens, types)
+    else:
+        spec = _sentencepiece_spec(fields, tokens, types)
     try:
         return HFTokenizer.from_str(json.dumps(spec))
     except Exception as exc:  # tokenizers raises plain Exceptions
@@ -144,6 +148,31 @@ def _sentencepiece_spec(fields: dict[str, Any], tokens: list[str], types: list[i
     }
     added = _added(tokens, types, (UNKNOWN, CONTROL, USER_DEFINED, UNUSED))
     return _spec(added, metaspace, {"type": "Sequence", "decoders": steps}, model)
+
+
+def _gemma4_spec(fields: dict[str, Any], tokens: list[str], types: list[int]) -> dict:
+    """Gemma 4's BPE (llama.cpp's ``gemma4``): spaces written as U+2581 by the
+    normalizer, the text split only at newlines, the file's merges over raw UTF-8,
+    characters outside the vocabulary as ``<0xNN>``; no space put in front."""
+    merges: list[str] = fields.get("tokenizer.ggml.merges") or []
+    split = {"type": "Split", "pattern": {"Regex": "[^\n]+|[\n]+"}, "behavior": "Isolated", "invert": False}
+    steps = [
+        {"type": "Replace", "pattern": {"String": "\u2581"}, "content": " "},
+        {"type": "ByteFallback"},
+        {"type": "Fuse"},
+    ]
+    model = {
+        "type": "BPE",
+        "unk_token": None,
+        "fuse_unk": False,
+        "byte_fallback": True,
+        "ignore_merges": False,
+        "vocab": {t: i for i, t in enumerate(tokens)},
+        "merges": [m.split(" ", 1) for m in merges],
+    }
+    normalizer = {"type": "Replace", "pattern": {"String": " "}, "content": "\u2581"}
+    added = _added(tokens, types, (UNKNOWN, CONTROL, USER_DEFINED, UNUSED))
+    return _spec(added, split, {"type": "Sequence", "decoders": steps}, model, normalizer)
 
 
 def gguf_tokenizer(checkpoint) -> Tokenizer:
