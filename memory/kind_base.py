@@ -83,6 +83,11 @@ class ForgettingKind(MemoryKind):
         if end > 0 and self.snaps.keep and self.snaps.at(seq, end) is None:
             self.snaps.add(seq, self._snapshot_end(seq))
 
+    def hold(self, seq: int) -> None:
+        self._check_seq(seq)
+        if self.n[seq] > 0:
+            self.snaps.hold(seq, self._snapshot_end(seq))
+
     def checkpoints(self, seq: int) -> list[int]:
         """Positions ``seq`` can be put back to (its snapshots' ends), oldest first."""
         self._check_seq(seq)

@@ -206,6 +206,13 @@ class Memory(ABC):
         point needs (kinds that forget, e.g. sliding windows). Default: nothing."""
         return None
 
+    def hold(self, seq: int) -> None:
+        """Keep a transient point to cut ``seq`` back to, at its end, beside its
+        checkpoints (replacing any held before; never listed, saved or copied): what a
+        speculative step needs to undo a rejected proposal (``seq_rm`` back to it).
+        Default: nothing (kinds that cut anywhere)."""
+        return None
+
     @property
     def cuts_anywhere(self) -> bool:
         """Whether a sequence (or a state restored into one) can be cut at every

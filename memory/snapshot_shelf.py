@@ -5,7 +5,9 @@ business; this keeps the bookkeeping both kinds share.
 A snapshot has an ``end``: the position it was taken at (it stands for positions
 [0, end)). Each sequence keeps its newest ``keep`` snapshots, by increasing end, one
 per end. Snapshots are never written in place, so sequences may share them (a prefix
-copy shares the source's snapshots before the cut).
+copy shares the source's snapshots before the cut). Besides those, a sequence may hold
+one transient snapshot (``hold``: speculation's rollback point) that cuts may use but
+that is never listed, saved or copied.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ class SnapshotShelf(Generic[S]):
             raise ValueError("the number of checkpoints kept must be >= 0")
         self.keep = keep
         self.by_seq: list[list[S]] = [[] for _ in range(n_seq_max)]
+        self.held: list[S | None] = [None] * n_seq_max  # one transient snapshot each (``hold``)
 
     def of(self, seq: int) -> list[S]:
         """``seq``'s snapshots, oldest first (do not mutate)."""
@@ -36,12 +39,21 @@ class SnapshotShelf(Generic[S]):
         return [s.end for s in self.by_seq[seq]]
 
     def at(self, seq: int, end: int) -> S | None:
-        """The snapshot of ``seq`` taken at ``end``, if kept."""
-        return next((s for s in self.by_seq[seq] if s.end == end), None)
+        """The snapshot of ``seq`` taken at ``end``, if kept (or held)."""
+        held = self.held[seq]
+        return next((s for s in self.by_seq[seq] if s.end == end), held if held and held.end == end else None)
 
     def latest(self, seq: int, p: int) -> int:
-        """The end of the newest snapshot at or before ``p`` (0 if none)."""
-        return max((s.end for s in self.by_seq[seq] if s.end <= p), default=0)
+        """The end of the newest snapshot (kept or held) at or before ``p`` (0 if none)."""
+        held = self.held[seq]
+        ends = [s.end for s in self.by_seq[seq]] + ([held.end] if held else [])
+        return max((e for e in ends if e <= p), default=0)
+
+    def hold(self, seq: int, snap: S) -> None:
+        """Hold ``snap`` aside, replacing any held before, without touching the kept ones
+        (speculation's checkpoint before a proposal is verified: rejected tokens are
+        undone by cutting back to it). It is not listed, saved or copied."""
+        self.held[seq] = snap
 
     def add(self, seq: int, snap: S) -> None:
         """Keep ``snap`` (after every kept one), dropping the oldest beyond ``keep``."""
@@ -50,17 +62,22 @@ class SnapshotShelf(Generic[S]):
     def put(self, seq: int, snaps: list[S]) -> None:
         """Replace ``seq``'s snapshots (the newest ``keep`` of them)."""
         self.by_seq[seq] = list(snaps)[-self.keep :] if self.keep else []
+        self.held[seq] = None
 
     def cut(self, seq: int, p: int) -> None:
         """Forget ``seq``'s snapshots taken after ``p``."""
         self.by_seq[seq] = [s for s in self.by_seq[seq] if s.end <= p]
+        if self.held[seq] is not None and self.held[seq].end > p:
+            self.held[seq] = None
 
     def copy(self, src: int, dst: int, p: int) -> None:
-        """``dst`` shares ``src``'s snapshots up to ``p``."""
+        """``dst`` shares ``src``'s snapshots up to ``p`` (not the held one)."""
         self.by_seq[dst] = [s for s in self.by_seq[src] if s.end <= p]
+        self.held[dst] = None
 
     def clear(self, seq: int) -> None:
         self.by_seq[seq] = []
+        self.held[seq] = None
 
     def problem(self, seq: int, n: int) -> str | None:
         """What is wrong with ``seq``'s snapshots for a sequence of ``n`` positions, or None."""

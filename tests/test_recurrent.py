@@ -210,6 +210,26 @@ def test_checkpoints_are_bounded_and_copied_with_the_state():
     mem.integrity_check()
 
 
+def test_a_held_point_cuts_back_without_displacing_checkpoints():
+    """``hold`` (speculation's rollback point): a cut back to it is exact; it is not
+    listed, saved or copied, evicts no checkpoint, and a cut before it drops it."""
+    mem = small_memory(n_checkpoints=1)
+    feed(mem, 0, 10, 1.0)
+    mem.checkpoint(0)
+    feed(mem, 0, 4, 2.0)
+    mem.hold(0)
+    feed(mem, 0, 3, 3.0)
+    assert mem.checkpoints(0) == [10] and mem.seq_cut_point(0, 15) == 14
+    saved = mem.save_seq(0)
+    assert saved.meta["checkpoints"] == "10" and len(saved.tensors) == 2 * 2 * 2  # state + checkpoint, 2 layers
+    mem.seq_cp(0, 1, 0, 10)
+    assert mem.seq_cut_point(1, 14) == 10  # the copy holds nothing
+    assert mem.seq_rm(0, 14) is True and mem.seq_len(0) == 14
+    assert torch.equal(mem.conv[0][0], torch.full((6, 3), 3.0))  # 1 + 2: the state at 14
+    assert mem.seq_rm(0, 10) is True and mem.seq_cut_point(0, 13) == 10  # cut before it: gone
+    mem.integrity_check()
+
+
 def test_a_state_from_another_memory_is_refused_unchanged():
     mem = small_memory()
     feed(mem, 0, 6, 1.0)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import httpx
 import pytest
-from checkpoints import GRANITE_HYBRID_TINY, LFM2_TINY, QWEN3_5_TINY, make_checkpoint
+from checkpoints import GRANITE_HYBRID_TINY, LFM2_TINY, NEMOTRON_H_TINY, QWEN3_5_TINY, make_checkpoint
 from prometheus_client.parser import text_string_to_metric_families
 from server_proc import InProcessServer
 
@@ -32,7 +32,13 @@ def metric(srv, name: str, **labels) -> float:
 
 
 @pytest.mark.parametrize(
-    "arch,fields", [("granitemoehybrid", GRANITE_HYBRID_TINY), ("lfm2", LFM2_TINY), ("qwen3_5", QWEN3_5_TINY)]
+    "arch,fields",
+    [
+        ("granitemoehybrid", GRANITE_HYBRID_TINY),
+        ("lfm2", LFM2_TINY),
+        ("qwen3_5", QWEN3_5_TINY),
+        ("nemotron_h", NEMOTRON_H_TINY),
+    ],  # fmt: skip
 )
 def test_a_hybrid_model_reuses_slots_through_checkpoints(tmp_path, arch, fields):
     """Granite 4 (Mamba2 + attention), LFM2 (short convolutions + attention) and Qwen3.5

@@ -10,7 +10,7 @@ import re
 import httpx
 import pytest
 import torch
-from checkpoints import BASE, make_checkpoint
+from checkpoints import BASE, LFM2_TINY, QWEN3_5_TINY, make_checkpoint
 from server_proc import InProcessServer, metric
 from stats import chi2_ppf
 
@@ -33,7 +33,16 @@ def folder(tmp_path_factory):
     return make_checkpoint(tmp_path_factory.mktemp("spec") / "llama", "llama")
 
 
-def run(folder, prompts, spec: bool, **params):
+def _prompts() -> list[list[int]]:
+    gen = torch.Generator().manual_seed(0)
+    motif = torch.randint(1, 300, (12,), generator=gen).tolist()
+    return [motif * 4, torch.randint(1, 300, (30,), generator=gen).tolist() + motif * 2]
+
+
+PROMPTS = _prompts()  # a repeated motif: where lookup proposes
+
+
+def run(folder, prompts, spec: bool, draft=None, **params):
     engine = Engine.from_pretrained(
         str(folder),
         n_ctx=1024,
@@ -43,6 +52,15 @@ def run(folder, prompts, spec: bool, **params):
         spec_ngram_size=3,
         spec_draft_max=16,
     )
+    if draft is not None:  # proposals from a stand-in draft model
+        engine.speculation = Speculation(8, draft=draft)
+    forward, run.n_computed = engine.runner.run, 0
+
+    def counted(plan):
+        run.n_computed += sum(c.n_tokens for c in plan)
+        return forward(plan)
+
+    engine.runner.run = counted
     p = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True, **params)
     seqs = [engine.add_sequence(prompt, p, seq_id=i) for i, prompt in enumerate(prompts)]
     logits = {i: [] for i in range(len(prompts))}
@@ -51,16 +69,14 @@ def run(folder, prompts, spec: bool, **params):
             if ev.logits is not None:
                 logits[seqs.index(ev.seq)].append(ev.logits)
     engine.memory.integrity_check()
+    run.engine = engine
     return seqs, logits
 
 
 @pytest.mark.parametrize("params", [{}, {"repetition_penalty": 1.02, "logprobs": 2}], ids=["plain", "penalty"])
 def test_greedy_output_is_the_same_with_and_without_speculation(folder, params):
-    gen = torch.Generator().manual_seed(0)
-    motif = torch.randint(1, 300, (12,), generator=gen).tolist()
-    prompts = [motif * 4, torch.randint(1, 300, (30,), generator=gen).tolist() + motif * 2]
-    plain, plain_logits = run(folder, prompts, spec=False, **params)
-    fast, fast_logits = run(folder, prompts, spec=True, **params)
+    plain, plain_logits = run(folder, PROMPTS, spec=False, **params)
+    fast, fast_logits = run(folder, PROMPTS, spec=True, **params)
     for a, b in zip(plain, fast):
         assert a.output_ids == b.output_ids
         assert [t.logprob for t in a.logprobs] == pytest.approx([t.logprob for t in b.logprobs], abs=1e-4)
@@ -243,12 +259,36 @@ def test_speculative_sampling_keeps_the_target_distribution(folder):
     assert 0 < accepted < n  # proposals were kept and refused
 
 
-def test_recurrent_memories_are_not_speculated_and_say_so(tmp_path, caplog):
+@pytest.mark.parametrize(
+    "arch,fields",
+    [("mamba2", {}), ("qwen3_5", QWEN3_5_TINY), ("lfm2", LFM2_TINY),
+     ("gemma3", {"num_hidden_layers": 6, "sliding_window": 8, "query_pre_attn_scalar": 16})],
+)  # fmt: skip
+def test_memories_that_cannot_cut_anywhere_speculate_from_a_held_checkpoint(tmp_path, arch, fields, caplog):
+    """Recurrent states (Mamba2), hybrids (Gated DeltaNet + attention, short
+    convolutions + attention) and sliding-window rings: each proposal is verified from a
+    checkpoint held before the step, a rejection goes back to it, and the greedy tokens
+    and logits are those of plain decoding; the kept checkpoints are left alone."""
+    folder = make_checkpoint(tmp_path / arch, arch, **fields)
+    plain, plain_logits = run(folder, PROMPTS, spec=False)
+    n_plain = run.n_computed
+    with caplog.at_level("INFO", logger="slotserve.engine"):
+        fast, fast_logits = run(folder, PROMPTS, spec=True, draft=Oracle({s.seq_id: s.output_ids for s in plain}, 2))
+    assert "each proposal is verified from a held checkpoint" in caplog.text
+    for a, b in zip(plain, fast):
+        assert a.output_ids == b.output_ids
+    for i in plain_logits:
+        for x, y in zip(plain_logits[i], fast_logits[i]):
+            torch.testing.assert_close(x, y, atol=1e-4, rtol=0)
+    for s in fast:  # every other proposal spoiled: kept whole, in part, not at all
+        assert s.n_draft_accepted > 0 and s.n_drafted > s.n_draft_accepted
+    spoiled = sum(s.n_drafted - s.n_draft_accepted for s in fast)
+    assert run.n_computed <= n_plain + 2 * sum(s.n_drafted for s in fast) - spoiled  # back to the held point only
+    assert run.engine.memory.checkpoints(0) == [len(PROMPTS[0])]  # the prompt's end, as without proposals
+
+
+def test_a_draft_model_must_cut_anywhere(tmp_path):
     mamba = make_checkpoint(tmp_path / "mamba", "mamba2")
-    with caplog.at_level("WARNING", logger="slotserve.engine"):
-        engine = Engine.from_pretrained(str(mamba), n_ctx=256, n_seq_max=1, spec_type="ngram-simple")
-    assert engine.speculation.n_max == 0
-    assert "speculative decoding (--spec-type ngram-simple) is off for this model" in caplog.text
     with pytest.raises(ValueError, match="draft model .* cannot drop rejected"):
         Engine.from_pretrained(
             str(make_checkpoint(tmp_path / "llama", vocab_size=BASE["vocab_size"])),

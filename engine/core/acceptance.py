@@ -74,11 +74,15 @@ class TokenAcceptance:
         return events
 
     def _settle_draft(self, seq: Sequence, n_confirmed: int) -> None:
-        """Keep the cache of the proposal's first ``n_confirmed`` tokens, drop the rest."""
+        """Keep the cache of the proposal's first ``n_confirmed`` tokens, drop the rest.
+        A memory that cannot cut there goes back to the checkpoint held before the step
+        (or an older one): the tokens after it are computed again next step."""
         start = seq.n_computed - 1 - len(seq.draft)  # the step computed the known token and the proposal
         keep = min(start + 1 + n_confirmed, len(seq.tokens))
-        if keep < seq.n_computed:
-            self.memory.seq_rm(seq.seq_id, keep)
+        if keep < seq.n_computed and not self.memory.seq_rm(seq.seq_id, keep):
+            keep = self.memory.seq_cut_point(seq.seq_id, keep)
+            if not self.memory.seq_rm(seq.seq_id, keep):
+                raise RuntimeError(f"sequence {seq.seq_id}: memory refused its own cut point {keep}")
         seq.n_computed = keep
         self.speculation.settled(seq, n_confirmed)
         seq.draft = []

@@ -135,13 +135,12 @@ class Engine(TokenAcceptance, ContextShift, EngineReports):
         if not cfg.spec_type:
             return Speculation()
         if not self.memory.cuts_anywhere:
-            log.warning(
-                "speculative decoding (--spec-type %s) is off for this model: its '%s' memory cannot drop a "
-                "rejected proposal (recurrent states, sliding-window rings without --swa-full)",
+            log.info(
+                "speculative decoding (--spec-type %s) on a '%s' memory: each proposal is verified from a held "
+                "checkpoint, rolled back to on rejection",
                 cfg.spec_type,
                 self.memory.kind,
             )
-            return Speculation()
         draft = DraftModel(cfg, loaded, self.memory_config) if cfg.model_draft is not None else None
         return Speculation(cfg.spec_draft_max, cfg.spec_ngram_size, draft, cfg.spec_p_min, cfg.spec_draft_min)
 
@@ -268,10 +267,14 @@ class Engine(TokenAcceptance, ContextShift, EngineReports):
         which leave the running set."""
         faults = self._shift_full_contexts()
         faults += [self._fault(seq, exc) for seq, exc in self.encoder.advance(self.running)]
-        self.speculation.propose(self.running, self.n_ctx_seq, self.memory.cuts_anywhere)
+        self.speculation.propose(self.running, self.n_ctx_seq)
         plan = self._plan(faults)
         if faults or not plan:
             return faults
+        if not self.memory.cuts_anywhere:  # a proposal's rejected tokens are undone from a held checkpoint
+            for c in plan:
+                if c.seq.draft:
+                    self.memory.hold(c.seq.seq_id)
         self.last_step_decode_only = all(c.n_tokens == 1 + len(c.seq.draft) for c in plan)
         constrained = [c.seq for c in plan if c.samples and c.seq.matcher is not None]
         masks = (  # computed during the forward

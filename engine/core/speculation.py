@@ -15,7 +15,9 @@ target without the proposed token, renormalized). Seeded output is the same toke
 token with and without speculation.
 
 Memories that cannot drop a token anywhere (recurrent states, sliding-window rings)
-are not speculated: the engine says so once at start.
+hold a checkpoint before each proposal is verified (``Memory.hold``): a rejection puts
+the memory back to it, and the next step computes the confirmed tokens again (one
+forward over them and the token after); output stays identical to plain decoding.
 """
 
 from __future__ import annotations
@@ -69,7 +71,7 @@ class Speculation:
     step_tokens: int = 16
     max_decoding: int = 4  # more decoding sequences than this: no proposals (measured: see docs/benchmarks.md)
 
-    def propose(self, running: list[Sequence], n_ctx_seq: int, cuts_anywhere: bool) -> None:
+    def propose(self, running: list[Sequence], n_ctx_seq: int) -> None:
         """Set ``draft`` for each decoding sequence that may speculate (others: [])."""
         if not self.n_max:  # off: no sequence ever holds a proposal
             return
@@ -81,7 +83,7 @@ class Speculation:
         spare = self.step_tokens - len(decoding)
         for seq in running:
             seq.draft = []
-        if not cuts_anywhere or len(decoding) > self.max_decoding:
+        if len(decoding) > self.max_decoding:
             return
         wants = []
         for seq in decoding:

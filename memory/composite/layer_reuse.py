@@ -66,6 +66,9 @@ class LayerReuse(Memory):
     def checkpoint(self, seq: int) -> None:
         self.inner.checkpoint(seq)
 
+    def hold(self, seq: int) -> None:
+        self.inner.hold(seq)
+
     def seq_keep(self, seq: int) -> None:
         self.inner.seq_keep(seq)
 

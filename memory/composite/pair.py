@@ -85,6 +85,10 @@ class MemoryPair(Memory):
         self.lead.checkpoint(seq)
         self.follower.checkpoint(seq)
 
+    def hold(self, seq: int) -> None:
+        self.lead.hold(seq)
+        self.follower.hold(seq)
+
     def checkpoints(self, seq: int) -> list[int]:
         return self.follower.checkpoints(seq)
 
