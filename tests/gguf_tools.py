@@ -233,9 +233,14 @@ def write_gguf(src: Path, dst: Path, tensors, overrides: dict | None = None) -> 
 
 
 def requantize(
-    src: Path, dst: Path, qtype: gguf.GGMLQuantizationType, fallback: gguf.GGMLQuantizationType | None = None
+    src: Path,
+    dst: Path,
+    qtype: gguf.GGMLQuantizationType,
+    fallback: gguf.GGMLQuantizationType | None = None,
+    experts: bool = False,
 ) -> Path:
-    """``src`` (an F32 GGUF) with its 2-D weights in ``qtype``. A matrix whose rows are
+    """``src`` (an F32 GGUF) with its 2-D weights in ``qtype`` (and, with ``experts``, the
+    stacked [E, out, in] experts, as llama-quantize writes them). A matrix whose rows are
     not a whole number of ``qtype``'s blocks goes to ``fallback`` (default Q8_0, as
     llama-quantize falls back) where its rows fit that, else stays as it is."""
     from block_packers import pack
@@ -245,8 +250,12 @@ def requantize(
     def tensors():
         for t in reader_of(src).tensors:
             data = np.asarray(t.data)
-            kind = next((k for k in (qtype, fallback) if data.ndim == 2 and _fits(data, k)), None)
-            yield (t.name, pack(data, kind), kind) if kind is not None else (t.name, data, None)
+            rows = data.reshape(-1, data.shape[-1]) if data.ndim == 3 and experts else data
+            kind = next((k for k in (qtype, fallback) if rows.ndim == 2 and _fits(rows, k)), None)
+            if kind is None:
+                yield t.name, data, None
+            else:
+                yield t.name, pack(rows, kind).reshape(*data.shape[:-1], -1), kind
 
     return write_gguf(src, dst, list(tensors()))
 

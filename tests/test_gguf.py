@@ -305,6 +305,34 @@ def test_architectures_with_rebuilt_tensors_keep_the_rest_in_blocks(converted, f
     assert ours == _greedy(path, ARCH_PROMPTS)
 
 
+@pytest.mark.parametrize("arch", ["qwen3_5", "qwen3_5_moe", "lfm2_moe", "nemotron_h"])
+def test_stacked_experts_and_tiled_heads_stay_in_blocks(converted, folder, monkeypatch, arch):
+    """A Q8_0 file (experts quantized too, as llama-quantize writes them): each expert's
+    matrices are its rows of the layer's stacked tensor, in blocks; Qwen3.5's value
+    heads are read in the file's tiled order, so its DeltaNet projections stay in blocks
+    too. Greedy tokens equal those of the same file read in float (as above)."""
+    from engine.kernels import blocks
+    from engine.kernels.blocks import BlockLinear
+    from engine.loading.gguf import archs
+
+    _, f32 = converted[arch]
+    q8 = gguf.GGMLQuantizationType.Q8_0
+    path = requantize(f32, folder / f"{arch}-experts-q8_0.gguf", q8, fallback=q8, experts=True)
+    kept = {
+        p for p, m in Engine.from_pretrained(str(path), n_seq_max=1).model.named_modules() if isinstance(m, BlockLinear)
+    }
+    assert any(".experts.0." in p for p in kept) == (arch != "qwen3_5")
+    assert (
+        arch not in ("qwen3_5", "qwen3_5_moe")
+        or {"model.layers.0.linear_attn.out_proj", "model.layers.0.linear_attn.in_proj_qkv"} <= kept
+    )
+    monkeypatch.setattr(blocks, "ACTIVATIONS", "int16")
+    ours = _greedy(path, ARCH_PROMPTS, repack=False, cache_type_k="f32", cache_type_v="f32")
+    key = GGUFCheckpoint(path).arch
+    monkeypatch.setitem(archs.ARCHITECTURES, key, dataclasses.replace(archs.ARCHITECTURES[key], keeps_blocks=False))
+    assert ours == _greedy(path, ARCH_PROMPTS)
+
+
 @pytest.mark.parametrize("name,kind,leading", [("llama-spm", "llama", b" "), ("gemma4", "gemma4", b"")])
 def test_a_sentencepiece_style_gguf_tokenizer_gives_the_hf_tokenizers_ids(converted, name, kind, leading):
     """SentencePiece (scores, a space put in front) and Gemma 4's BPE (the file's merges

@@ -3,8 +3,9 @@ layers for ``BlockLinear`` / ``BlockEmbedding`` while the model is still on the 
 device, so that no float32 copy of a kept weight is ever made.
 
 A linear layer is kept when every checkpoint tensor it is built from (one, or the
-shards of a fused q/k/v or gate/up) is 2-D and of a kept type in the file; an embedding
-likewise. A tied output head shares its embedding's blocks.
+shards of a fused q/k/v or gate/up) is 2-D and of a kept type in the file (an expert's:
+its rows of the layer's stacked [experts, out, in]); an embedding likewise. A tied
+output head shares its embedding's blocks.
 """
 
 from __future__ import annotations
@@ -61,12 +62,14 @@ def plan_blocks(model: DecoderLM, ckpt: GGUFCheckpoint, hf_names: list[str]) -> 
             continue
         sources = _sources(model, path, names)
         stored = [ckpt.stored_type(table, s) for s in sources]
-        if not sources or any(s is None or s[0] not in KEPT or len(s[1]) != 2 for s in stored):
+        expert = isinstance(module, nn.Linear) and ".experts." in path  # its rows of a stacked [E, out, in]
+        if not sources or any(s is None or s[0] not in KEPT or len(s[1]) != (3 if expert else 2) for s in stored):
             continue
         if isinstance(module, nn.Embedding):
             swap = BlockEmbedding(module.num_embeddings, module.embedding_dim)
         else:
-            swap = BlockLinear(module.in_features, [s[1][0] for s in stored], bias=module.bias is not None)
+            outs = [s[1][1] if expert else s[1][0] for s in stored]
+            swap = BlockLinear(module.in_features, outs, bias=module.bias is not None)
         model.set_submodule(path, swap)
         plan.parts.update({s: (path, i) for i, s in enumerate(sources)})
     kept_paths = {p for p, _ in plan.parts.values()}

@@ -103,6 +103,7 @@ class FalconH1ForCausalLM(DecoderLM):
         self.model.layers = nn.ModuleList(FalconH1Layer(cfg, i, self.ssm) for i in range(cfg.n_layers))
         self.model.final_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.tie_weights()  # a tied head shares the table from the start (what keeps it in blocks)
         self._shards: dict[str, list[int]] = {}  # nothing fused: tensors load under their own names
         self.rotary = Rotary(cfg.rope, cfg.head_dim, cfg.max_position_embeddings)
 

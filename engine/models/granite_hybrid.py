@@ -111,6 +111,7 @@ class GraniteMoeHybridForCausalLM(DecoderLM):
         )
         self.model.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.tie_weights()  # a tied head shares the table from the start (what keeps it in blocks)
         self._shards: dict[str, list[int]] = {}  # nothing fused: tensors load under their own names
         self.rotary = Rotary(cfg.rope, cfg.head_dim, cfg.max_position_embeddings)
 

@@ -170,6 +170,7 @@ class JambaForCausalLM(DecoderLM):
         )
         self.model.final_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.tie_weights()  # a tied head shares the table from the start (what keeps it in blocks)
         self._shards: dict[str, list[int]] = {}  # nothing fused: tensors load under their own names
 
     def init_buffers(self, device: torch.device) -> None:

@@ -163,6 +163,7 @@ class Lfm2ForCausalLM(DecoderLM):
         self.model.layers = nn.ModuleList(Lfm2Layer(cfg, i) for i in range(cfg.n_layers))
         self.model.embedding_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.tie_weights()  # a tied head shares the table from the start (what keeps it in blocks)
         self._shards: dict[str, list[int]] = {}  # nothing fused: tensors load under their own names
         self.rotary = Rotary(cfg.rope, cfg.head_dim, cfg.max_position_embeddings)
 

@@ -184,6 +184,7 @@ class Mamba2ForCausalLM(DecoderLM):
         self.backbone.layers = nn.ModuleList(Mamba2Block(self.ssm, i, eps) for i in range(cfg.n_layers))
         self.backbone.norm_f = RMSNorm(cfg.hidden_size, eps)
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.tie_weights()  # a tied head shares the table from the start (what keeps it in blocks)
         self._shards: dict[str, list[int]] = {}  # nothing fused: tensors load under their own names
 
     def tie_weights(self) -> None:

@@ -154,6 +154,7 @@ class NemotronHForCausalLM(DecoderLM):
         )
         self.backbone.norm_f = RMSNorm(hidden, eps)
         self.lm_head = nn.Linear(hidden, cfg.vocab_size, bias=False)
+        self.tie_weights()  # a tied head shares the table from the start (what keeps it in blocks)
         self._shards: dict[str, list[int]] = {}  # nothing fused: tensors load under their own names
 
     def _mixer(self, layer: int, kind: str) -> nn.Module:

@@ -1,16 +1,18 @@
 """Qwen3.5 text (``Qwen3_5ForCausalLM``, issue 52): Gated DeltaNet layers with gated full
 attention every few layers (3:1 in the released models), each followed by a SwiGLU MLP.
 
-Gated DeltaNet, per value head h with its key head's q, k (L2-normed, q over sqrt(Dk)):
-    S_t = exp(g_t) * S_{t-1};  S_t += k_t (outer) beta_t * (v_t - k_t . S_t);  y_t = q_t . S_t
-with g = -exp(A_log) * softplus(a + dt_bias), beta = sigmoid(b); q, k, v come through a
+Gated DeltaNet (the gated delta rule: engine/models/delta_rule.py), with
+g = -exp(A_log) * softplus(a + dt_bias), beta = sigmoid(b); q, k, v come through a
 causal depthwise convolution (SiLU) whose last ``K - 1`` inputs are carried; y goes
-through an RMSNorm gated by SiLU(z). Its memory is a ``RecurrentSpec``: the conv window
+through an RMSNorm gated by SiLU(z). With more value heads than key heads, the value
+heads of one key head are grouped (the checkpoints' order) or, from a GGUF, tiled
+(llama.cpp's order: value head h reads key head h % Hk), so the file's quantized
+matrices are used as written. Its memory is a ``RecurrentSpec``: the conv window
 [conv_dim, K - 1] and the state [Hv, Dk, Dv] per sequence, so checkpoints, rollback,
 ``seq_cp``, slot files and the prompt cache apply unchanged. The attention's query
 projection also gives a sigmoid gate on its output; q/k norms and the layer norms are
 zero-centred (weight + 1); rotary on the first ``partial_rotary_factor`` of each head.
-Prefill runs the recurrence token by token in torch (a chunked kernel is a next step).
+Prefill runs the recurrence in chunks, decode one batched step.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from torch import nn
 
 from engine.models.base import DecoderLM
 from engine.models.config import ModelConfig
+from engine.models.delta_rule import delta_chunked, delta_step
 from engine.models.gemma import GemmaRMSNorm
 from engine.models.layers import SeparateGatedMLP, embedding
 from engine.models.rope import Rotary, rotate
@@ -28,26 +31,7 @@ from engine.models.ssm import conv_step, conv_window, each_sequence
 from memory import ForwardView, FullAttentionSpec, LayerSpec
 from memory.spec import RecurrentSpec
 
-
-def delta_rule(q, k, v, g, beta, state):
-    """One sequence's tokens in order: q, k [n, Hv, Dk] (normed, q scaled), v [n, Hv, Dv],
-    g, beta [n, Hv], state [Hv, Dk, Dv] (float32) -> (y [n, Hv, Dv], the new state)."""
-    out = []
-    for t in range(q.shape[0]):
-        state = state * g[t].exp()[:, None, None]
-        remembered = (state * k[t][:, :, None]).sum(-2)  # [Hv, Dv]
-        state = state + k[t][:, :, None] * ((v[t] - remembered) * beta[t][:, None])[:, None, :]
-        out.append((state * q[t][:, :, None]).sum(-2))
-    return torch.stack(out), state
-
-
-def delta_step(q, k, v, g, beta, state):
-    """One token per sequence: q, k [B, Hv, Dk], v [B, Hv, Dv], g, beta [B, Hv], state
-    [B, Hv, Dk, Dv] -> (y [B, Hv, Dv], the new states)."""
-    state = state * g.exp()[:, :, None, None]
-    remembered = (state * k[..., None]).sum(-2)  # [B, Hv, Dv]
-    state = state + k[..., None] * ((v - remembered) * beta[..., None])[:, :, None, :]
-    return (state * q[..., None]).sum(-2), state
+TILED = "slotserve_value_heads_tiled"  # config key a GGUF's config sets: its value heads stay as written
 
 
 class GatedRMSNorm(nn.Module):
@@ -71,6 +55,7 @@ class GatedDeltaNet(nn.Module):
         self.dk, self.dv = int(raw["linear_key_head_dim"]), int(raw["linear_value_head_dim"])
         self.kernel = int(raw.get("linear_conv_kernel_dim") or 4)
         self.key_dim, self.value_dim = self.hk * self.dk, self.hv * self.dv
+        self.tiled = bool(raw.get(TILED))  # value heads in llama.cpp's tiled order (a GGUF's)
         conv_dim = 2 * self.key_dim + self.value_dim
         self.conv1d = nn.Conv1d(conv_dim, conv_dim, self.kernel, groups=conv_dim, bias=False)
         self.dt_bias = nn.Parameter(torch.ones(self.hv))
@@ -90,8 +75,11 @@ class GatedDeltaNet(nn.Module):
         q, k, v = mixed.float().split([self.key_dim, self.key_dim, self.value_dim], dim=-1)
         rep = self.hv // self.hk
         q, k = _l2(q.view(-1, self.hk, self.dk)), _l2(k.view(-1, self.hk, self.dk))
-        q = q.repeat_interleave(rep, dim=1) / self.dk**0.5
-        return q, k.repeat_interleave(rep, dim=1), v.view(-1, self.hv, self.dv)
+        if self.tiled:  # value head h reads key head h % Hk (llama.cpp's order)
+            q, k = q.repeat(1, rep, 1), k.repeat(1, rep, 1)
+        else:  # value head h reads key head h // (Hv / Hk) (the checkpoints' order)
+            q, k = q.repeat_interleave(rep, dim=1), k.repeat_interleave(rep, dim=1)
+        return q / self.dk**0.5, k, v.view(-1, self.hv, self.dv)
 
     def forward(self, x: torch.Tensor, view: ForwardView) -> torch.Tensor:
         """x: [T, hidden] (the batch's sequences, each a run of rows) -> [T, hidden]."""
@@ -109,7 +97,7 @@ class GatedDeltaNet(nn.Module):
 
             def run(b: int, rows: slice) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
                 conv, new_window = conv_window(mixed[rows], window[b], weight, None)
-                y, new_state = delta_rule(*self._heads(F.silu(conv)), g[rows], beta[rows], state[b].float())
+                y, new_state = delta_chunked(*self._heads(F.silu(conv)), g[rows], beta[rows], state[b].float())
                 return y, new_window, new_state
 
             y, window, state = each_sequence(n_tokens, run)
@@ -187,6 +175,7 @@ class Qwen3_5ForCausalLM(DecoderLM):
         self.model.layers = nn.ModuleList(Qwen3_5Layer(cfg, i, self.rot, self.mlp(i)) for i in range(cfg.n_layers))
         self.model.norm = GemmaRMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.tie_weights()  # a tied head shares the table from the start (what keeps it in blocks)
         self._shards: dict[str, list[int]] = {}  # nothing fused: tensors load under their own names
         self.rotary = Rotary(cfg.rope, self.rot, cfg.max_position_embeddings)
 

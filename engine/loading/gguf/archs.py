@@ -27,6 +27,7 @@ from engine.loading.gguf.tensors import (
     qwen35_tensor,
     ssm_tensor,
 )
+from engine.models.qwen3_5 import TILED
 
 
 @dataclass(frozen=True)
@@ -357,6 +358,7 @@ def _qwen35(ck: GGUFMetadata) -> dict:
     experts' weights renormalized (llama.cpp's rule: the file does not say)."""
     a = ck.arch
     cfg = _base(ck, QWEN35_TYPES[a])
+    cfg[TILED] = a != "qwen3next"  # the converter tiles Qwen3.5's value heads (not Qwen3-Next's)
     cfg["layer_types"] = [
         "linear_attention" if r else "full_attention" for r in ck.get(f"{a}.attention.recurrent_layers")
     ]
@@ -420,8 +422,7 @@ ARCHITECTURES: dict[str, GGUFArch] = {
     # every Nemotron-H as nemotron_h_moe (its config always lists expert fields)
     "nemotron_h": GGUFArch("NemotronHForCausalLM", _nemotron_h, jamba_tensor),
     "nemotron_h_moe": GGUFArch("NemotronHForCausalLM", _nemotron_h, jamba_tensor),
-    # value heads are reordered across columns too (out_proj): read in float for now
-    "qwen35": GGUFArch("Qwen3_5ForCausalLM", _qwen35, qwen35_tensor, keeps_blocks=False),
-    "qwen35moe": GGUFArch("Qwen3_5MoeForCausalLM", _qwen35, qwen35_tensor, keeps_blocks=False),
-    "qwen3next": GGUFArch("Qwen3NextForCausalLM", _qwen35, qwen35_tensor),  # no tiling: rows move, blocks stay
+    "qwen35": GGUFArch("Qwen3_5ForCausalLM", _qwen35, qwen35_tensor),
+    "qwen35moe": GGUFArch("Qwen3_5MoeForCausalLM", _qwen35, qwen35_tensor),
+    "qwen3next": GGUFArch("Qwen3NextForCausalLM", _qwen35, qwen35_tensor),
 }

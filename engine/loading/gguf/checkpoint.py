@@ -24,6 +24,7 @@ from engine.errors import CheckpointError
 from engine.kernels.blocks import KEPT, BlockWeight
 from engine.loading.gguf.archs import ARCHITECTURES, gguf_name
 from engine.loading.gguf.header import read_header
+from engine.loading.gguf.tensors import expert_source
 
 SUPPORTED = KEPT | {gguf.GGMLQuantizationType.F32}
 
@@ -76,27 +77,31 @@ class GGUFCheckpoint:
     def stored_type(self, names: Any, hf_name: str) -> tuple[gguf.GGMLQuantizationType, tuple[int, ...]] | None:
         """(type, row-major shape) of the GGUF tensor ``hf_name`` is read from, or None."""
         found = gguf_name(self, names, hf_name)
+        if found not in self.tensors and expert_source(hf_name) is not None:
+            found = expert_source(hf_name)[0]  # an expert's rows of the stacked tensor
         return self.tensors[found][:2] if found in self.tensors else None
 
     def tensor(
         self, name: str, fd: int, blocks: bool = False, mapped: mmap.mmap | None = None
     ) -> torch.Tensor | BlockWeight:
         """One tensor in row-major (Hugging Face) shape: with ``blocks``, a 2-D tensor of a
-        kept type as its bytes (``BlockWeight``: a view of ``mapped`` when given);
+        kept type as its bytes (``BlockWeight``: a view of ``mapped`` when given; stacked
+        experts [E, out, in] as the 2-D [E * out, in]);
         otherwise float32 (float16 and bfloat16 stay as they are, for the copy into the
         model to convert). Read with ``os.preadv`` into a buffer of its own."""
         qtype, shape, offset, n_bytes = self.tensors[name]
-        keep = blocks and qtype in KEPT and len(shape) == 2
+        keep = blocks and qtype in KEPT and len(shape) in (2, 3)
+        rows = shape[0] * shape[1] if len(shape) == 3 else shape[0]  # stacked experts: [E * out, in]
         if keep and mapped is not None:
             if offset + n_bytes > len(mapped):
                 raise CheckpointError(f"{self.path}: tensor '{name}' is cut short (file truncated?)")
             view = torch.frombuffer(mapped, dtype=torch.uint8, count=n_bytes, offset=offset)
-            return BlockWeight.from_bytes(qtype, view, *shape, mapped=True)
+            return BlockWeight.from_bytes(qtype, view, rows, shape[-1], mapped=True)
         buf = bytearray(n_bytes)
         if os.preadv(fd, [buf], offset) != n_bytes:
             raise CheckpointError(f"{self.path}: tensor '{name}' is cut short (file truncated?)")
         if keep:
-            return BlockWeight.from_bytes(qtype, buf, *shape)
+            return BlockWeight.from_bytes(qtype, buf, rows, shape[-1])
         plain = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}.get(qtype.name)
         if plain is not None:
             return torch.frombuffer(buf, dtype=plain).reshape(shape)

@@ -1,7 +1,7 @@
 """How each Hugging Face tensor is got back from what llama.cpp's converter wrote:
 undoing llama's interleaved rotary rows, Gemma's and Qwen3.5's norms stored with their
 +1, Mamba's A stored as -exp(A_log), experts stacked into one tensor, gate and up
-projections split apart, Qwen3.5's tiled value heads. Each hook: (checkpoint, HF name,
+projections split apart. Each hook: (checkpoint, HF name,
 GGUF name, read) -> the HF tensor, or None where the renamed tensor is right as it is
 (archs.py's table names the hook of each architecture)."""
 
@@ -123,46 +123,53 @@ def gemma3n_tensor(ck: GGUFMetadata, hf_name: str, found: str, read: Read) -> to
 
 
 def jamba_tensor(ck: GGUFMetadata, hf_name: str, found: str, read: Read) -> torch.Tensor | None:
-    expert = expert_tensor(hf_name, read)
+    expert = expert_tensor(ck, hf_name, read)
     return expert if expert is not None else ssm_tensor(ck, hf_name, found, read)
 
 
 def lfm2_tensor(ck: GGUFMetadata, hf_name: str, found: str, read: Read) -> torch.Tensor | None:
     if found.endswith("shortconv.conv.weight"):
         return read(found).unsqueeze(1)  # [channels, kernel] -> the Conv1d's [channels, 1, kernel]
-    return expert_tensor(hf_name, read)
+    return expert_tensor(ck, hf_name, read)
 
 
-def untile(t: torch.Tensor, dim: int, n_k: int, per_k: int, width: int) -> torch.Tensor:
-    """Value heads back from llama.cpp's tiled order ([v0 of each key head, v1 of
-    each, ...]) to Hugging Face's grouped order (each key head's value heads together)."""
-    shape = list(t.shape)
-    tiled = t.reshape(*shape[:dim], per_k, n_k, width, *shape[dim + 1 :])
-    return tiled.transpose(dim, dim + 1).reshape(shape)
-
-
-def expert_tensor(hf_name: str, read: Read) -> torch.Tensor | None:
-    """One expert's matrix (``....<layer>.<mlp>.experts.<e>.<kind>_proj.weight``) from the
-    layer's stacked ``ffn_<kind>_exps`` [experts, out, in]; None for any other name."""
+def expert_source(hf_name: str) -> tuple[str, int] | None:
+    """(the layer's stacked GGUF tensor, the expert) an expert's matrix
+    (``....<layer>.<mlp>.experts.<e>.<kind>_proj.weight``) is read from, or None."""
     expert = re.search(r"\.(\d+)\.\w+\.experts\.(\d+)\.(gate_proj|up_proj|down_proj|w1|w3|w2)\.weight$", hf_name)
     if expert is None:
         return None
     layer, x, kind = expert.groups()
     kind = {"w1": "gate", "w3": "up", "w2": "down"}.get(kind, kind.removesuffix("_proj"))  # LFM2 names w1, w3, w2
-    return read(f"blk.{layer}.ffn_{kind}_exps.weight")[int(x)]
+    return f"blk.{layer}.ffn_{kind}_exps.weight", int(x)
+
+
+def expert_tensor(ck: GGUFMetadata, hf_name: str, read: Read) -> torch.Tensor | None:
+    """One expert's matrix from the layer's stacked ``ffn_<kind>_exps`` [experts, out,
+    in] (in blocks: [experts * out, in], the expert's rows); None for any other name."""
+    source = expert_source(hf_name)
+    if source is None:
+        return None
+    name, e = source
+    stacked = read(name)
+    if isinstance(stacked, torch.Tensor) and stacked.dim() == 3:
+        return stacked[e]
+    per = ck.tensors[name][1][1]  # an expert's rows
+    return stacked[e * per : (e + 1) * per]
 
 
 def qwen35_tensor(ck: GGUFMetadata, hf_name: str, found: str, read: Read) -> torch.Tensor | None:
     """Undo the converter: norms (but the gated one) stored with their +1, A as
-    -exp(A_log), the conv as [channels, kernel], experts stacked, the value heads tiled
-    (Qwen3.5), b and a fused per key head (Qwen3-Next's ``ssm_ba``)."""
+    -exp(A_log), the conv as [channels, kernel], experts stacked, b and a fused per key
+    head (Qwen3-Next's ``ssm_ba``). Qwen3.5's value heads stay in the file's tiled order
+    (the model reads them so: its config says ``slotserve_value_heads_tiled``)."""
     a = ck.arch
     if hf_name.endswith("norm.weight") and not hf_name.endswith("linear_attn.norm.weight"):
         return read(found) - 1.0
     if "linear_attn." not in hf_name:
-        return expert_tensor(hf_name, read)
+        return expert_tensor(ck, hf_name, read)
     n_k, n_v = ck.get(f"{a}.ssm.group_count"), ck.get(f"{a}.ssm.time_step_rank")
-    per_k, dk, dv = n_v // n_k, ck.get(f"{a}.ssm.state_size"), ck.get(f"{a}.ssm.inner_size") // n_v
+    per_k = n_v // n_k
     fused = f"blk.{_layer(hf_name)}.ssm_ba.weight"
     if hf_name.endswith(("in_proj_b.weight", "in_proj_a.weight")) and fused in ck.tensors:
         rows = torch.arange(n_k * 2 * per_k).view(n_k, 2, per_k)  # [Hk, (b, a), per]: each key head's b, then a
@@ -170,13 +177,4 @@ def qwen35_tensor(ck: GGUFMetadata, hf_name: str, found: str, read: Read) -> tor
     t = read(found)
     if hf_name.endswith(".A_log"):
         t = torch.log(-t)
-    if per_k > 1 and a != "qwen3next":  # Qwen3-Next's converter keeps the grouped order
-        if hf_name.endswith(("A_log", "dt_bias", "in_proj_a.weight", "in_proj_b.weight")):
-            t = untile(t, 0, n_k, per_k, 1)
-        elif hf_name.endswith(("in_proj_qkv.weight", "conv1d.weight")):
-            t = torch.cat([t[: 2 * n_k * dk], untile(t[2 * n_k * dk :], 0, n_k, per_k, dv)])
-        elif hf_name.endswith("in_proj_z.weight"):
-            t = untile(t, 0, n_k, per_k, dv)
-        elif hf_name.endswith("out_proj.weight"):
-            t = untile(t, 1, n_k, per_k, dv)
-    return t.unsqueeze(1) if hf_name.endswith("conv1d.weight") else t
+    return t.unsqueeze(1) if hf_name.endswith("conv1d.weight") else t  # value heads stay tiled (archs.py)
