@@ -69,6 +69,11 @@ class Engine(TokenAcceptance, ContextShift, EngineReports):
     def __init__(self, config: EngineConfig, progress: Progress | None = None):
         """``progress(tensors done, of total, bytes done, of total)`` hears of the load."""
         self.config = config
+        # Denormal floats cost x86 cores ~100x per operation; decays through a chunk of
+        # tokens (engine/models/delta_rule.py) make them by the thousand. Set before any
+        # thread exists that torch computes on (threads inherit it): its OpenMP pool,
+        # the server's engine thread.
+        torch.set_flush_denormal(True)
         if config.n_threads:
             torch.set_num_threads(config.n_threads)
         elif config.torch_device.type == "cuda":  # the host's tensors are bookkeeping: no OpenMP pool to wake

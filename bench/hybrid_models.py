@@ -1,0 +1,96 @@
+"""The issue-52 bench models: random weights at Qwen3.5-like shapes, as Hugging Face
+folders and as the GGUF files llama.cpp's pinned converter writes from them (Q8_0), for
+bench/hybrid_peer.sh (both servers load the same file).
+
+    python bench/hybrid_models.py OUT_DIR            # both
+    python bench/hybrid_models.py OUT_DIR --only dense
+
+- dense: Qwen3.5 text, 24 layers (18 Gated DeltaNet, 6 gated attention: one in four),
+  hidden 1536, FFN 4096, 16 key / 32 value heads of 128 in DeltaNet, 8 query / 2 KV
+  heads of 256 in attention, vocabulary 151,936 tied: ~1.2B parameters.
+- moe: Qwen3.5-MoE text, 24 layers, hidden 1024, 16 experts of 512 (top 4) and a shared
+  expert of 512, 8 key / 16 value heads: ~1.0B parameters, ~0.35B active a token.
+
+The tokenizer is the tests' byte-level one (256 tokens; the rest of the vocabulary is
+padding the converter names): prompts are sent as token ids.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests"))
+
+COMMON = dict(
+    num_hidden_layers=24,
+    full_attention_interval=4,
+    vocab_size=151936,
+    head_dim=256,
+    num_attention_heads=8,
+    num_key_value_heads=2,
+    linear_key_head_dim=128,
+    linear_value_head_dim=128,
+    linear_conv_kernel_dim=4,
+    tie_word_embeddings=True,
+    max_position_embeddings=32768,
+    bos_token_id=None,
+    eos_token_id=None,
+    pad_token_id=None,
+)
+SHAPES = {
+    "dense": ("qwen3_5", dict(COMMON, hidden_size=1536, intermediate_size=4096, linear_num_key_heads=16,
+                              linear_num_value_heads=32)),
+    "moe": ("qwen3_5_moe", dict(COMMON, hidden_size=1024, intermediate_size=2048, linear_num_key_heads=8,
+                                linear_num_value_heads=16, num_experts=16, num_experts_per_tok=4,
+                                moe_intermediate_size=512, shared_expert_intermediate_size=512)),
+}  # fmt: skip
+
+
+def build(name: str, out: Path) -> Path:
+    """The folder and its Q8_0 GGUF under ``out`` (kept when already there) -> the GGUF."""
+    import transformers
+    from checkpoints import write_byte_tokenizer
+    from gguf_tools import convert
+
+    arch, shape = SHAPES[name]
+    folder, gguf = out / name, out / f"{name}-q8_0.gguf"
+    if gguf.exists():
+        return gguf
+    if not (folder / "config.json").exists():
+        config_cls, model_cls = {
+            "qwen3_5": (transformers.Qwen3_5TextConfig, transformers.Qwen3_5ForCausalLM),
+            "qwen3_5_moe": (transformers.Qwen3_5MoeTextConfig, transformers.Qwen3_5MoeForCausalLM),
+        }[arch]
+        torch.manual_seed(0)
+        with torch.device("meta"):
+            model = model_cls(config_cls(**shape))
+        model = model.to_empty(device="cpu")
+        with torch.no_grad():  # random, scaled as an initializer would (no slow init pass)
+            for n, p in model.named_parameters():
+                p.normal_(0, 0.02) if p.dim() > 1 else p.fill_(0.0 if n.endswith(("norm.weight", "A_log")) else 1.0)
+        folder.mkdir(parents=True, exist_ok=True)
+        model.save_pretrained(folder)
+        write_byte_tokenizer(folder)
+        n = sum(p.numel() for p in model.parameters())
+        print(f"{name}: {n / 1e9:.2f}B parameters", file=sys.stderr)
+        del model
+    convert(folder, gguf, outtype="q8_0", flags=("--no-mtp",))
+    return gguf
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("out", type=Path)
+    ap.add_argument("--only", choices=list(SHAPES))
+    args = ap.parse_args()
+    for name in [args.only] if args.only else SHAPES:
+        print(build(name, args.out))
+
+
+if __name__ == "__main__":
+    main()
