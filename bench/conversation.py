@@ -9,6 +9,9 @@ then ``--turns`` turns of ``--user`` new tokens each; every request is the whole
 history (prompt ids, as an agent re-sends it) with the previous answers, greedy,
 ``--answer`` tokens each, in slot 0. Last, the last turn's prompt again (the answer
 regenerated). A server that reuses its cache computes only each turn's new tokens.
+With ``--rerender R``, the history carries each answer with its last R tokens written
+differently (what chat templates do to an assistant's message: reasoning stripped, an
+end marker added), so each turn diverges from the cache R tokens before its end.
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ def main() -> None:
     ap.add_argument("--system", type=int, default=2000)
     ap.add_argument("--user", type=int, default=200)
     ap.add_argument("--answer", type=int, default=32)
+    ap.add_argument("--rerender", type=int, default=0)
     ap.add_argument("--vocab", type=int, default=250)  # token ids drawn from [1, vocab): the bench tokenizer's bytes
     args = ap.parse_args()
     rng = random.Random(0)
@@ -52,10 +56,13 @@ def main() -> None:
             t = out["timings"]
             turns.append({"prompt": len(prompt), "prompt_n": t["prompt_n"], "prompt_ms": round(t["prompt_ms"]),
                           "wall_s": round(out["wall_s"], 2)})  # fmt: skip
-            history = prompt + out["tokens"]
+            answer = out["tokens"]
+            if args.rerender:  # the template writes the answer's end differently next time
+                answer = answer[: -args.rerender] + words(args.rerender)
+            history = prompt + answer
         again = complete(client, prompt, args.answer)  # the last answer, regenerated
     regen = {"prompt": len(prompt), "prompt_n": again["timings"]["prompt_n"], "wall_s": round(again["wall_s"], 2),
-             "same_answer": again["tokens"] == history[len(prompt):]}  # fmt: skip
+             "same_answer": again["tokens"] == out["tokens"]}  # fmt: skip
     new = [args.system + args.user] + [args.user + args.answer] * (args.turns - 1)  # what each turn adds
     print(json.dumps({"turns": turns, "regenerate": regen, "new_tokens": new,
                       "prompt_n_total": sum(t["prompt_n"] for t in turns)}))  # fmt: skip

@@ -11,19 +11,21 @@ bench/hybrid_peer.sh (both servers load the same file).
 - moe: Qwen3.5-MoE text, 24 layers, hidden 1024, 16 experts of 512 (top 4) and a shared
   expert of 512, 8 key / 16 value heads: ~1.0B parameters, ~0.35B active a token.
 
-The tokenizer is the tests' byte-level one (256 tokens; the rest of the vocabulary is
-padding the converter names): prompts are sent as token ids.
+The tokenizer is the demo model's (byte-level BPE with merges, which llama-server
+requires; the rest of the vocabulary is padding the converter names).
 """
 
 from __future__ import annotations
 
 import argparse
+import shutil
 import sys
 from pathlib import Path
 
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
 COMMON = dict(
@@ -54,8 +56,9 @@ SHAPES = {
 def build(name: str, out: Path) -> Path:
     """The folder and its Q8_0 GGUF under ``out`` (kept when already there) -> the GGUF."""
     import transformers
-    from checkpoints import write_byte_tokenizer
     from gguf_tools import convert
+
+    from engine import DEMO_MODEL
 
     arch, shape = SHAPES[name]
     folder, gguf = out / name, out / f"{name}-q8_0.gguf"
@@ -75,10 +78,11 @@ def build(name: str, out: Path) -> Path:
                 p.normal_(0, 0.02) if p.dim() > 1 else p.fill_(0.0 if n.endswith(("norm.weight", "A_log")) else 1.0)
         folder.mkdir(parents=True, exist_ok=True)
         model.save_pretrained(folder)
-        write_byte_tokenizer(folder)
         n = sum(p.numel() for p in model.parameters())
         print(f"{name}: {n / 1e9:.2f}B parameters", file=sys.stderr)
         del model
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(DEMO_MODEL / name, folder / name)
     convert(folder, gguf, outtype="q8_0", flags=("--no-mtp",))
     return gguf
 

@@ -10,6 +10,8 @@
 # Per model and row, into $CACHE/hybrid/<model>-<row>.json (one JSON object):
 #   conversation: bench/conversation.py (8 turns, 2,000-token system prompt, 200 new
 #                 tokens a turn, 32-token answers, then the last answer regenerated)
+#   rerendered:   the same with each answer's last 8 tokens written differently in the
+#                 next turn's history (as chat templates do)
 #   decode:       bench/serve_bench.py, 128-token prompts, 64 new tokens, c = 1 and 8
 #   ttft512:      bench/serve_bench.py, 512-token prompts, 4 new tokens, c = 1
 #   rss:          the server's VmRSS after the runs, and its peak (VmHWM)
@@ -34,6 +36,7 @@ measure() {  # model row port -- command...
   start_server "$OUT/$model-$row.log" "$port" -- "$@"
   echo "== $model $row" >&2
   parts+=("\"conversation\": $("$PY" "$ROOT/bench/conversation.py" "$url")")
+  parts+=("\"rerendered\": $("$PY" "$ROOT/bench/conversation.py" "$url" --rerender 8)")
   parts+=("\"decode\": $("$PY" "$ROOT/bench/serve_bench.py" "$url" --concurrency 1,8 --rounds 1 --prompt 128 --new 64 \
     | tail -1)")
   parts+=("\"ttft512\": $("$PY" "$ROOT/bench/serve_bench.py" "$url" --concurrency 1 --rounds 3 --prompt 512 --new 4 \

@@ -284,7 +284,8 @@ def test_memories_that_cannot_cut_anywhere_speculate_from_a_held_checkpoint(tmp_
         assert s.n_draft_accepted > 0 and s.n_drafted > s.n_draft_accepted
     spoiled = sum(s.n_drafted - s.n_draft_accepted for s in fast)
     assert run.n_computed <= n_plain + 2 * sum(s.n_drafted for s in fast) - spoiled  # back to the held point only
-    assert run.engine.memory.checkpoints(0) == [len(PROMPTS[0])]  # the prompt's end, as without proposals
+    end = len(PROMPTS[0]) - (0 if arch == "gemma3" else 1)  # a window's at the end, a state's one before
+    assert run.engine.memory.checkpoints(0) == [end]  # as without proposals
 
 
 def test_a_draft_model_must_cut_anywhere(tmp_path):

@@ -23,7 +23,10 @@ def plan_step(running: list[Sequence], budget: int, align: int | None = None) ->
     """Every decoding sequence gets its token first (in order, up to ``budget``), then
     prefilling sequences get chunks first-come first-served until the budget is spent.
     ``align``: a prefill chunk never runs past a multiple of it (memories that snapshot
-    their state there, see memory/recurrent/recurrent_memory.py)."""
+    their state there, see memory/recurrent/recurrent_memory.py), nor past the
+    prompt's last token but one: the state there is snapshotted (the runner), so a
+    request for the same prompt again (the answer regenerated) computes that one token,
+    not back to the last multiple."""
     plan: list[Chunk] = []
     for seq in running:
         if seq.n_pending == 1 and budget > 0:
@@ -35,6 +38,8 @@ def plan_step(running: list[Sequence], budget: int, align: int | None = None) ->
             n = min(seq.n_pending, budget)
             if align:
                 n = min(n, align - seq.n_computed % align)
+                if n == seq.n_pending and not seq.output_ids and seq.pooler is None:
+                    n -= 1  # the prompt's last token runs alone next step, after a snapshot before it
             if seq.media:  # an image's positions run in one forward, once encoded (engine/core/media.py)
                 n = split_point(seq.media, seq.n_computed, n)
                 if n == 0:  # its next image is still being encoded

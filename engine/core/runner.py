@@ -72,11 +72,15 @@ class ModelRunner:
             at += len(pooled)
         every = self.memory.checkpoint_every
         for c in plan:
-            c.seq.n_computed += c.n_tokens
-            if c.samples and not c.seq.output_ids:  # the prompt is computed: a point to come back to
-                self.memory.checkpoint(c.seq.seq_id)
-            elif every and c.seq.n_computed % every == 0:  # a spaced checkpoint
-                self.memory.checkpoint(c.seq.seq_id)
+            seq = c.seq
+            seq.n_computed += c.n_tokens
+            if every is None:  # windows: the prompt's end is the point to come back to
+                if c.samples and not seq.output_ids:
+                    self.memory.checkpoint(seq.seq_id)
+            elif not seq.output_ids and seq.n_computed == len(seq.tokens) - 1:  # all but the prompt's last token
+                self.memory.checkpoint(seq.seq_id)  # (the planner stops there): the same prompt again computes one
+            elif seq.n_computed % every == 0:  # a spaced checkpoint
+                self.memory.checkpoint(seq.seq_id)
         return logits
 
     def _media(self, plan: list[Chunk]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:

@@ -157,6 +157,6 @@ class StaticDecode:
             raise
         for c in plan:
             c.seq.n_computed += 1
-            if not c.seq.output_ids:  # the prompt is computed: a point to come back to
-                self.memory.checkpoint(c.seq.seq_id)
+            if not c.seq.output_ids and self.memory.checkpoint_every is None:  # a window's prompt end
+                self.memory.checkpoint(c.seq.seq_id)  # (recurrent states snapshot one token before: runner.py)
         return logits
