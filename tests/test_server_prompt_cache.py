@@ -104,6 +104,21 @@ def test_without_the_cache_the_history_is_recomputed(tmp_path):
         assert metric(srv, "slotserve_prompt_cache_hits_total") == 0
 
 
+def test_a_slot_is_kept_in_host_ram_only_when_most_of_it_would_go(tmp_path):
+    """llama-server's rule: a request that keeps at least half of what its slot holds
+    (a follow-up that rewrites the end of the last answer, a regenerated answer) saves
+    nothing; one that keeps less (another conversation) saves the slot first."""
+    with InProcessServer.from_flags("--metrics", "-np", "1", "-c", "2048", log=tmp_path / "s.log") as srv:
+        srv.wait_ready()
+        first, other = conversations(srv)[:2]
+        answer = complete(srv, first, id_slot=0)["tokens"]
+        complete(srv, first + answer[:-3] + [5, 6, 7], id_slot=0)  # the answer's end written differently
+        complete(srv, first, id_slot=0)  # the answer regenerated
+        assert metric(srv, "slotserve_prompt_cache_entries") == 0
+        complete(srv, other, id_slot=0)  # another conversation: most of the slot goes
+        assert metric(srv, "slotserve_prompt_cache_entries") == 1
+
+
 @pytest.mark.parametrize(
     "arch,overrides",
     [("mistral", {"sliding_window": 16}), ("granitemoehybrid", GRANITE_HYBRID_TINY)],

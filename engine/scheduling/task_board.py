@@ -126,8 +126,8 @@ class TaskBoard(PrefixReuse):
         for i, slot in enumerate(slots):
             same = slot.lora == key  # a cache computed with other LoRA scales is nobody's prefix
             keeps = common_prefix(slot.cached, req.keys) if i == 0 and req.cache_prompt and same else 0
-            if keeps < len(slot.cached):  # what the slot holds past the shared prefix is about to go
-                self._save_idle(slot)
+            if keeps < len(slot.cached) / 2:  # most of what the slot holds is about to go: kept in host RAM
+                self._save_idle(slot)  # (llama-server's rule; a turn that rewrites the end of one is not saved)
             self.table.take(slot, req.id)
         task.slots, task.seqs = slots, [None] * req.n
         self.active[req.id] = task
