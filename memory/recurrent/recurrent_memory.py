@@ -272,20 +272,31 @@ class RecurrentMemory(ForgettingKind):
 
 
 class RecurrentView(ForwardView):
-    """The batch's sequences as rows of state: ``states(layer)`` gathers them (copies,
-    in batch order), ``store(layer, ...)`` writes the updated ones back."""
+    """The batch's sequences as rows of state: ``states(layer)`` gathers them in batch
+    order (copies; a batch of one sequence gets views of its rows, which a layer may
+    update in place), ``store(layer, ...)`` writes the updated ones back (nothing to do
+    for a view updated in place)."""
 
     def __init__(self, memory: RecurrentMemory, batch: MemoryBatch):
         self.memory = memory
         self.batch = batch
         self.index = torch.tensor(batch.seq_ids, dtype=torch.long, device=memory.device)  # [B]
+        self.one = batch.seq_ids[0] if len(batch.seq_ids) == 1 else None
 
     def attend(self, layer, q, k, v, scale=None, softcap=None):
         raise NotImplementedError("a recurrent memory has no attention layers")
 
     def states(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.memory.conv[layer].index_select(0, self.index), self.memory.ssm[layer].index_select(0, self.index)
+        conv, ssm = self.memory.conv[layer], self.memory.ssm[layer]
+        if self.one is not None:
+            return conv[self.one : self.one + 1], ssm[self.one : self.one + 1]  # [1, ...] views
+        return conv.index_select(0, self.index), ssm.index_select(0, self.index)
 
     def store(self, layer: int, conv: torch.Tensor, ssm: torch.Tensor) -> None:
-        self.memory.conv[layer].index_copy_(0, self.index, conv.to(self.memory.conv[layer].dtype))
-        self.memory.ssm[layer].index_copy_(0, self.index, ssm.to(self.memory.ssm[layer].dtype))
+        for target, new in ((self.memory.conv[layer], conv), (self.memory.ssm[layer], ssm)):
+            if self.one is not None:
+                row = target[self.one : self.one + 1]
+                if new.data_ptr() != row.data_ptr():
+                    row.copy_(new)
+            else:
+                target.index_copy_(0, self.index, new.to(target.dtype))
