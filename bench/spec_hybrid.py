@@ -30,6 +30,7 @@ import torch  # noqa: E402
 
 from engine import Engine, SamplingParams  # noqa: E402
 from engine.core.speculation import Speculation  # noqa: E402
+from engine.kernels import blocks  # noqa: E402
 
 
 class Replay:
@@ -68,8 +69,10 @@ def main() -> None:
     ap.add_argument("--window", type=int, default=8)
     ap.add_argument("--spoil", type=int, default=4)
     ap.add_argument("--logit-scale", type=float, default=30.0)
+    ap.add_argument("--activations", choices=["int8", "int16", "float"], default="int8")
     args = ap.parse_args()
-    engine = Engine.from_pretrained(args.model, n_ctx=4096, n_seq_max=1)
+    blocks.ACTIVATIONS = args.activations  # how the block kernels round activations (engine/kernels/blocks.py)
+    engine = Engine.from_pretrained(args.model, n_ctx=4096, n_seq_max=1, repack=args.activations == "int8")
     norm = engine.model.model.norm.weight  # Qwen3.5's zero-centred scale: (1 + w)
     with torch.no_grad():
         norm.copy_((1 + norm) * args.logit_scale - 1)
@@ -80,7 +83,7 @@ def main() -> None:
     fast, fast_tps, seq = decode(engine, prompt, args.new)
     print(json.dumps({
         "model": Path(args.model).name, "new": args.new, "window": args.window, "spoil_every": args.spoil,
-        "logit_scale": args.logit_scale,
+        "logit_scale": args.logit_scale, "activations": args.activations,
         "plain_tok_s": round(plain_tps, 2), "spec_tok_s": round(fast_tps, 2), "ratio": round(fast_tps / plain_tps, 2),
         "identical": plain == fast, "proposed": seq.n_drafted, "accepted": seq.n_draft_accepted,
     }))  # fmt: skip

@@ -27,7 +27,7 @@ from engine.errors import CheckpointError
 from engine.models.base import DecoderLM
 from engine.models.config import ModelConfig
 from engine.models.gemma3n import Norm, sharing_targets
-from engine.models.layers import embedding
+from engine.models.layers import SeparateGatedMLP, embedding, gelu_tanh
 from engine.models.rope import Rotary, rotate
 from memory import ForwardView, FullAttentionSpec, LayerSpec, ReuseSpec, SlidingWindowSpec
 
@@ -71,17 +71,6 @@ class Attention(nn.Module):
             v = self.v_norm(raw_k if self.k_is_v else self.v_proj(x).view(n, self.n_kv, self.d))
         out = view.attend(self.layer, q, k, v, scale=1.0)  # [T, H, D]
         return self.o_proj(out.reshape(n, self.n_heads * self.d))
-
-
-class MLP(nn.Module):
-    def __init__(self, hidden: int, ffn: int):
-        super().__init__()
-        self.gate_proj = nn.Linear(hidden, ffn, bias=False)
-        self.up_proj = nn.Linear(hidden, ffn, bias=False)
-        self.down_proj = nn.Linear(ffn, hidden, bias=False)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.gelu(self.gate_proj(x), approximate="tanh") * self.up_proj(x))
 
 
 class Router(nn.Module):
@@ -128,7 +117,7 @@ class Layer(nn.Module):
         raw, hidden, eps = cfg.raw, cfg.hidden_size, cfg.rms_norm_eps
         self.self_attn = Attention(cfg, layer, shared)
         wide = 2 if raw.get("use_double_wide_mlp") and shared else 1
-        self.mlp = MLP(hidden, cfg.intermediate_size * wide)
+        self.mlp = SeparateGatedMLP(hidden, cfg.intermediate_size * wide, gelu_tanh)
         self.input_layernorm = Norm(hidden, eps)
         self.post_attention_layernorm = Norm(hidden, eps)
         self.pre_feedforward_layernorm = Norm(hidden, eps)

@@ -23,7 +23,7 @@ from torch import nn
 from engine.errors import CheckpointError
 from engine.models.base import DecoderLM
 from engine.models.config import ModelConfig
-from engine.models.layers import RMSNorm, SeparateGatedMLP, embedding
+from engine.models.layers import NoPositionAttention, RMSNorm, SeparateGatedMLP, embedding
 from engine.models.moe import run_experts
 from engine.models.ssm import conv_step, conv_window, each_sequence, selective_scan, selective_step
 from memory import ForwardView, FullAttentionSpec, LayerSpec
@@ -98,24 +98,6 @@ class MambaMixer(nn.Module):
         return dt, self.b_layernorm(B), self.c_layernorm(C)
 
 
-class JambaAttention(nn.Module):
-    def __init__(self, cfg: ModelConfig, layer: int):
-        super().__init__()
-        self.layer = layer
-        self.n_heads, self.n_kv, self.d = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
-        self.q_proj = nn.Linear(cfg.hidden_size, self.n_heads * self.d, bias=False)
-        self.k_proj = nn.Linear(cfg.hidden_size, self.n_kv * self.d, bias=False)
-        self.v_proj = nn.Linear(cfg.hidden_size, self.n_kv * self.d, bias=False)
-        self.o_proj = nn.Linear(self.n_heads * self.d, cfg.hidden_size, bias=False)
-
-    def forward(self, x: torch.Tensor, view: ForwardView) -> torch.Tensor:
-        n = x.shape[0]
-        q = self.q_proj(x).view(n, self.n_heads, self.d)  # no positional encoding
-        k = self.k_proj(x).view(n, self.n_kv, self.d)
-        v = self.v_proj(x).view(n, self.n_kv, self.d)
-        return self.o_proj(view.attend(self.layer, q, k, v).reshape(n, self.n_heads * self.d))
-
-
 class JambaMoE(nn.Module):
     def __init__(self, hidden: int, ffn: int, n_experts: int, top_k: int):
         super().__init__()
@@ -138,7 +120,7 @@ class JambaLayer(nn.Module):
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.pre_ff_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         if attention:
-            self.self_attn = JambaAttention(cfg, layer)
+            self.self_attn = NoPositionAttention(cfg.hidden_size, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, layer)
         else:
             self.mamba = MambaMixer(cfg, layer)
         if n_experts > 1:

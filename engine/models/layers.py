@@ -56,17 +56,44 @@ class RMSNorm(nn.Module):
 
 
 class SeparateGatedMLP(nn.Module):
-    """down(silu(gate(x)) * up(x)) with gate, up and down under their checkpoint names
-    (the models whose loaders fuse nothing: Jamba, Qwen3.5)."""
+    """down(act(gate(x)) * up(x)) with gate, up and down under their checkpoint names
+    (the models whose loaders fuse nothing: Jamba, the Qwen3.5 family, Gemma 4 with
+    GELU-tanh); ``act`` SiLU by default."""
 
-    def __init__(self, hidden: int, ffn: int):
+    def __init__(self, hidden: int, ffn: int, act=F.silu):
         super().__init__()
+        self.act = act
         self.gate_proj = nn.Linear(hidden, ffn, bias=False)
         self.up_proj = nn.Linear(hidden, ffn, bias=False)
         self.down_proj = nn.Linear(ffn, hidden, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        return self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x))
+
+
+def gelu_tanh(x: torch.Tensor) -> torch.Tensor:
+    return F.gelu(x, approximate="tanh")
+
+
+class NoPositionAttention(nn.Module):
+    """Attention without positional encoding (Jamba's, Nemotron-H's): q, k, v and o
+    projections under their checkpoint names, scores scaled by 1/sqrt(head_dim)."""
+
+    def __init__(self, hidden: int, n_heads: int, n_kv: int, head_dim: int, layer: int, bias: bool = False):
+        super().__init__()
+        self.layer, self.n_heads, self.n_kv, self.d = layer, n_heads, n_kv, head_dim
+        self.q_proj = nn.Linear(hidden, n_heads * head_dim, bias=bias)
+        self.k_proj = nn.Linear(hidden, n_kv * head_dim, bias=bias)
+        self.v_proj = nn.Linear(hidden, n_kv * head_dim, bias=bias)
+        self.o_proj = nn.Linear(n_heads * head_dim, hidden, bias=bias)
+
+    def forward(self, x: torch.Tensor, view: ForwardView) -> torch.Tensor:
+        """x: [T, hidden] -> [T, hidden]."""
+        n = x.shape[0]
+        q = self.q_proj(x).view(n, self.n_heads, self.d)
+        k = self.k_proj(x).view(n, self.n_kv, self.d)
+        v = self.v_proj(x).view(n, self.n_kv, self.d)
+        return self.o_proj(view.attend(self.layer, q, k, v, scale=self.d**-0.5).reshape(n, -1))
 
 
 class GatedMLP(nn.Module):

@@ -22,7 +22,7 @@ from torch import nn
 
 from engine.models.base import DecoderLM
 from engine.models.config import NEMOTRON_PATTERN, ModelConfig
-from engine.models.layers import RMSNorm, embedding
+from engine.models.layers import NoPositionAttention, RMSNorm, embedding
 from engine.models.mamba2 import Mamba2Mixer, SSMShape
 from engine.models.moe import run_experts
 from memory import ForwardView, FullAttentionSpec, LayerSpec
@@ -86,25 +86,6 @@ class NemotronMoE(nn.Module):
         return h + self.shared_experts(x)
 
 
-class NemotronAttention(nn.Module):
-    def __init__(self, cfg: ModelConfig, layer: int):
-        super().__init__()
-        self.layer = layer
-        self.n_heads, self.n_kv, self.d = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
-        bias = cfg.attention_bias
-        self.q_proj = nn.Linear(cfg.hidden_size, self.n_heads * self.d, bias=bias)
-        self.k_proj = nn.Linear(cfg.hidden_size, self.n_kv * self.d, bias=bias)
-        self.v_proj = nn.Linear(cfg.hidden_size, self.n_kv * self.d, bias=bias)
-        self.o_proj = nn.Linear(self.n_heads * self.d, cfg.hidden_size, bias=bias)
-
-    def forward(self, x: torch.Tensor, view: ForwardView) -> torch.Tensor:
-        n = x.shape[0]
-        q = self.q_proj(x).view(n, self.n_heads, self.d)  # no positional encoding
-        k = self.k_proj(x).view(n, self.n_kv, self.d)
-        v = self.v_proj(x).view(n, self.n_kv, self.d)
-        return self.o_proj(view.attend(self.layer, q, k, v, scale=self.d**-0.5).reshape(n, -1))
-
-
 class NemotronBlock(nn.Module):
     def __init__(self, kind: str, mixer: nn.Module, hidden: int, eps: float):
         super().__init__()
@@ -162,7 +143,9 @@ class NemotronHForCausalLM(DecoderLM):
         if kind == "linear_attention":
             return Mamba2Mixer(self.ssm, self.memory_ids[layer])
         if kind == "full_attention":
-            return NemotronAttention(cfg, self.memory_ids[layer])
+            return NoPositionAttention(
+                cfg.hidden_size, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, self.memory_ids[layer], cfg.attention_bias
+            )
         if kind == "moe":
             return NemotronMoE(cfg.raw, cfg.hidden_size, bias)
         return Relu2MLP(cfg.hidden_size, cfg.intermediate_size, bias)
