@@ -70,9 +70,10 @@ def main() -> None:
     ap.add_argument("--spoil", type=int, default=4)
     ap.add_argument("--logit-scale", type=float, default=30.0)
     ap.add_argument("--activations", choices=["int8", "int16", "float"], default="int8")
+    ap.add_argument("--no-repack", dest="repack", action="store_false")
     args = ap.parse_args()
     blocks.ACTIVATIONS = args.activations  # how the block kernels round activations (engine/kernels/blocks.py)
-    engine = Engine.from_pretrained(args.model, n_ctx=4096, n_seq_max=1, repack=args.activations == "int8")
+    engine = Engine.from_pretrained(args.model, n_ctx=4096, n_seq_max=1, repack=args.repack)
     norm = engine.model.model.norm.weight  # Qwen3.5's zero-centred scale: (1 + w)
     with torch.no_grad():
         norm.copy_((1 + norm) * args.logit_scale - 1)
@@ -83,7 +84,7 @@ def main() -> None:
     fast, fast_tps, seq = decode(engine, prompt, args.new)
     print(json.dumps({
         "model": Path(args.model).name, "new": args.new, "window": args.window, "spoil_every": args.spoil,
-        "logit_scale": args.logit_scale, "activations": args.activations,
+        "logit_scale": args.logit_scale, "activations": args.activations, "repack": args.repack,
         "plain_tok_s": round(plain_tps, 2), "spec_tok_s": round(fast_tps, 2), "ratio": round(fast_tps / plain_tps, 2),
         "identical": plain == fast, "proposed": seq.n_drafted, "accepted": seq.n_draft_accepted,
     }))  # fmt: skip
