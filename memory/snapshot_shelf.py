@@ -3,7 +3,8 @@ memory that forgets keeps to come back to (recurrent states, sliding windows). T
 business; this keeps the bookkeeping both kinds share.
 
 A snapshot has an ``end``: the position it was taken at (it stands for positions
-[0, end)). Each sequence keeps its newest ``keep`` snapshots, by increasing end, one
+[0, end)). Each sequence keeps at most ``keep`` snapshots, by increasing end (its
+first and its newest: ``add``), one
 per end. Snapshots are never written in place, so sequences may share them (a prefix
 copy shares the source's snapshots before the cut). Besides those, a sequence may hold
 one transient snapshot (``hold``: speculation's rollback point) that cuts may use but
@@ -56,8 +57,13 @@ class SnapshotShelf(Generic[S]):
         self.held[seq] = snap
 
     def add(self, seq: int, snap: S) -> None:
-        """Keep ``snap`` (after every kept one), dropping the oldest beyond ``keep``."""
-        self.by_seq[seq] = [*self.by_seq[seq], snap][-self.keep :] if self.keep else []
+        """Keep ``snap`` (after every kept one); beyond ``keep``, the oldest but the first
+        goes: a sequence keeps its first snapshot (the end of its first prompt, what other
+        conversations with the same system prompt share) and its newest."""
+        kept = [*self.by_seq[seq], snap]
+        if len(kept) > self.keep:
+            kept = kept[:1] + kept[len(kept) - self.keep + 1 :] if self.keep > 1 else kept[-self.keep :]
+        self.by_seq[seq] = kept if self.keep else []
 
     def put(self, seq: int, snaps: list[S]) -> None:
         """Replace ``seq``'s snapshots (the newest ``keep`` of them)."""

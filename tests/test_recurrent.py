@@ -93,7 +93,7 @@ def test_batched_greedy_matches_transformers(mamba2, unified):
     seqs, logits = run(engine, prompts, (2, 0, 3, 1))
     for i, p in enumerate(prompts):
         assert_matches(ref, p, seqs[i].output_ids, logits[i])
-    assert engine.memory.checkpoints(1) == [64, 74, 80, 96]  # spaced, the prompt's end but one; the newest 4
+    assert engine.memory.checkpoints(1) == [16, 74, 80, 96]  # spaced, the prompt's end but one; the first, the newest 3
     engine.memory.integrity_check()
 
 
@@ -198,18 +198,22 @@ def test_seq_rm_is_exact_or_refused_unchanged():
 
 
 def test_checkpoints_are_bounded_and_copied_with_the_state():
-    mem = small_memory(n_checkpoints=2)
-    for i in range(4):
+    """Beyond the bound the oldest but the first goes: the first (a first prompt's end,
+    what conversations with the same system prompt share) and the newest stay."""
+    mem = small_memory(n_checkpoints=3)
+    for i in range(5):
         feed(mem, 1, 4, float(i + 1))
         mem.checkpoint(1)
-    assert mem.checkpoints(1) == [12, 16]
+    assert mem.checkpoints(1) == [4, 16, 20]
     use = mem.usage(held_by=[1]).groups[0]
-    assert use.kind == "recurrent" and use.n_blocks_held == 3 and use.bytes_per_block == mem.bytes_per_seq
-    mem.seq_cp(1, 2, 0, 12)
-    assert mem.seq_len(2) == 12 and mem.checkpoints(2) == [12]
-    assert torch.equal(mem.conv[0][2], torch.full((6, 3), 6.0))  # 1 + 2 + 3: the state at 12
+    assert use.kind == "recurrent" and use.n_blocks_held == 4 and use.bytes_per_block == mem.bytes_per_seq
+    mem.seq_cp(1, 2, 0, 16)
+    assert mem.seq_len(2) == 16 and mem.checkpoints(2) == [4, 16]
+    assert torch.equal(mem.conv[0][2], torch.full((6, 3), 10.0))  # 1 + 2 + 3 + 4: the state at 16
+    mem.seq_cp(1, 0, 0, 4)
+    assert torch.equal(mem.conv[0][0], torch.full((6, 3), 1.0))  # the first: the state at 4
     with pytest.raises(ValueError):
-        mem.seq_cp(1, 0, 0, 14)  # not a cut point
+        mem.seq_cp(1, 0, 0, 12)  # dropped: not a cut point any more
     mem.integrity_check()
 
 

@@ -13,7 +13,7 @@ Positions of a sequence are 0..n-1 (no shifting: ``can_shift`` is False); the ri
 [lo, n). Cutting back to q (``seq_rm(seq, q)``) is exact while the ring still holds the
 W - 1 positions before q, i.e. for the last ``max_step`` tokens or so; further back it
 needs a *checkpoint*: ``checkpoint(seq)`` (called when a prompt has been computed) keeps
-a copy of the last W - 1 cells, at most ``n_checkpoints`` per sequence, newest kept.
+a copy of the last W - 1 cells, at most ``n_checkpoints`` per sequence (the first and the newest kept).
 ``seq_cut_point`` says where a cut is possible.
 """
 

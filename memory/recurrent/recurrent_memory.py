@@ -17,7 +17,8 @@ suffix. So, unlike the attention caches:
 A sequence consumes positions 0, 1, ... in order. ``checkpoint(seq)`` snapshots the
 current state; the engine calls it at the end of every prompt and whenever a sequence
 reaches a multiple of ``checkpoint_every`` (its planner ends prefill chunks there).
-Each sequence keeps its newest ``n_checkpoints`` snapshots; each costs one state.
+Each sequence keeps ``n_checkpoints`` snapshots (its first and its newest); each
+costs one state.
 """
 
 from __future__ import annotations
