@@ -28,6 +28,7 @@ from engine.models.base import DecoderLM
 from engine.models.config import ModelConfig
 from engine.models.gemma3n import Norm, sharing_targets
 from engine.models.layers import SeparateGatedMLP, embedding, gelu_tanh
+from engine.models.moe import run_stacked_experts
 from engine.models.rope import Rotary, rotate
 from memory import ForwardView, FullAttentionSpec, LayerSpec, ReuseSpec, SlidingWindowSpec
 
@@ -96,19 +97,12 @@ class Experts(nn.Module):
 
     def __init__(self, hidden: int, ffn: int, n_experts: int):
         super().__init__()
-        self.ffn = ffn
         self.gate_up_proj = nn.Parameter(torch.zeros(n_experts, 2 * ffn, hidden))
         self.down_proj = nn.Parameter(torch.zeros(n_experts, hidden, ffn))
 
     def forward(self, x: torch.Tensor, weights: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
         """x: [T, hidden]; weights, idx: [T, k] -> [T, hidden], grouped by expert."""
-        out = torch.zeros_like(x)
-        for e in idx.unique().tolist():
-            rows, pos = torch.where(idx == e)
-            gate, up = F.linear(x[rows], self.gate_up_proj[e]).split(self.ffn, dim=-1)
-            h = F.linear(F.gelu(gate, approximate="tanh") * up, self.down_proj[e])  # [n, hidden]
-            out.index_add_(0, rows, h * weights[rows, pos, None].to(h.dtype))
-        return out
+        return run_stacked_experts(x, self.gate_up_proj, self.down_proj, weights, idx, gelu_tanh)
 
 
 class Layer(nn.Module):

@@ -34,7 +34,6 @@ class TopKRouter(nn.Module):
 class SparseMoE(nn.Module):
     def __init__(self, hidden: int, ffn: int, n_experts: int, top_k: int):
         super().__init__()
-        self.ffn = ffn
         self.router = TopKRouter(hidden, n_experts, top_k)
         self.input_linear = nn.Module()
         self.input_linear.weight = nn.Parameter(torch.zeros(n_experts, 2 * ffn, hidden))
@@ -44,22 +43,21 @@ class SparseMoE(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x: [T, hidden] -> [T, hidden]."""
         weights, idx = self.router(x)  # [T, k]
-        out = torch.zeros_like(x)
-        flat = idx.flatten()  # [T * k]
-        order = flat.argsort(stable=True)
-        counts = torch.bincount(flat, minlength=self.input_linear.weight.shape[0]).tolist()
-        tokens = order // idx.shape[1]  # [T * k] token of each (token, choice), grouped by expert
-        start = 0
-        for expert, n in enumerate(counts):
-            if n == 0:
-                continue
-            sel = order[start : start + n]
-            rows = tokens[start : start + n]
-            start += n
-            gate, up = F.linear(x[rows], self.input_linear.weight[expert]).split(self.ffn, dim=-1)
-            h = F.linear(F.silu(gate) * up, self.output_linear.weight[expert])  # [n, hidden]
-            out.index_add_(0, rows, h * weights.flatten()[sel, None])
-        return out
+        return run_stacked_experts(x, self.input_linear.weight, self.output_linear.weight, weights, idx, F.silu)
+
+
+def run_stacked_experts(x, gate_up, down, weights, idx, act) -> torch.Tensor:
+    """Experts stacked 3-D: x [T, hidden]; gate_up [E, 2F, hidden] (gate rows, then up);
+    down [E, hidden, F]; weights, idx [T, k] -> [T, hidden], each chosen expert one
+    matmul over its tokens (Granite's experts, Gemma 4's)."""
+    out = torch.zeros_like(x)
+    ffn = down.shape[-1]
+    for e in idx.unique().tolist():
+        rows, pos = torch.where(idx == e)
+        gate, up = F.linear(x[rows], gate_up[e]).split(ffn, dim=-1)
+        h = F.linear(act(gate) * up, down[e])  # [n, hidden]
+        out.index_add_(0, rows, h * weights[rows, pos, None].to(h.dtype))
+    return out
 
 
 def run_experts(x: torch.Tensor, experts: nn.ModuleList, weights: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
