@@ -43,12 +43,18 @@ class MemoryBatch:
     ``visible``: where a row sees past its own position, the last position it sees (the
     tokens of one image attend to each other both ways: Gemma 3); a sliding window still
     counts back from the row's own position.
+    ``stepwise[i]``: sequence i's rows continue its decoding (a speculation's verify
+    step), so each row is computed bit for bit as the decode step of its position would
+    be: attention through the decode path, a recurrent mixer a token at a time. The last
+    float bits then agree too, which 8-bit activations would otherwise turn into another
+    token now and then. None: no such sequence.
     """
 
     seq_ids: list[int]
     n_tokens: list[int]
     positions: torch.Tensor  # [T] int64
     visible: torch.Tensor | None = None  # [T] int64: the last position each row sees (None: its own)
+    stepwise: list[bool] | None = None
 
     @property
     def n_total(self) -> int:
@@ -62,6 +68,12 @@ class MemoryBatch:
             raise ValueError("positions do not match n_tokens")
         if self.visible is not None and self.visible.shape != self.positions.shape:
             raise ValueError("visible does not match positions")
+        if self.stepwise is not None and len(self.stepwise) != len(self.seq_ids):
+            raise ValueError("stepwise does not match seq_ids")
+
+    def steps(self, i: int) -> bool:
+        """Whether batch sequence i's rows are computed as decode steps (``stepwise``)."""
+        return self.stepwise is not None and self.stepwise[i]
 
 
 @dataclass(frozen=True)

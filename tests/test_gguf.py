@@ -428,3 +428,33 @@ def test_k_quants_dequantize_to_the_values_packed_by_hand(tmp_path):
             torch.testing.assert_close(got.double(), torch.from_numpy(values), rtol=1e-5, atol=1e-5)
     finally:
         os.close(fd)
+
+
+SPEC_ARCHS = ["qwen3-f16", "qwen3_5", "qwen3_5_moe", "qwen3_next", "gemma3", "gemma4", "lfm2", "lfm2_moe",
+              "nemotron_h", "mamba2"]  # fmt: skip
+
+
+@pytest.mark.parametrize("arch", SPEC_ARCHS)
+def test_speculation_on_a_quantized_file_gives_plain_decodings_logits_bit_for_bit(converted, folder, arch):
+    """The default 8-bit kernels round each projection's input to 8 bits, which turns a
+    last-bit difference anywhere before into whole steps now and then, so a verify
+    step's rows must compute exactly as the decode steps of their positions: the packed
+    projections do whatever the row count; attention reads the rows through the decode
+    kernel, recurrent mixers step them a token at a time (``MemoryBatch.stepwise``);
+    activations and small float projections are row-invariant (engine/models/rowwise.py).
+    Attention, hybrids (Gated DeltaNet, short convolutions, Mamba2 with attention and
+    experts), sliding windows and shared KV; proposals kept whole, in part and not at all."""
+    from test_speculation import PROMPTS, Oracle, run
+
+    from engine.kernels import attention
+
+    if not attention.install_decode_attention():
+        pytest.skip("the compiled decode kernel is not built (no compiler): SDPA's rows are close, not equal")
+    q8 = gguf.GGMLQuantizationType.Q8_0
+    path = requantize(converted[arch][1], folder / f"{arch}-spec-q8_0.gguf", q8, fallback=q8)
+    plain, plain_logits = run(path, PROMPTS, spec=False)
+    fast, fast_logits = run(path, PROMPTS, spec=True, draft=Oracle({s.seq_id: s.output_ids for s in plain}, 2))
+    assert [s.output_ids for s in fast] == [s.output_ids for s in plain]
+    for i in plain_logits:
+        assert all(torch.equal(x, y) for x, y in zip(plain_logits[i], fast_logits[i], strict=True))
+    assert all(s.n_draft_accepted > 0 and s.n_drafted > s.n_draft_accepted for s in fast)

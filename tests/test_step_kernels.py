@@ -92,6 +92,32 @@ def test_decode_attention_reads_the_stored_rows_as_stored(compiled, case, types,
     torch.testing.assert_close(out.double(), expected, atol=2e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("any_cpu", [False, True], ids=["isa", "portable"])
+@pytest.mark.parametrize("case", ["gqa", "window", "softcap-one-kv-head"])
+def test_rows_of_a_verify_step_attend_bit_for_bit_as_their_decode_steps(compiled, case, any_cpu):
+    """``q_seq``: several query rows of one sequence (a speculation's verify step), each
+    at its own position, against the sequence's keys, the later positions' keys already
+    stored. Each row equals, bit for bit, the one-row call a decode step of that
+    position makes (its keys then only up to its position); two sequences' rows mixed."""
+    b, h, kvh, n, d, window, softcap = CASES[case]
+    gen = torch.Generator().manual_seed(3)
+    k, v = torch.randn(2, kvh, n, d, generator=gen), torch.randn(2, kvh, n, d, generator=gen)
+    kv_pos = torch.arange(n).repeat(2, 1)  # [2, L]
+    seq = torch.tensor([0, 0, 0, 1, 1, 0])  # rows' sequences, interleaved
+    q_pos = torch.tensor([n - 6, n - 5, n - 4, n - 2, n - 1, n - 3])
+    q = torch.randn(len(seq), h, d, generator=gen)
+    out = compiled.decode_attention(q, k, v, kv_pos, q_pos, window, d**-0.5, softcap, any_cpu, seq)
+    for r in range(len(seq)):
+        s, p = int(seq[r]), int(q_pos[r])
+        alone = compiled.decode_attention(
+            q[r : r + 1], k[s : s + 1, :, : p + 1], v[s : s + 1, :, : p + 1], kv_pos[s : s + 1, : p + 1],
+            q_pos[r : r + 1], window, d**-0.5, softcap, portable=any_cpu,
+        )  # fmt: skip
+        assert torch.equal(out[r], alone[0])
+    with pytest.raises(RuntimeError, match="q_seq"):
+        compiled.decode_attention(q, k, v, kv_pos, q_pos, window, 1.0, 0.0, any_cpu, seq + 1)
+
+
 def test_decode_attention_refuses_rows_it_cannot_read(compiled):
     q = torch.randn(1, 2, 40)
     k = CODECS["f16"].encode(torch.randn(1, 1, 3, 40))
@@ -166,6 +192,7 @@ def test_silu_mul_is_the_gated_activation(compiled, any_cpu):
 
 def test_the_gated_mlp_takes_the_compiled_call(compiled, monkeypatch):
     from engine.kernels import activation
+    from engine.models import rowwise
     from engine.models.layers import GatedMLP
 
     mlp = GatedMLP(16, 24)
@@ -178,7 +205,7 @@ def test_the_gated_mlp_takes_the_compiled_call(compiled, monkeypatch):
         assert calls == [(3, 48)]
         monkeypatch.setattr(activation, "_blocks", None)
         gate, up = mlp.gate_up_proj(x).split(24, dim=-1)
-        torch.testing.assert_close(mlp(x), mlp.down_proj(torch.nn.functional.silu(gate) * up), rtol=0, atol=0)
+        torch.testing.assert_close(mlp(x), mlp.down_proj(rowwise.silu(gate) * up), rtol=0, atol=0)
     torch.testing.assert_close(fused, mlp(x).detach(), atol=1e-6, rtol=1e-5)
 
 

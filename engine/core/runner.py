@@ -41,7 +41,12 @@ class ModelRunner:
         pos = torch.cat(positions)  # [T]
         media = self._media(plan)  # (rows, their tokens, visible) or None
         visible = media[2] if media is not None else None
-        batch = MemoryBatch([c.seq.seq_id for c in plan], [c.n_tokens for c in plan], pos, visible)
+        # rows that continue decoding (a verify step, or the accepted tokens again after a
+        # rejection): each computed as its position's decode step would be
+        steps = [c.seq.n_computed >= len(c.seq.prompt_ids) - 1 for c in plan]
+        batch = MemoryBatch(
+            [c.seq.seq_id for c in plan], [c.n_tokens for c in plan], pos, visible, steps if any(steps) else None
+        )
         view = self.memory.prepare(batch)
         rows = logit_rows + [r for pooled in pooled_rows for r in pooled]
         self._set_lora(plan, len(ids))

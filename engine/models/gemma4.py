@@ -20,14 +20,14 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from engine.errors import CheckpointError
+from engine.models import rowwise
 from engine.models.base import DecoderLM
 from engine.models.config import ModelConfig
 from engine.models.gemma3n import Norm, sharing_targets
-from engine.models.layers import SeparateGatedMLP, embedding, gelu_tanh
+from engine.models.layers import SeparateGatedMLP, embedding
 from engine.models.moe import run_stacked_experts
 from engine.models.rope import Rotary, rotate
 from memory import ForwardView, FullAttentionSpec, LayerSpec, ReuseSpec, SlidingWindowSpec
@@ -86,7 +86,7 @@ class Router(nn.Module):
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """x: [T, hidden] -> (weights [T, k] float32, expert ids [T, k])."""
         h = self.norm(x) * self.scale * x.shape[-1] ** -0.5
-        probs = torch.softmax(self.proj(h).float(), dim=-1)  # [T, E]
+        probs = torch.softmax(rowwise.project(self.proj, h).float(), dim=-1)  # [T, E]
         weights, idx = probs.topk(self.top_k, dim=-1)
         weights = weights / weights.sum(-1, keepdim=True)
         return weights * self.per_expert_scale.float()[idx], idx
@@ -102,7 +102,7 @@ class Experts(nn.Module):
 
     def forward(self, x: torch.Tensor, weights: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
         """x: [T, hidden]; weights, idx: [T, k] -> [T, hidden], grouped by expert."""
-        return run_stacked_experts(x, self.gate_up_proj, self.down_proj, weights, idx, gelu_tanh)
+        return run_stacked_experts(x, self.gate_up_proj, self.down_proj, weights, idx, rowwise.gelu_tanh)
 
 
 class Layer(nn.Module):
@@ -111,7 +111,7 @@ class Layer(nn.Module):
         raw, hidden, eps = cfg.raw, cfg.hidden_size, cfg.rms_norm_eps
         self.self_attn = Attention(cfg, layer, shared)
         wide = 2 if raw.get("use_double_wide_mlp") and shared else 1
-        self.mlp = SeparateGatedMLP(hidden, cfg.intermediate_size * wide, gelu_tanh)
+        self.mlp = SeparateGatedMLP(hidden, cfg.intermediate_size * wide, rowwise.gelu_tanh)
         self.input_layernorm = Norm(hidden, eps)
         self.post_attention_layernorm = Norm(hidden, eps)
         self.pre_feedforward_layernorm = Norm(hidden, eps)
@@ -139,8 +139,8 @@ class Layer(nn.Module):
             h = self.post_feedforward_layernorm_1(h) + self.post_feedforward_layernorm_2(routed)
         x = x + self.post_feedforward_layernorm(h)
         if per_layer is not None:
-            h = F.gelu(self.per_layer_input_gate(x), approximate="tanh") * per_layer
-            x = x + self.post_per_layer_input_norm(self.per_layer_projection(h))
+            h = rowwise.gelu_tanh(rowwise.project(self.per_layer_input_gate, x)) * per_layer
+            x = x + self.post_per_layer_input_norm(rowwise.project(self.per_layer_projection, h))
         return x * self.layer_scalar
 
 

@@ -17,15 +17,15 @@ from __future__ import annotations
 import math
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from engine.errors import CheckpointError
+from engine.models import rowwise
 from engine.models.base import DecoderLM
 from engine.models.config import ModelConfig
 from engine.models.layers import NoPositionAttention, RMSNorm, SeparateGatedMLP, embedding
 from engine.models.moe import run_experts
-from engine.models.ssm import conv_step, conv_window, each_sequence, selective_scan, selective_step
+from engine.models.ssm import conv_step, conv_window, mix, selective_scan, selective_step
 from memory import ForwardView, FullAttentionSpec, LayerSpec
 from memory.spec import RecurrentSpec
 
@@ -72,29 +72,29 @@ class MambaMixer(nn.Module):
         weight, bias = self.conv1d.weight[:, 0, :], self.conv1d.bias
         A = -torch.exp(self.A_log.float())  # [d, N]
         D = self.D.float()
-        n_tokens = view.batch.n_tokens
-        if all(n == 1 for n in n_tokens):  # decode: one token per sequence, batched
+
+        def step(xs, window, state):  # one token per sequence, batched
             conv, window = conv_step(xs, window, weight, bias)
-            u = F.silu(conv)
+            u = rowwise.silu(conv)
             dt, B, C = self._dt_b_c(u)
             y, state = selective_step(u, dt, A, B, C, D, state)
-        else:
+            return y, window, state
 
-            def run(b: int, rows: slice) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-                conv, new_window = conv_window(xs[rows], window[b], weight, bias)
-                u = F.silu(conv)
-                dt, B, C = self._dt_b_c(u)
-                y, new_state = selective_scan(u, dt, A, B, C, D, state[b])
-                return y, new_window, new_state
+        def run(b: int, rows: slice) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # one sequence's chunk
+            conv, new_window = conv_window(xs[rows], window[b], weight, bias)
+            u = rowwise.silu(conv)
+            dt, B, C = self._dt_b_c(u)
+            y, new_state = selective_scan(u, dt, A, B, C, D, state[b])
+            return y, new_window, new_state
 
-            y, window, state = each_sequence(n_tokens, run)
+        y, window, state = mix(view.batch, (xs,), window, state, step, run)
         view.store(self.layer, window, state)
-        return self.out_proj((y * F.silu(gate.float())).to(x.dtype))
+        return self.out_proj((y * rowwise.silu(gate.float())).to(x.dtype))
 
     def _dt_b_c(self, u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Conv outputs [n, d] -> dt [n, d] (after softplus), B and C [n, N] (RMS-normed)."""
         ts, B, C = self.x_proj(u).split([self.rank, self.n_state, self.n_state], dim=-1)
-        dt = F.softplus(self.dt_proj(self.dt_layernorm(ts)).float())
+        dt = rowwise.softplus(self.dt_proj(self.dt_layernorm(ts)).float())
         return dt, self.b_layernorm(B), self.c_layernorm(C)
 
 
@@ -108,7 +108,7 @@ class JambaMoE(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x: [T, hidden] -> [T, hidden]; each token's top-k experts weighted by their
         share of the softmax over all experts (not renormalized)."""
-        probs = torch.softmax(self.router(x).float(), dim=-1)  # [T, E]
+        probs = torch.softmax(rowwise.project(self.router, x).float(), dim=-1)  # [T, E]
         weights, idx = probs.topk(self.top_k, dim=-1)  # [T, k]
         return run_experts(x, self.experts, weights.to(x.dtype), idx)
 

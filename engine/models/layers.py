@@ -12,6 +12,7 @@ from torch import nn
 from engine.kernels.activation import fused_silu_mul
 from engine.kernels.norm import fused_rms_norm
 from engine.kernels.packed_layer import run_packed_layer
+from engine.models import rowwise
 from engine.models.rope import rotate
 from memory import ForwardView
 
@@ -60,7 +61,7 @@ class SeparateGatedMLP(nn.Module):
     (the models whose loaders fuse nothing: Jamba, the Qwen3.5 family, Gemma 4 with
     GELU-tanh); ``act`` SiLU by default."""
 
-    def __init__(self, hidden: int, ffn: int, act=F.silu):
+    def __init__(self, hidden: int, ffn: int, act=rowwise.silu):
         super().__init__()
         self.act = act
         self.gate_proj = nn.Linear(hidden, ffn, bias=False)
@@ -69,10 +70,6 @@ class SeparateGatedMLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x))
-
-
-def gelu_tanh(x: torch.Tensor) -> torch.Tensor:
-    return F.gelu(x, approximate="tanh")
 
 
 class NoPositionAttention(nn.Module):
@@ -110,7 +107,7 @@ class GatedMLP(nn.Module):
         hidden = fused_silu_mul(gate_up)  # one compiled call, where built
         if hidden is None:
             gate, up = gate_up.split(self.ffn, dim=-1)  # [T, ffn] each
-            hidden = F.silu(gate) * up
+            hidden = rowwise.silu(gate) * up
         return self.down_proj(hidden)  # [T, hidden]
 
 

@@ -15,16 +15,16 @@ checkpoint's name); the LM head is tied to the embeddings. LFM2-MoE
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from engine.errors import CheckpointError
+from engine.models import rowwise
 from engine.models.base import DecoderLM
 from engine.models.config import ModelConfig
 from engine.models.layers import RMSNorm, embedding
 from engine.models.moe import run_experts
 from engine.models.rope import Rotary, rotate
-from engine.models.ssm import conv_step, conv_window, each_sequence
+from engine.models.ssm import conv_step, conv_window, mix
 from memory import ForwardView, FullAttentionSpec, LayerSpec
 from memory.spec import RecurrentSpec
 
@@ -45,16 +45,16 @@ class ShortConv(nn.Module):
         bx = b * xs
         window, state = view.states(self.layer)  # [B, hidden, L - 1], [B, 1]
         weight, bias = self.conv.weight[:, 0, :], self.conv.bias  # [hidden, L]
-        n_tokens = view.batch.n_tokens
-        if all(n == 1 for n in n_tokens):  # decode: one token per sequence, batched
+
+        def step(bx, window, state):  # one token per sequence, batched
             conv, window = conv_step(bx, window, weight, bias)
-        else:
+            return conv, window, state
 
-            def run(i: int, rows: slice) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-                out, new_window = conv_window(bx[rows], window[i], weight, bias)
-                return out, new_window, state[i]
+        def run(i: int, rows: slice) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # one sequence's chunk
+            out, new_window = conv_window(bx[rows], window[i], weight, bias)
+            return out, new_window, state[i]
 
-            conv, window, state = each_sequence(n_tokens, run)
+        conv, window, state = mix(view.batch, (bx,), window, state, step, run)
         view.store(self.layer, window, state)
         return self.out_proj(c * conv.to(x.dtype))
 
@@ -89,7 +89,7 @@ class Lfm2MLP(nn.Module):
         self.w2 = nn.Linear(ffn, hidden, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+        return self.w2(rowwise.silu(self.w1(x)) * self.w3(x))
 
 
 def ffn_size(raw: dict, size: int) -> int:
@@ -121,7 +121,7 @@ class Lfm2MoE(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x: [T, hidden] -> [T, hidden]."""
-        scores = self.gate(x).float().sigmoid()  # [T, E]
+        scores = rowwise.sigmoid(rowwise.project(self.gate, x).float())  # [T, E]
         steer = scores if self.expert_bias is None else scores + self.expert_bias.float()
         idx = steer.topk(self.top_k, dim=-1).indices  # [T, k]
         weights = scores.gather(1, idx)

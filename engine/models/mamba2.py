@@ -13,14 +13,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from engine.errors import CheckpointError
+from engine.models import rowwise
 from engine.models.base import DecoderLM
 from engine.models.config import ModelConfig
 from engine.models.layers import RMSNorm, embedding
-from engine.models.ssm import conv_step, conv_window, each_sequence, gated_group_rms_norm, ssd_scan, ssd_step
+from engine.models.ssm import conv_step, conv_window, gated_group_rms_norm, mix, ssd_scan, ssd_step
 from memory import ForwardView, LayerSpec
 from memory.spec import RecurrentSpec
 
@@ -119,21 +119,21 @@ class Mamba2Mixer(nn.Module):
         window, state = view.states(self.layer)  # [B, C, K - 1], [B, H, P, N]
         A = -torch.exp(self.A_log.float())  # [H]
         weight, bias = self.conv1d.weight[:, 0, :], self.conv1d.bias  # [C, K]
-        n_tokens = view.batch.n_tokens
-        if all(n == 1 for n in n_tokens):  # decode: every sequence one token, batched
+
+        def step(xbc, dt, window, state):  # one token per sequence, batched
             conv, window = conv_step(xbc, window, weight, bias)
-            y, state = self._step(F.silu(conv), dt, A, state)
-        else:
+            y, state = self._step(rowwise.silu(conv), dt, A, state)
+            return y, window, state
 
-            def run(b: int, rows: slice) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-                conv, new_window = conv_window(xbc[rows], window[b], weight, bias)
-                y, new_state = self._scan(F.silu(conv), dt[rows], A, state[b])
-                return y, new_window, new_state
+        def run(b: int, rows: slice) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # one sequence's chunk
+            conv, new_window = conv_window(xbc[rows], window[b], weight, bias)
+            y, new_state = self._scan(rowwise.silu(conv), dt[rows], A, state[b])
+            return y, new_window, new_state
 
-            y, window, state = each_sequence(n_tokens, run)
+        y, window, state = mix(view.batch, (xbc, dt), window, state, step, run)
         view.store(self.layer, window, state)
         if s.norm == "gate":
-            y = (y * F.silu(gate.float())).to(x.dtype)
+            y = (y * rowwise.silu(gate.float())).to(x.dtype)
         else:
             weight = self.norm.weight
             y = gated_group_rms_norm(y.to(x.dtype), gate, weight, s.n_groups, s.eps, s.norm == "norm_then_gate")
@@ -151,14 +151,14 @@ class Mamba2Mixer(nn.Module):
     def _scan(self, xbc, dt, A, state) -> tuple[torch.Tensor, torch.Tensor]:
         """One sequence's chunk: [n, C] -> (y [n, inner], state)."""
         xs, B, C = self._split(xbc)
-        dt = F.softplus(dt.float() + self.dt_bias.float()).clamp(*self.s.dt_limit)  # [n, H]
+        dt = rowwise.softplus(dt.float() + self.dt_bias.float()).clamp(*self.s.dt_limit)  # [n, H]
         y, state = ssd_scan(xs, dt, A, B, C, self.D.float(), state, self.s.chunk)
         return y.reshape(-1, self.s.inner), state
 
     def _step(self, xbc, dt, A, state) -> tuple[torch.Tensor, torch.Tensor]:
         """One token per sequence: [B, C] -> (y [B, inner], states [B, H, P, N])."""
         xs, B, C = self._split(xbc)
-        dt = F.softplus(dt.float() + self.dt_bias.float())  # [B, H] (transformers' decode path does not clamp)
+        dt = rowwise.softplus(dt.float() + self.dt_bias.float())  # [B, H] (transformers' decode path does not clamp)
         y, state = ssd_step(xs.float(), dt, A, B.float(), C.float(), self.D.float(), state.float())
         return y.reshape(-1, self.s.inner), state
 

@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from engine.models import rowwise
 from engine.models.layers import SeparateGatedMLP
 
 
@@ -26,7 +27,7 @@ class TopKRouter(nn.Module):
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """x: [T, hidden] -> (weights [T, k] in x's dtype, expert ids [T, k])."""
-        logits = self.layer(x).float()  # [T, E]
+        logits = rowwise.project(self.layer, x).float()  # [T, E]
         top, idx = logits.topk(self.top_k, dim=-1)
         return torch.softmax(top, dim=-1).type_as(x), idx
 
@@ -54,8 +55,8 @@ def run_stacked_experts(x, gate_up, down, weights, idx, act) -> torch.Tensor:
     ffn = down.shape[-1]
     for e in idx.unique().tolist():
         rows, pos = torch.where(idx == e)
-        gate, up = F.linear(x[rows], gate_up[e]).split(ffn, dim=-1)
-        h = F.linear(act(gate) * up, down[e])  # [n, hidden]
+        gate, up = rowwise.linear(x[rows], gate_up[e]).split(ffn, dim=-1)
+        h = rowwise.linear(act(gate) * up, down[e])  # [n, hidden]
         out.index_add_(0, rows, h * weights[rows, pos, None].to(h.dtype))
     return out
 
@@ -64,13 +65,11 @@ def run_experts(x: torch.Tensor, experts: nn.ModuleList, weights: torch.Tensor, 
     """x: [T, hidden]; weights, idx: [T, k] -> the weighted sum of each token's experts
     [T, hidden]. Grouped by expert: each chosen expert runs once over its tokens (one
     token: its experts in turn, nothing gathered)."""
-    if x.shape[0] == 1:
-        out = None
-        for e, w in zip(idx[0].tolist(), weights[0].tolist()):
-            h = experts[e](x) * w
-            out = h if out is None else out + h
-        return out
     out = torch.zeros_like(x)
+    if x.shape[0] == 1:  # summed in expert order, as the grouped form sums (the same bits)
+        for e, w in sorted(zip(idx[0].tolist(), weights[0].tolist())):
+            out += experts[e](x) * w
+        return out
     for e in idx.unique().tolist():
         rows, pos = torch.where(idx == e)
         out.index_add_(0, rows, experts[e](x[rows]) * weights[rows, pos, None])
@@ -111,9 +110,9 @@ class SharedExpertMoE(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x: [T, hidden] -> [T, hidden]."""
-        probs = torch.softmax(self.gate(x).float(), dim=-1)  # [T, E]
+        probs = torch.softmax(rowwise.project(self.gate, x).float(), dim=-1)  # [T, E]
         weights, idx = probs.topk(self.top_k, dim=-1)  # [T, k]
         if self.norm_topk:
             weights = weights / weights.sum(-1, keepdim=True)
         out = run_experts(x, self.experts, weights.to(x.dtype), idx)
-        return out + torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
+        return out + rowwise.sigmoid(rowwise.project(self.shared_expert_gate, x)) * self.shared_expert(x)

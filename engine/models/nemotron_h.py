@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from engine.models import rowwise
 from engine.models.base import DecoderLM
 from engine.models.config import NEMOTRON_PATTERN, ModelConfig
 from engine.models.layers import NoPositionAttention, RMSNorm, embedding
@@ -50,7 +51,7 @@ class NemotronRouter(nn.Module):
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """x: [T, hidden] -> (weights [T, k] float32, expert ids [T, k])."""
-        scores = F.linear(x.float(), self.weight.float()).sigmoid()  # [T, E]
+        scores = rowwise.sigmoid(rowwise.linear(x.float(), self.weight.float()))  # [T, E]
         steer = scores + self.e_score_correction_bias.float()
         if self.groups > 1:
             grouped = steer.view(len(x), self.groups, -1)  # [T, G, E / G]

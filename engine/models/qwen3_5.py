@@ -18,16 +18,16 @@ Prefill runs the recurrence in chunks, decode one batched step.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
+from engine.models import rowwise
 from engine.models.base import DecoderLM
 from engine.models.config import ModelConfig
 from engine.models.delta_rule import delta_chunked, delta_step
 from engine.models.gemma import GemmaRMSNorm
 from engine.models.layers import SeparateGatedMLP, embedding
 from engine.models.rope import Rotary, rotate
-from engine.models.ssm import conv_step, conv_window, each_sequence
+from engine.models.ssm import conv_step, conv_window, mix
 from memory import ForwardView, FullAttentionSpec, LayerSpec
 from memory.spec import RecurrentSpec
 
@@ -43,7 +43,7 @@ class GatedRMSNorm(nn.Module):
     def forward(self, x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
         h = x.float()
         h = self.weight * (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype)
-        return (h * F.silu(gate.float())).to(x.dtype)
+        return (h * rowwise.silu(gate.float())).to(x.dtype)
 
 
 class GatedDeltaNet(nn.Module):
@@ -85,22 +85,22 @@ class GatedDeltaNet(nn.Module):
         """x: [T, hidden] (the batch's sequences, each a run of rows) -> [T, hidden]."""
         mixed = self.in_proj_qkv(x)  # [T, conv_dim]: q, k of every key head, then v grouped by key head
         z = self.in_proj_z(x).view(-1, self.hv, self.dv)
-        beta = self.in_proj_b(x).float().sigmoid()  # [T, Hv]
-        g = -self.A_log.float().exp() * F.softplus(self.in_proj_a(x).float() + self.dt_bias.float())  # [T, Hv]
+        beta = rowwise.sigmoid(self.in_proj_b(x).float())  # [T, Hv]
+        g = -self.A_log.float().exp() * rowwise.softplus(self.in_proj_a(x).float() + self.dt_bias.float())  # [T, Hv]
         window, state = view.states(self.layer)  # [B, C, K - 1], [B, Hv, Dk, Dv]
         weight = self.conv1d.weight[:, 0, :]  # [C, K]
-        n_tokens = view.batch.n_tokens
-        if all(n == 1 for n in n_tokens):  # decode: one token per sequence, batched
+
+        def step(mixed, g, beta, window, state):  # one token per sequence, batched
             conv, window = conv_step(mixed, window, weight, None)
-            y, state = delta_step(*self._heads(F.silu(conv)), g, beta, state.float())
-        else:
+            y, state = delta_step(*self._heads(rowwise.silu(conv)), g, beta, state.float())
+            return y, window, state
 
-            def run(b: int, rows: slice) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-                conv, new_window = conv_window(mixed[rows], window[b], weight, None)
-                y, new_state = delta_chunked(*self._heads(F.silu(conv)), g[rows], beta[rows], state[b].float())
-                return y, new_window, new_state
+        def run(b: int, rows: slice) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # one sequence's chunk
+            conv, new_window = conv_window(mixed[rows], window[b], weight, None)
+            y, new_state = delta_chunked(*self._heads(rowwise.silu(conv)), g[rows], beta[rows], state[b].float())
+            return y, new_window, new_state
 
-            y, window, state = each_sequence(n_tokens, run)
+        y, window, state = mix(view.batch, (mixed, g, beta), window, state, step, run)
         view.store(self.layer, window, state)
         y = self.norm(y.to(x.dtype), z)  # [T, Hv, Dv]
         return self.out_proj(y.reshape(-1, self.value_dim))
@@ -134,7 +134,7 @@ class GatedAttention(nn.Module):
         k = self.k_norm(self.k_proj(x).view(n, self.n_kv, self.d))
         v = self.v_proj(x).view(n, self.n_kv, self.d)
         out = view.attend(self.layer, self._rope(q, rope), self._rope(k, rope), v, scale=self.d**-0.5)  # [T, H, D]
-        out = out.reshape(n, self.n_heads * self.d) * torch.sigmoid(gate.reshape(n, -1))
+        out = out.reshape(n, self.n_heads * self.d) * rowwise.sigmoid(gate.reshape(n, -1))
         return self.o_proj(out)
 
 

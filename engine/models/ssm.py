@@ -13,6 +13,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from engine.models import rowwise
+from memory import MemoryBatch
+
 
 def conv_window(x: torch.Tensor, window: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None):
     """Causal depthwise convolution of one sequence's new inputs after its window.
@@ -25,16 +28,33 @@ def conv_window(x: torch.Tensor, window: torch.Tensor, weight: torch.Tensor, bia
     return out.t(), full[:, full.shape[1] - window.shape[1] :]
 
 
-def each_sequence(n_tokens: list[int], run) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Prefill: ``run(b, rows)`` for each batch sequence b and its slice of the flat
-    batch's rows -> (outputs [n, ...], window, state); returns the outputs concatenated
-    and the windows and states stacked [B, ...], as the view stores them."""
+def mix(batch: MemoryBatch, inputs: tuple[torch.Tensor, ...], window, state, step, run):
+    """A recurrent mixer's way through one step -> (outputs [T, ...], windows [B, ...],
+    states [B, ...]) as the view stores them. ``inputs``: per-row tensors [T, ...];
+    ``step(*rows, window, state)``: the decode step, one token per sequence over rows,
+    windows and states [B', ...]; ``run(b, rows)``: batch sequence b's chunk (its rows of
+    the flat batch, a slice) -> (outputs, window, state), unbatched.
+
+    Every sequence one token: ``step`` once over the batch (decode). Otherwise each
+    sequence on its own: one whose rows continue its decoding (``batch.steps(b)``, a
+    verify step) through ``step`` a token at a time, so that each row comes out bit for
+    bit as the decode step of its position would; the rest through ``run``."""
+    n_tokens = batch.n_tokens
+    if all(n == 1 for n in n_tokens):
+        return step(*inputs, window, state)
     ys, windows, states, row = [], [], [], 0
     for b, n in enumerate(n_tokens):
-        y, window, state = run(b, slice(row, row + n))
-        ys.append(y)
-        windows.append(window)
-        states.append(state)
+        if batch.steps(b):
+            w, s = window[b : b + 1], state[b : b + 1]
+            for r in range(row, row + n):
+                y, w, s = step(*(x[r : r + 1] for x in inputs), w, s)
+                ys.append(y)
+            w, s = w[0], s[0]
+        else:
+            y, w, s = run(b, slice(row, row + n))
+            ys.append(y)
+        windows.append(w)
+        states.append(s)
         row += n
     return torch.cat(ys), torch.stack(windows), torch.stack(states)
 
@@ -120,11 +140,11 @@ def gated_group_rms_norm(
     groups of channels, times ``weight``; with ``norm_first`` (Falcon-H1's
     norm_before_gate) y is normalized and scaled first, then gated. y, gate: [T, d] ->
     [T, d] in y's dtype."""
-    h = y.float() if norm_first else y.float() * F.silu(gate.float())
+    h = y.float() if norm_first else y.float() * rowwise.silu(gate.float())
     g = h.view(*h.shape[:-1], n_groups, -1)
     g = g * torch.rsqrt(g.pow(2).mean(-1, keepdim=True) + eps)
     if norm_first:
-        return (weight * g.view(h.shape) * F.silu(gate.float())).to(y.dtype)
+        return (weight * g.view(h.shape) * rowwise.silu(gate.float())).to(y.dtype)
     return weight * g.view(h.shape).to(y.dtype)
 
 

@@ -103,6 +103,7 @@ class AttentionLayout:
     q_rows: torch.Tensor | None  # [T_g] row of each token in the flattened [B_g * Q]; None when Q == 1
     device: torch.device
     q_vis: torch.Tensor | None = None  # [B_g, Q] the last position each query sees (None: q_pos)
+    stepwise: bool = False  # verify steps (MemoryBatch.stepwise): each row as its position's decode step
     masks: dict = field(default_factory=dict)  # (window, dtype) -> [B_g, 1, Q, L] additive mask on the device
 
     @cached_property
@@ -181,14 +182,17 @@ class GroupedKVView(ForwardView):
         starts = list(itertools.accumulate(n_tokens, initial=0))[:-1]
         by_seq = sorted(range(len(n_tokens)), key=lambda i: seq_ids[i])
         decode = [i for i in by_seq if n_tokens[i] == 1]
-        chunks = [i for i in by_seq if n_tokens[i] != 1]
-        groups = [g for g in (decode, chunks) if g]
-        if len(groups) == 1 and groups[0] == sorted(groups[0]):  # every row, in batch order
-            return [self._layout(groups[0], None, starts)]
-        rows = [torch.cat([torch.arange(starts[i], starts[i] + n_tokens[i]) for i in g]) for g in groups]
-        return [self._layout(g, r.to(self.device), starts) for g, r in zip(groups, rows)]
+        steps = [i for i in by_seq if n_tokens[i] != 1 and self.batch.steps(i)]
+        chunks = [i for i in by_seq if n_tokens[i] != 1 and not self.batch.steps(i)]
+        groups = [(g, g is steps) for g in (decode, steps, chunks) if g]
+        if len(groups) == 1 and groups[0][0] == sorted(groups[0][0]):  # every row, in batch order
+            return [self._layout(groups[0][0], None, starts, groups[0][1])]
+        rows = [torch.cat([torch.arange(starts[i], starts[i] + n_tokens[i]) for i in g]) for g, _ in groups]
+        return [self._layout(g, r.to(self.device), starts, st) for (g, st), r in zip(groups, rows)]
 
-    def _layout(self, members: list[int], tokens: torch.Tensor | None, starts: list[int]) -> AttentionLayout:
+    def _layout(
+        self, members: list[int], tokens: torch.Tensor | None, starts: list[int], stepwise: bool = False
+    ) -> AttentionLayout:
         """``starts[i]``: first row of batch sequence ``i`` in the step's flat batch."""
         batch = self.batch
         n_new = [batch.n_tokens[i] for i in members]
@@ -203,7 +207,7 @@ class GroupedKVView(ForwardView):
                 q_vis[j, : n_new[j]] = batch.visible[starts[i] : starts[i] + n_new[j]]
             q_rows.append(torch.arange(n_new[j]) + j * n_q)
         rows = torch.cat(q_rows).to(self.device) if n_q > 1 else None
-        return AttentionLayout(tokens, keys, kv_pos, q_pos, rows, self.device, q_vis=q_vis)
+        return AttentionLayout(tokens, keys, kv_pos, q_pos, rows, self.device, q_vis=q_vis, stepwise=stepwise)
 
     def attend(
         self,
@@ -234,19 +238,29 @@ class GroupedKVView(ForwardView):
         """q: [T_g, H, D] -> attention output [T_g, H, D] for one group."""
         n_seqs, n_q, n_kv = lay.shape
         n_tok, n_heads, head_dim = q.shape
+        keys, values = self._read(layer, lay.keys, n_seqs, n_kv)  # [B, KVH, L, stored row]
+        kernel = _decode_kernel
+        if (
+            kernel is not None
+            and (n_q == 1 or (lay.stepwise and lay.q_vis is None))
+            and q.device.type == "cpu"
+            and q.dtype == torch.float32
+        ):
+            window = self.windows.get(layer) or 0
+            scale = head_dim**-0.5 if scale is None else scale
+            # the stored rows as they are: the kernel reads f32/f16/bf16 and q8_0 itself
+            if n_q == 1:
+                return kernel(q, keys, values, lay.kv_pos, lay.decode_pos, window, scale, softcap or 0.0)  # [B, H, D]
+            # a verify step: each row against its sequence's keys up to its own position
+            rows = lay.q_rows.cpu()  # [T_g] rows of the flat [B * Q]: each token's sequence and position
+            q_pos = lay.q_pos.flatten()[rows]
+            return kernel(q, keys, values, lay.kv_pos, q_pos, window, scale, softcap or 0.0, False, rows // n_q)
         if lay.q_rows is None:
             qp = q.reshape(n_seqs, 1, n_heads, head_dim)  # [B, 1, H, D]
         else:
             qp = q.new_zeros(n_seqs * n_q, n_heads, head_dim)
             qp[lay.q_rows] = q
             qp = qp.view(n_seqs, n_q, n_heads, head_dim)  # [B, Q, H, D]
-        keys, values = self._read(layer, lay.keys, n_seqs, n_kv)  # [B, KVH, L, stored row]
-        kernel = _decode_kernel
-        if kernel is not None and n_q == 1 and q.device.type == "cpu" and q.dtype == torch.float32:
-            window = self.windows.get(layer) or 0
-            scale = head_dim**-0.5 if scale is None else scale
-            # the stored rows as they are: the kernel reads f32/f16/bf16 and q8_0 itself
-            return kernel(q, keys, values, lay.kv_pos, lay.decode_pos, window, scale, softcap or 0.0)  # [B, H, D]
         k_codec, v_codec = self.codecs[layer]
         keys, values = k_codec.decode(keys, q.dtype), v_codec.decode(values, q.dtype)  # [B, KVH, L, D]
         q4, k4, v4 = qp.transpose(1, 2), keys, values  # [B, H, Q, D], [B, KVH, L, D]

@@ -214,21 +214,34 @@ int kv_row(const at::Tensor& t, int64_t D) {
 }
 
 at::Tensor decode_attention(at::Tensor q, at::Tensor k, at::Tensor v, at::Tensor kv_pos,
-                               at::Tensor q_pos, int64_t window, double scale, double softcap, bool any_cpu) {
-  TORCH_CHECK(q.dim() == 3 && k.dim() == 4 && v.dim() == 4, "q: [B, H, D]; k, v: [B, KVH, L, stored row]");
+                               at::Tensor q_pos, int64_t window, double scale, double softcap, bool any_cpu,
+                               c10::optional<at::Tensor> q_seq) {
+  TORCH_CHECK(q.dim() == 3 && k.dim() == 4 && v.dim() == 4, "q: [R, H, D]; k, v: [B, KVH, L, stored row]");
   TORCH_CHECK(q.scalar_type() == at::kFloat && q.device().is_cpu(), "q: float32 on the CPU");
   for (const auto* t : {&k, &v})
     TORCH_CHECK(t->device().is_cpu() && t->stride(-1) == 1, "k, v: on the CPU, stored rows contiguous");
   q = q.contiguous();
   const int64_t B = q.size(0), H = q.size(1), D = q.size(2), KVH = k.size(1), L = k.size(2);
+  const int64_t S = k.size(0);  // key sets: one per row, or (with q_seq) fewer
   const int k_type = kv_row(k, D), v_type = kv_row(v, D);
-  TORCH_CHECK(k.size(0) == B && v.size(0) == B && v.size(1) == KVH && v.size(2) == L && KVH > 0 && H % KVH == 0,
-              "k, v: [B, KVH, L, stored row] with KVH dividing H");
-  TORCH_CHECK(kv_pos.scalar_type() == at::kLong && kv_pos.dim() == 2 && kv_pos.size(0) == B &&
+  TORCH_CHECK(v.size(0) == S && v.size(1) == KVH && v.size(2) == L && KVH > 0 && H % KVH == 0,
+              "k, v: [S, KVH, L, stored row] with KVH dividing H");
+  TORCH_CHECK(kv_pos.scalar_type() == at::kLong && kv_pos.dim() == 2 && kv_pos.size(0) == S &&
                   kv_pos.size(1) == L,
-              "kv_pos: [B, L] int64");
+              "kv_pos: [S, L] int64");
   q_pos = q_pos.contiguous();
-  TORCH_CHECK(q_pos.scalar_type() == at::kLong && q_pos.numel() == B, "q_pos: [B] int64");
+  TORCH_CHECK(q_pos.scalar_type() == at::kLong && q_pos.numel() == B, "q_pos: [R] int64");
+  const int64_t* seq = nullptr;
+  at::Tensor seq_t;
+  if (q_seq.has_value()) {
+    seq_t = q_seq->contiguous();
+    TORCH_CHECK(seq_t.scalar_type() == at::kLong && seq_t.numel() == B, "q_seq: [R] int64");
+    TORCH_CHECK(B == 0 || (seq_t.min().item<int64_t>() >= 0 && seq_t.max().item<int64_t>() < S),
+                "q_seq: key sets outside k");
+    seq = seq_t.data_ptr<int64_t>();
+  } else {
+    TORCH_CHECK(S == B, "k, v: one key set per query row (or q_seq)");
+  }
   auto out = at::empty({B, H, D}, q.options());
   const int64_t ke = k.element_size(), ve = v.element_size();
   DecodeAttention a{q.data_ptr<float>(),
@@ -239,7 +252,7 @@ at::Tensor decode_attention(at::Tensor q, at::Tensor k, at::Tensor v, at::Tensor
                     k.stride(0) * ke, k.stride(1) * ke, k.stride(2) * ke,
                     v.stride(0) * ve, v.stride(1) * ve, v.stride(2) * ve,
                     kv_pos.data_ptr<int64_t>(), kv_pos.stride(0), kv_pos.stride(1), q_pos.data_ptr<int64_t>(),
-                    B, H, KVH, L, D, window, static_cast<float>(scale), static_cast<float>(softcap),
+                    seq, B, H, KVH, L, D, window, static_cast<float>(scale), static_cast<float>(softcap),
                     out.data_ptr<float>()};
   const int64_t grain = std::max<int64_t>(1, 32768 / std::max<int64_t>(1, (H / KVH) * L * D));
   at::parallel_for(0, B * KVH, grain, [&](int64_t t0, int64_t t1) {
@@ -413,7 +426,7 @@ at::Tensor stream_decode(at::Tensor q, at::Tensor k, at::Tensor v, at::Tensor k_
   kv_store(k_cache.view({-1, k_cache.size(3)}), rows, k, false);
   kv_store(v_cache.view({-1, v_cache.size(3)}), rows, v, false);
   return decode_attention(q, k_cache.narrow(0, first, B).narrow(2, 0, n_kv), v_cache.narrow(0, first, B).narrow(2, 0, n_kv),
-                          kv_pos, q_pos, window, scale, softcap, false);
+                          kv_pos, q_pos, window, scale, softcap, false, c10::nullopt);
 }
 
 // The attention half's way in, for rows x [T, hidden] of a Llama-family layer whose
@@ -464,9 +477,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("block_dequant", &slotserve::block_dequant, "the float32 values of weights in GGUF blocks", py::arg("w"),
         py::arg("type"), py::arg("K"), py::arg("into") = py::none(), free_gil);
   m.def("rms_norm", &slotserve::rms_norm, "w * x / sqrt(mean(x^2) + eps) per row, float32");
-  m.def("decode_attention", &slotserve::decode_attention, "one query row per sequence against its stored keys",
+  m.def("decode_attention", &slotserve::decode_attention,
+        "query rows, each against its sequence's stored keys up to its own position",
         py::arg("q"), py::arg("k"), py::arg("v"), py::arg("kv_pos"), py::arg("q_pos"), py::arg("window"),
-        py::arg("scale"), py::arg("softcap"), py::arg("portable") = false, free_gil);
+        py::arg("scale"), py::arg("softcap"), py::arg("portable") = false, py::arg("q_seq") = py::none(), free_gil);
   m.def("rope", &slotserve::rope, "rotate-half rotary embedding in one pass, float32", py::arg("x"), py::arg("cos"),
         py::arg("sin"), py::arg("portable") = false);
   m.def("silu_mul", &slotserve::silu_mul, "silu(first half) * second half of each row, float32", py::arg("gu"),

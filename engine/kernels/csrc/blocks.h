@@ -103,6 +103,7 @@ struct DecodeAttention {
   const int64_t* kv_pos;
   int64_t pos_sb, pos_sl;
   const int64_t* q_pos;
+  const int64_t* q_seq;  // [B] the key set (of kv_pos, k, v) each query row reads; nullptr: row b reads set b
   int64_t B, H, KVH, L, D;
   int64_t window;  // <= 0: none
   float scale;
