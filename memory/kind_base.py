@@ -77,11 +77,13 @@ class ForgettingKind(MemoryKind):
         if not self._can_cut(src, q):
             raise ValueError(f"sequence {src} cannot be cut at {q} (see seq_cut_point)")
 
-    def checkpoint(self, seq: int) -> None:
+    def checkpoint(self, seq: int, pin: bool = False) -> None:
         self._check_seq(seq)
         end = self.n[seq]
         if end > 0 and self.snaps.keep and self.snaps.at(seq, end) is None:
-            self.snaps.add(seq, self._snapshot_end(seq))
+            self.snaps.add(seq, self._snapshot_end(seq), pin)
+        elif pin and end in self.snaps.ends(seq):
+            self.snaps.pin(seq, end)
 
     def hold(self, seq: int) -> None:
         self._check_seq(seq)

@@ -213,9 +213,12 @@ class Memory(ABC):
         they still hold or kept a checkpoint). Default: any position."""
         return p
 
-    def checkpoint(self, seq: int) -> None:
-        """``seq``'s prompt has just been computed: keep what a later cut back to this
-        point needs (kinds that forget, e.g. sliding windows). Default: nothing."""
+    def checkpoint(self, seq: int, pin: bool = False) -> None:
+        """Keep what a later cut back to ``seq``'s end needs (kinds that forget, e.g.
+        sliding windows and recurrent states). ``pin``: the end of a prompt, which stays
+        beyond the bound on checkpoints while it is the oldest such (the conversation's
+        first prompt: other conversations with the same start restart from it).
+        Default: nothing."""
         return None
 
     def hold(self, seq: int) -> None:

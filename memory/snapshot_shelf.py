@@ -1,14 +1,15 @@
 """The snapshot shelf (llama-server's context checkpoints): per sequence, the snapshots a
-memory that forgets keeps to come back to (recurrent states, sliding windows). The snapshot's contents are the memory's
-business; this keeps the bookkeeping both kinds share.
+memory that forgets keeps to come back to (recurrent states, sliding windows). The
+snapshot's contents are the memory's business; this keeps the bookkeeping both kinds
+share.
 
 A snapshot has an ``end``: the position it was taken at (it stands for positions
-[0, end)). Each sequence keeps at most ``keep`` snapshots, by increasing end (its
-first and its newest: ``add``), one
-per end. Snapshots are never written in place, so sequences may share them (a prefix
-copy shares the source's snapshots before the cut). Besides those, a sequence may hold
-one transient snapshot (``hold``: speculation's rollback point) that cuts may use but
-that is never listed, saved or copied.
+[0, end)). Each sequence keeps at most ``keep`` snapshots, by increasing end, one per
+end: the oldest pinned one (a prompt's end), or else its first, and its newest
+(``add``). Snapshots are never written in place, so sequences may share them (a
+prefix copy shares the source's snapshots before the cut, and their pins). Besides
+those, a sequence may hold one transient snapshot (``hold``: speculation's rollback
+point) that cuts may use but that is never listed, saved or copied.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ class SnapshotShelf(Generic[S]):
         self.keep = keep
         self.by_seq: list[list[S]] = [[] for _ in range(n_seq_max)]
         self.held: list[S | None] = [None] * n_seq_max  # one transient snapshot each (``hold``)
+        self.pins: list[set[int]] = [set() for _ in range(n_seq_max)]  # ends of pinned snapshots (prompt ends)
 
     def of(self, seq: int) -> list[S]:
         """``seq``'s snapshots, oldest first (do not mutate)."""
@@ -56,34 +58,50 @@ class SnapshotShelf(Generic[S]):
         undone by cutting back to it). It is not listed, saved or copied."""
         self.held[seq] = snap
 
-    def add(self, seq: int, snap: S) -> None:
-        """Keep ``snap`` (after every kept one); beyond ``keep``, the oldest but the first
-        goes: a sequence keeps its first snapshot (the end of its first prompt, what other
-        conversations with the same system prompt share) and its newest."""
+    def add(self, seq: int, snap: S, pin: bool = False) -> None:
+        """Keep ``snap`` (after every kept one; ``pin``: a prompt's end). Beyond ``keep``
+        the oldest goes but one: the oldest pinned snapshot (the end of the conversation's
+        first prompt, what other conversations with the same start restart from), or the
+        first where none is pinned; the newest stay."""
+        if pin:
+            self.pins[seq].add(snap.end)
         kept = [*self.by_seq[seq], snap]
         if len(kept) > self.keep:
-            kept = kept[:1] + kept[len(kept) - self.keep + 1 :] if self.keep > 1 else kept[-self.keep :]
+            pinned = [s for s in kept if s.end in self.pins[seq]]
+            stays = (pinned or kept)[0] if self.keep > 1 else None
+            rest = [s for s in kept if s is not stays]
+            rest = rest[len(rest) - self.keep + (stays is not None) :]
+            kept = sorted([stays, *rest], key=lambda s: s.end) if stays is not None else rest
         self.by_seq[seq] = kept if self.keep else []
+        self.pins[seq] &= {s.end for s in self.by_seq[seq]}
+
+    def pin(self, seq: int, end: int) -> None:
+        """Mark ``seq``'s kept snapshot at ``end`` as a prompt's end (see ``add``)."""
+        self.pins[seq].add(end)
 
     def put(self, seq: int, snaps: list[S]) -> None:
-        """Replace ``seq``'s snapshots (the newest ``keep`` of them)."""
+        """Replace ``seq``'s snapshots (the newest ``keep`` of them; none pinned)."""
         self.by_seq[seq] = list(snaps)[-self.keep :] if self.keep else []
         self.held[seq] = None
+        self.pins[seq] = set()
 
     def cut(self, seq: int, p: int) -> None:
         """Forget ``seq``'s snapshots taken after ``p``."""
         self.by_seq[seq] = [s for s in self.by_seq[seq] if s.end <= p]
+        self.pins[seq] = {e for e in self.pins[seq] if e <= p}
         if self.held[seq] is not None and self.held[seq].end > p:
             self.held[seq] = None
 
     def copy(self, src: int, dst: int, p: int) -> None:
         """``dst`` shares ``src``'s snapshots up to ``p`` (not the held one)."""
         self.by_seq[dst] = [s for s in self.by_seq[src] if s.end <= p]
+        self.pins[dst] = {e for e in self.pins[src] if e <= p}
         self.held[dst] = None
 
     def clear(self, seq: int) -> None:
         self.by_seq[seq] = []
         self.held[seq] = None
+        self.pins[seq] = set()
 
     def problem(self, seq: int, n: int) -> str | None:
         """What is wrong with ``seq``'s snapshots for a sequence of ``n`` positions, or None."""

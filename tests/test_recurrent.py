@@ -93,7 +93,7 @@ def test_batched_greedy_matches_transformers(mamba2, unified):
     seqs, logits = run(engine, prompts, (2, 0, 3, 1))
     for i, p in enumerate(prompts):
         assert_matches(ref, p, seqs[i].output_ids, logits[i])
-    assert engine.memory.checkpoints(1) == [16, 74, 80, 96]  # spaced, the prompt's end but one; the first, the newest 3
+    assert engine.memory.checkpoints(1) == [64, 74, 80, 96]  # the prompt's end but one (pinned) and the newest 3
     engine.memory.integrity_check()
 
 
@@ -214,6 +214,36 @@ def test_checkpoints_are_bounded_and_copied_with_the_state():
     assert torch.equal(mem.conv[0][0], torch.full((6, 3), 1.0))  # the first: the state at 4
     with pytest.raises(ValueError):
         mem.seq_cp(1, 0, 0, 12)  # dropped: not a cut point any more
+    mem.integrity_check()
+
+
+def test_a_first_prompts_end_outlasts_the_checkpoints_spaced_before_it():
+    """A long first prompt leaves spaced checkpoints, then its end (pinned): beyond the
+    bound the pinned end stays, not the first spaced one, so another conversation with
+    the same first prompt restarts there; the pin travels with copies and goes with cuts."""
+    mem = small_memory(n_checkpoints=3)
+    for _ in range(3):  # spaced, while the prompt is computed
+        feed(mem, 1, 4, 1.0)
+        mem.checkpoint(1)
+    feed(mem, 1, 3, 1.0)
+    mem.checkpoint(1, pin=True)  # the prompt's end (all but its last token)
+    for _ in range(3):  # later turns
+        feed(mem, 1, 5, 1.0)
+        mem.checkpoint(1)
+    assert mem.checkpoints(1) == [15, 25, 30]
+    mem.seq_cp(1, 2, 0, 25)
+    feed(mem, 2, 5, 1.0)
+    mem.checkpoint(2)
+    feed(mem, 2, 5, 1.0)
+    mem.checkpoint(2)
+    assert mem.checkpoints(2) == [15, 30, 35]  # the copy's pin stays too
+    mem.seq_rm(1, 15)
+    feed(mem, 1, 20, 1.0)
+    for _ in range(3):
+        feed(mem, 1, 1, 1.0)
+        mem.checkpoint(1)
+    assert mem.checkpoints(1) == [15, 37, 38]  # a cut keeps the pin up to it
+    assert mem.seq_rm(1, 15) is True and mem.checkpoints(1) == [15]
     mem.integrity_check()
 
 

@@ -81,9 +81,9 @@ class ModelRunner:
             seq.n_computed += c.n_tokens
             if every is None:  # windows: the prompt's end is the point to come back to
                 if c.samples and not seq.output_ids:
-                    self.memory.checkpoint(seq.seq_id)
+                    self.memory.checkpoint(seq.seq_id, pin=True)
             elif not seq.output_ids and seq.n_computed == len(seq.tokens) - 1:  # all but the prompt's last token
-                self.memory.checkpoint(seq.seq_id)  # (the planner stops there): the same prompt again computes one
+                self.memory.checkpoint(seq.seq_id, pin=True)  # (the planner stops there): the same prompt again: one
             elif seq.n_computed % every == 0:  # a spaced checkpoint
                 self.memory.checkpoint(seq.seq_id)
         return logits

@@ -63,8 +63,8 @@ class LayerReuse(Memory):
     def checkpoints(self, seq: int) -> list[int]:
         return self.inner.checkpoints(seq)
 
-    def checkpoint(self, seq: int) -> None:
-        self.inner.checkpoint(seq)
+    def checkpoint(self, seq: int, pin: bool = False) -> None:
+        self.inner.checkpoint(seq, pin)
 
     def hold(self, seq: int) -> None:
         self.inner.hold(seq)

@@ -81,9 +81,9 @@ class MemoryPair(Memory):
     def cuts_anywhere(self) -> bool:
         return self.lead.cuts_anywhere and self.follower.cuts_anywhere
 
-    def checkpoint(self, seq: int) -> None:
-        self.lead.checkpoint(seq)
-        self.follower.checkpoint(seq)
+    def checkpoint(self, seq: int, pin: bool = False) -> None:
+        self.lead.checkpoint(seq, pin)
+        self.follower.checkpoint(seq, pin)
 
     def hold(self, seq: int) -> None:
         self.lead.hold(seq)
