@@ -30,10 +30,31 @@ def test_the_chunked_rule_is_the_recurrence(n, decay):
     torch.testing.assert_close(state_c, state, atol=1e-5, rtol=1e-5)
 
 
-def test_the_decode_step_is_the_recurrence_for_each_sequence():
-    seqs = [inputs(1, seed=s) for s in range(4)]
+@pytest.mark.parametrize("path", ["compiled", "portable", "torch"])
+@pytest.mark.parametrize("dv", [8, 13, 128])  # 13: the columns' tail
+def test_the_decode_step_is_the_recurrence_for_each_sequence(path, dv, monkeypatch):
+    """The batched step, compiled (engine/kernels/csrc/delta_impl.inc: its best unit and
+    the portable one) and in torch: the state updated in place."""
+    from engine.models import delta_rule as rule
+
+    if path == "torch":
+        monkeypatch.setattr(rule, "_blocks", None)
+    elif rule._blocks is None:
+        pytest.skip("the compiled kernels are not built")
+    elif path == "portable":
+        kernel = rule._blocks
+
+        class Portable:
+            @staticmethod
+            def delta_step(*args):
+                return kernel.delta_step(*args, portable=True)
+
+        monkeypatch.setattr(rule, "_blocks", Portable)
+    seqs = [inputs(1, dv=dv, seed=s) for s in range(4)]
     stacked = [torch.stack([a[i][0] if i < 5 else a[i] for a in seqs]) for i in range(6)]  # [B, ...]
-    y, state = delta_step(*stacked)
+    state = stacked[5]
+    y, out = delta_step(*stacked)
+    assert out is state  # in place
     for b, args in enumerate(seqs):
         y_ref, s_ref = delta_rule(*args)
         torch.testing.assert_close(y[b], y_ref[0], atol=1e-6, rtol=1e-6)

@@ -171,6 +171,8 @@ class DecoderLM(nn.Module):
             dst = param.data
             if shard is not None:
                 sizes = self._shards[target.split(".")[-2]]
+                if None in sizes:  # equal parts (a gate/up whose width differs by layer: experts, shared)
+                    sizes = [dst.shape[0] // len(sizes)] * len(sizes)
                 dst = dst.narrow(0, sum(sizes[:shard]), sizes[shard])
             if tuple(dst.shape) != tuple(tensor.shape):
                 raise CheckpointError(

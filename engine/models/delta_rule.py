@@ -8,7 +8,10 @@ strength beta:
 one sequence's tokens in chunks of C (prefill): within a chunk the writes are resolved
 with one triangular solve (the WY form), so the work is matmuls over [C, C] and
 [C, D] tiles plus one state update per chunk instead of one per token.
-``delta_rule`` is the token-by-token form (the reference; short runs).
+``delta_rule`` is the token-by-token form (the reference; short runs). Where the
+compiled kernels are built, ``delta_step`` is one call (engine/kernels/csrc/delta_impl.inc:
+two passes over the state instead of six; 3x faster for 8 sequences x 16 heads of
+128 x 128 on 2 cores).
 
 Shapes: q, k [n, H, Dk]; v [n, H, Dv]; g, beta [n, H]; state [H, Dk, Dv]; all float32.
 """
@@ -16,6 +19,11 @@ Shapes: q, k [n, H, Dk]; v [n, H, Dv]; g, beta [n, H]; state [H, Dk, Dv]; all fl
 from __future__ import annotations
 
 import torch
+
+try:
+    from engine.kernels import _blocks
+except ImportError:  # built by `pip install -e .` where a compiler exists
+    _blocks = None
 
 CHUNK = 64  # tokens per chunk: [C, C] tiles small enough to stay in cache
 SHORT = 8  # runs this short go token by token (less work than one chunk)
@@ -35,6 +43,8 @@ def delta_rule(q, k, v, g, beta, state):
 def delta_step(q, k, v, g, beta, state):
     """One token per sequence: q, k [B, H, Dk], v [B, H, Dv], g, beta [B, H], state
     [B, H, Dk, Dv] (updated in place and returned) -> (y [B, H, Dv], state)."""
+    if _blocks is not None and state.device.type == "cpu" and state.dtype == torch.float32 and state.is_contiguous():
+        return _blocks.delta_step(q, k, v, g, beta, state), state
     b, h, dk, dv = state.shape
     flat = state.view(b * h, dk, dv)
     flat.mul_(g.exp().reshape(b * h, 1, 1))

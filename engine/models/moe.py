@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.models import rowwise
-from engine.models.layers import SeparateGatedMLP
+from engine.models.layers import GatedMLP
 
 
 class TopKRouter(nn.Module):
@@ -63,17 +63,26 @@ def run_stacked_experts(x, gate_up, down, weights, idx, act) -> torch.Tensor:
 
 def run_experts(x: torch.Tensor, experts: nn.ModuleList, weights: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
     """x: [T, hidden]; weights, idx: [T, k] -> the weighted sum of each token's experts
-    [T, hidden]. Grouped by expert: each chosen expert runs once over its tokens (one
-    token: its experts in turn, nothing gathered)."""
+    [T, hidden]. Grouped by expert: the (token, expert) pairs sorted by expert once, each
+    chosen expert runs over its run of them, and one ``index_add_`` sums each token's in
+    expert order (one token: its experts in turn, nothing gathered, summed in the same
+    order, so a token's bits do not depend on the batch)."""
     out = torch.zeros_like(x)
-    if x.shape[0] == 1:  # summed in expert order, as the grouped form sums (the same bits)
+    if x.shape[0] == 1:
         for e, w in sorted(zip(idx[0].tolist(), weights[0].tolist())):
             out += experts[e](x) * w
         return out
-    for e in idx.unique().tolist():
-        rows, pos = torch.where(idx == e)
-        out.index_add_(0, rows, experts[e](x[rows]) * weights[rows, pos, None])
-    return out
+    flat = idx.flatten()  # [T * k]
+    order = torch.argsort(flat, stable=True)  # the pairs by expert, then by token
+    tokens = order // idx.shape[1]  # [T * k] each pair's token
+    picked = x.index_select(0, tokens)  # [T * k, hidden]
+    parts, start = [], 0
+    for e, n in enumerate(torch.bincount(flat, minlength=len(experts)).tolist()):
+        if n:
+            parts.append(experts[e](picked[start : start + n]))  # [n, hidden]
+            start += n
+    h = torch.cat(parts) * weights.flatten()[order, None].to(x.dtype)  # [T * k, hidden]
+    return out.index_add_(0, tokens, h)
 
 
 def split_fused_experts(name: str, tensor: torch.Tensor):
@@ -104,8 +113,8 @@ class SharedExpertMoE(nn.Module):
         super().__init__()
         self.top_k, self.norm_topk = top_k, norm_topk
         self.gate = nn.Linear(hidden, n_experts, bias=False)
-        self.experts = nn.ModuleList(SeparateGatedMLP(hidden, ffn) for _ in range(n_experts))
-        self.shared_expert = SeparateGatedMLP(hidden, shared_ffn)
+        self.experts = nn.ModuleList(GatedMLP(hidden, ffn) for _ in range(n_experts))
+        self.shared_expert = GatedMLP(hidden, shared_ffn)
         self.shared_expert_gate = nn.Linear(hidden, 1, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

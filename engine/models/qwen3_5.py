@@ -21,11 +21,11 @@ import torch
 from torch import nn
 
 from engine.models import rowwise
-from engine.models.base import DecoderLM
+from engine.models.base import FUSED, DecoderLM
 from engine.models.config import ModelConfig
 from engine.models.delta_rule import delta_chunked, delta_step
 from engine.models.gemma import GemmaRMSNorm
-from engine.models.layers import SeparateGatedMLP, embedding
+from engine.models.layers import GatedMLP, embedding
 from engine.models.rope import Rotary, rotate
 from engine.models.ssm import conv_step, conv_window, mix
 from memory import ForwardView, FullAttentionSpec, LayerSpec
@@ -176,17 +176,23 @@ class Qwen3_5ForCausalLM(DecoderLM):
         self.model.norm = GemmaRMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         self.tie_weights()  # a tied head shares the table from the start (what keeps it in blocks)
-        self._shards: dict[str, list[int]] = {}  # nothing fused: tensors load under their own names
+        self._shards: dict[str, list[int | None]] = {"gate_up_proj": [None, None]}  # gate and up fused, halves
         self.rotary = Rotary(cfg.rope, self.rot, cfg.max_position_embeddings)
 
     def mlp(self, layer: int) -> nn.Module:
         """The feed-forward block of ``layer`` (dense here; experts in the MoE variants)."""
-        return SeparateGatedMLP(self.cfg.hidden_size, self.cfg.intermediate_size)
+        return GatedMLP(self.cfg.hidden_size, self.cfg.intermediate_size)
 
     def init_buffers(self, device: torch.device) -> None:
         self.rotary = Rotary(self.cfg.rope, self.rot, self.cfg.max_position_embeddings).to(device)
 
     def _target(self, name: str) -> tuple[str, int | None]:
+        """gate_proj and up_proj load as the two halves of one gate_up_proj (one matmul and
+        the fused activation, dense MLP and experts alike); the rest under its own name."""
+        parts = name.split(".")
+        if len(parts) >= 2 and parts[-2] in ("gate_proj", "up_proj"):
+            fused, shard = FUSED[parts[-2]]
+            return ".".join(parts[:-2] + [fused, parts[-1]]), shard
         return name, None
 
     def layer_specs(self, dtype: torch.dtype) -> list[LayerSpec]:

@@ -19,7 +19,7 @@ from collections.abc import Iterable
 import torch
 from torch import nn
 
-from engine.models.layers import SeparateGatedMLP
+from engine.models.layers import GatedMLP
 from engine.models.moe import SharedExpertMoE, split_fused_experts
 from engine.models.qwen3_5 import Qwen3_5ForCausalLM
 
@@ -33,7 +33,7 @@ class Qwen3_5MoeForCausalLM(Qwen3_5ForCausalLM):
     def mlp(self, layer: int) -> nn.Module:
         raw, hidden = self.cfg.raw, self.cfg.hidden_size
         if not self.is_sparse(layer):
-            return SeparateGatedMLP(hidden, self.cfg.intermediate_size)
+            return GatedMLP(hidden, self.cfg.intermediate_size)
         return SharedExpertMoE(
             hidden,
             int(raw["moe_intermediate_size"]),

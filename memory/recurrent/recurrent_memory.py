@@ -274,30 +274,32 @@ class RecurrentMemory(ForgettingKind):
 
 class RecurrentView(ForwardView):
     """The batch's sequences as rows of state: ``states(layer)`` gathers them in batch
-    order (copies; a batch of one sequence gets views of its rows, which a layer may
-    update in place), ``store(layer, ...)`` writes the updated ones back (nothing to do
-    for a view updated in place)."""
+    order (copies; a batch whose sequences are consecutive slots in order, one sequence
+    or a decode batch of slots 0..7, gets views of their rows, which a layer may update
+    in place), ``store(layer, ...)`` writes the updated ones back (nothing to do for a
+    view updated in place)."""
 
     def __init__(self, memory: RecurrentMemory, batch: MemoryBatch):
         self.memory = memory
         self.batch = batch
         self.index = torch.tensor(batch.seq_ids, dtype=torch.long, device=memory.device)  # [B]
-        self.one = batch.seq_ids[0] if len(batch.seq_ids) == 1 else None
+        first, ids = batch.seq_ids[0], batch.seq_ids
+        self.run = slice(first, first + len(ids)) if ids == list(range(first, first + len(ids))) else None
 
     def attend(self, layer, q, k, v, scale=None, softcap=None):
         raise NotImplementedError("a recurrent memory has no attention layers")
 
     def states(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
         conv, ssm = self.memory.conv[layer], self.memory.ssm[layer]
-        if self.one is not None:
-            return conv[self.one : self.one + 1], ssm[self.one : self.one + 1]  # [1, ...] views
+        if self.run is not None:
+            return conv[self.run], ssm[self.run]  # [B, ...] views
         return conv.index_select(0, self.index), ssm.index_select(0, self.index)
 
     def store(self, layer: int, conv: torch.Tensor, ssm: torch.Tensor) -> None:
         for target, new in ((self.memory.conv[layer], conv), (self.memory.ssm[layer], ssm)):
-            if self.one is not None:
-                row = target[self.one : self.one + 1]
-                if new.data_ptr() != row.data_ptr():
-                    row.copy_(new)
+            if self.run is not None:
+                rows = target[self.run]
+                if new.data_ptr() != rows.data_ptr():
+                    rows.copy_(new)
             else:
                 target.index_copy_(0, self.index, new.to(target.dtype))

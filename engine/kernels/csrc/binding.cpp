@@ -19,6 +19,8 @@
 // rope(x [T, N, D], cos [T, 1, D], sin [T, 1, D], portable=False) -> [T, N, D]: rotate-half rotary embedding
 //   (rope_impl.inc); x's rows may be strided (a view of a fused q/k/v output).
 // silu_mul(gu [T, 2F], portable=False) -> [T, F]: silu(gu[:, :F]) * gu[:, F:] (mlp_impl.inc).
+// delta_step(q, k [B, H, Dk], v [B, H, Dv], g, beta [B, H], state [B, H, Dk, Dv], portable=False)
+//   -> y [B, H, Dv]: the gated delta rule's decode step, state updated in place (delta_impl.inc).
 
 // ATen and torch's pybind11 casters only, not <torch/extension.h> (all of libtorch's C++
 // API): the unit parses in about half the time, the largest part of the install's build.
@@ -279,6 +281,30 @@ at::Tensor rope(at::Tensor x, at::Tensor cos, at::Tensor sin, bool any_cpu) {
   return out;
 }
 
+at::Tensor delta_step(at::Tensor q, at::Tensor k, at::Tensor v, at::Tensor g, at::Tensor beta, at::Tensor state,
+                      bool any_cpu) {
+  TORCH_CHECK(state.dim() == 4 && state.scalar_type() == at::kFloat && state.device().is_cpu() &&
+                  state.is_contiguous(),
+              "state: contiguous [B, H, Dk, Dv] float32 on the CPU");
+  const int64_t B = state.size(0), H = state.size(1), Dk = state.size(2), Dv = state.size(3);
+  auto rows = [&](at::Tensor t, int64_t n, const char* what) {
+    TORCH_CHECK(t.scalar_type() == at::kFloat && t.device().is_cpu() && t.numel() == B * H * n, what);
+    return t.contiguous();
+  };
+  q = rows(q, Dk, "q: [B, H, Dk] float32");
+  k = rows(k, Dk, "k: [B, H, Dk] float32");
+  v = rows(v, Dv, "v: [B, H, Dv] float32");
+  g = rows(g, 1, "g: [B, H] float32");
+  beta = rows(beta, 1, "beta: [B, H] float32");
+  auto y = at::empty({B, H, Dv}, q.options());
+  at::parallel_for(0, B * H, 1, [&](int64_t t0, int64_t t1) {
+    ON(any_cpu ? Isa::portable : kIsa, delta_step_rows)(q.data_ptr<float>(), k.data_ptr<float>(), v.data_ptr<float>(),
+                                                        g.data_ptr<float>(), beta.data_ptr<float>(),
+                                                        state.data_ptr<float>(), Dk, Dv, t0, t1, y.data_ptr<float>());
+  });
+  return y;
+}
+
 at::Tensor silu_mul(at::Tensor gu, bool any_cpu) {
   TORCH_CHECK(gu.dim() == 2 && gu.scalar_type() == at::kFloat && gu.device().is_cpu() && gu.size(1) % 2 == 0,
               "gu: [T, 2F] float32");
@@ -483,6 +509,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("scale"), py::arg("softcap"), py::arg("portable") = false, py::arg("q_seq") = py::none(), free_gil);
   m.def("rope", &slotserve::rope, "rotate-half rotary embedding in one pass, float32", py::arg("x"), py::arg("cos"),
         py::arg("sin"), py::arg("portable") = false);
+  m.def("delta_step", &slotserve::delta_step, "the gated delta rule's decode step, the state in place",
+        py::arg("q"), py::arg("k"), py::arg("v"), py::arg("g"), py::arg("beta"), py::arg("state"),
+        py::arg("portable") = false, free_gil);
   m.def("silu_mul", &slotserve::silu_mul, "silu(first half) * second half of each row, float32", py::arg("gu"),
         py::arg("portable") = false);
   m.def("kv_store", &slotserve::kv_store, "rows of x encoded as the cache stores them, written at rows",
