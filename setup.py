@@ -41,6 +41,7 @@ if os.environ.get("SLOTSERVE_NO_EXT") != "1":
             "rope_impl.inc",
             "mlp_impl.inc",
             "delta_impl.inc",
+            "conv_impl.inc",
             "packed_impl.inc",
         )
         UNITS = ("binding", "blocks_avx512", "blocks_avx2", "blocks_portable")

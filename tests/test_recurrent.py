@@ -197,6 +197,22 @@ def test_seq_rm_is_exact_or_refused_unchanged():
     mem.integrity_check()
 
 
+@pytest.mark.parametrize("arch", ["qwen3_5", "mamba2"])
+def test_without_the_compiled_steps_the_torch_ones_match_transformers(tmp_path, monkeypatch, arch):
+    """The decode steps' torch forms (no compiler: the gated delta rule's bmm step, the
+    convolution as a concatenation and a sum): the same tokens and logits."""
+    from engine.models import delta_rule, ssm
+
+    monkeypatch.setattr(delta_rule, "_blocks", None)
+    monkeypatch.setattr(ssm, "_blocks", None)
+    folder = make_checkpoint(tmp_path / arch, arch, **ARCHS[arch])
+    prompts = prompts_of(3, (5, 20))
+    seqs, logits = run(engine_of(folder), prompts, (0, 1), n_steps=12)
+    ref = load_reference(folder)
+    for i, p in enumerate(prompts):
+        assert_matches(ref, p, seqs[i].output_ids, logits[i], n_steps=12)
+
+
 def test_checkpoints_are_bounded_and_copied_with_the_state():
     """Beyond the bound the oldest but the first goes: the first (a first prompt's end,
     what conversations with the same system prompt share) and the newest stay."""

@@ -299,3 +299,20 @@ def test_a_long_kernel_call_lets_other_python_threads_run(compiled):
         thread.join(10)
         sys.setswitchinterval(interval)
     assert max(during) > 0, during
+
+
+@pytest.mark.parametrize("any_cpu", [False, True], ids=["isa", "portable"])
+@pytest.mark.parametrize("kernel,bias", [(4, False), (3, True), (2, True)])
+def test_the_conv_step_is_the_causal_convolution(compiled, kernel, bias, any_cpu):
+    """The short convolution's decode step: the output is the window and the new input
+    against the weights, and the window moves on by one, in place."""
+    gen = torch.Generator().manual_seed(kernel)
+    b, c = 3, 37
+    x = torch.randn(b, 2 * c, generator=gen)[:, :c]  # rows strided, as a split projection gives them
+    window = torch.randn(b, c, kernel - 1, generator=gen)
+    weight, bias_t = torch.randn(c, kernel, generator=gen), torch.randn(c, generator=gen) if bias else None
+    full = torch.cat([window, x[:, :, None]], dim=2)  # [B, C, K]
+    expected = (full.double() * weight.double()).sum(-1) + (bias_t.double() if bias else 0)
+    out = compiled.conv_step(x, window, weight, bias_t, portable=any_cpu)
+    torch.testing.assert_close(out.double(), expected, atol=1e-5, rtol=1e-5)
+    assert torch.equal(window, full[:, :, 1:])

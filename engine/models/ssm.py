@@ -16,6 +16,11 @@ import torch.nn.functional as F
 from engine.models import rowwise
 from memory import MemoryBatch
 
+try:
+    from engine.kernels import _blocks
+except ImportError:  # built by `pip install -e .` where a compiler exists
+    _blocks = None
+
 
 def conv_window(x: torch.Tensor, window: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None):
     """Causal depthwise convolution of one sequence's new inputs after its window.
@@ -60,7 +65,18 @@ def mix(batch: MemoryBatch, inputs: tuple[torch.Tensor, ...], window, state, ste
 
 
 def conv_step(x: torch.Tensor, window: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None):
-    """One new input per sequence: x [B, C], window [B, C, K - 1] -> ([B, C], [B, C, K - 1])."""
+    """One new input per sequence: x [B, C], window [B, C, K - 1] -> ([B, C], [B, C, K - 1]).
+    With the compiled kernels one call that shifts ``window`` in place and returns it
+    (engine/kernels/csrc/conv_impl.inc), else a new window."""
+    if (
+        _blocks is not None
+        and window.dtype == torch.float32
+        and window.device.type == "cpu"
+        and window.is_contiguous()
+        and x.dtype == torch.float32
+        and x.stride(-1) == 1
+    ):
+        return _blocks.conv_step(x, window, weight, bias), window
     full = torch.cat([window, x[:, :, None]], dim=2)  # [B, C, K]
     out = (full * weight).sum(-1)  # [B, C]
     if bias is not None:

@@ -21,6 +21,8 @@
 // silu_mul(gu [T, 2F], portable=False) -> [T, F]: silu(gu[:, :F]) * gu[:, F:] (mlp_impl.inc).
 // delta_step(q, k [B, H, Dk], v [B, H, Dv], g, beta [B, H], state [B, H, Dk, Dv], portable=False)
 //   -> y [B, H, Dv]: the gated delta rule's decode step, state updated in place (delta_impl.inc).
+// conv_step(x [B, C], window [B, C, K - 1], weight [C, K], bias [C] or None, portable=False) -> [B, C]:
+//   the short causal convolution's decode step, the window shifted in place (conv_impl.inc).
 
 // ATen and torch's pybind11 casters only, not <torch/extension.h> (all of libtorch's C++
 // API): the unit parses in about half the time, the largest part of the install's build.
@@ -305,6 +307,32 @@ at::Tensor delta_step(at::Tensor q, at::Tensor k, at::Tensor v, at::Tensor g, at
   return y;
 }
 
+at::Tensor conv_step(at::Tensor x, at::Tensor window, at::Tensor weight, c10::optional<at::Tensor> bias,
+                     bool any_cpu) {
+  TORCH_CHECK(window.dim() == 3 && window.scalar_type() == at::kFloat && window.device().is_cpu() &&
+                  window.is_contiguous(),
+              "window: contiguous [B, C, K - 1] float32 on the CPU");
+  const int64_t B = window.size(0), C = window.size(1), K = window.size(2) + 1;
+  TORCH_CHECK(x.dim() == 2 && x.size(0) == B && x.size(1) == C && x.scalar_type() == at::kFloat && x.stride(1) == 1,
+              "x: [B, C] float32, rows contiguous");
+  weight = weight.contiguous();
+  TORCH_CHECK(weight.dim() == 2 && weight.size(0) == C && weight.size(1) == K && weight.scalar_type() == at::kFloat,
+              "weight: [C, K] float32");
+  at::Tensor b;
+  if (bias.has_value()) {
+    b = bias->contiguous();
+    TORCH_CHECK(b.numel() == C && b.scalar_type() == at::kFloat, "bias: [C] float32");
+  }
+  auto out = at::empty({B, C}, x.options());
+  const float* bp = b.defined() ? b.data_ptr<float>() : nullptr;
+  at::parallel_for(0, B * C, 4096, [&](int64_t r0, int64_t r1) {
+    ON(any_cpu ? Isa::portable : kIsa, conv_step_rows)(x.data_ptr<float>(), x.stride(0), window.data_ptr<float>(),
+                                                       weight.data_ptr<float>(), bp, C, K, r0, r1,
+                                                       out.data_ptr<float>());
+  });
+  return out;
+}
+
 at::Tensor silu_mul(at::Tensor gu, bool any_cpu) {
   TORCH_CHECK(gu.dim() == 2 && gu.scalar_type() == at::kFloat && gu.device().is_cpu() && gu.size(1) % 2 == 0,
               "gu: [T, 2F] float32");
@@ -512,6 +540,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("delta_step", &slotserve::delta_step, "the gated delta rule's decode step, the state in place",
         py::arg("q"), py::arg("k"), py::arg("v"), py::arg("g"), py::arg("beta"), py::arg("state"),
         py::arg("portable") = false, free_gil);
+  m.def("conv_step", &slotserve::conv_step, "the short causal convolution's decode step, the window in place",
+        py::arg("x"), py::arg("window"), py::arg("weight"), py::arg("bias") = py::none(), py::arg("portable") = false,
+        free_gil);
   m.def("silu_mul", &slotserve::silu_mul, "silu(first half) * second half of each row, float32", py::arg("gu"),
         py::arg("portable") = false);
   m.def("kv_store", &slotserve::kv_store, "rows of x encoded as the cache stores them, written at rows",

@@ -127,6 +127,8 @@ struct DecodeAttention {
   void silu_mul_rows(const float* gu, int64_t ld, int64_t F, int64_t t0, int64_t t1, float* out);        \
   void delta_step_rows(const float* q, const float* k, const float* v, const float* g, const float* beta,  \
                        float* state, int64_t Dk, int64_t Dv, int64_t t0, int64_t t1, float* y);          \
+  void conv_step_rows(const float* x, int64_t ldx, float* window, const float* w, const float* bias,       \
+                      int64_t C, int64_t K, int64_t r0, int64_t r1, float* out);                         \
   int64_t packed_group_bytes(int type, int64_t K);                                                      \
   void pack_groups(int type, const uint8_t* w, int64_t g0, int64_t g1, int64_t K, uint8_t* out);        \
   void packed_dequant_groups(int type, const uint8_t* p, int64_t g0, int64_t g1, int64_t K, float* out); \
