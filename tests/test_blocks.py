@@ -219,3 +219,33 @@ def test_the_compiled_rms_norm_is_torchs(compiled, monkeypatch, shape):
     assert norm.fused_rms_norm(x.double(), layer.weight.double(), 1e-5) is None  # float32 only
     monkeypatch.setattr(norm, "_blocks", None)
     torch.testing.assert_close(layer(x), fused)  # torch's path without the extension
+
+
+def test_experts_taken_from_a_mapped_stack_hand_their_pages_back_when_packed(compiled, tmp_path):
+    """Each expert's rows of a stacked tensor in a private file mapping (what a MoE GGUF
+    holds) are taken as a view, and packing each hands its pages back: once every expert
+    is packed, the file's pages are not resident (before, the stack was handed back as
+    each expert was taken and read in again by each packing: resident twice)."""
+    import mmap
+
+    experts, rows, cols = 16, 1024, 2048
+    row_bytes = cols // 32 * 34  # Q8_0
+    path = tmp_path / "stack.bin"
+    with open(path, "wb") as f:  # scales of 1.0 (f16 0x3C00), values 1..127
+        block = bytes([0x00, 0x3C]) + bytes(range(1, 33))
+        f.write(block * (experts * rows * cols // 32))
+
+    def rss_file() -> int:
+        line = next(x for x in open("/proc/self/status") if x.startswith("RssFile:"))
+        return int(line.split()[1]) * 1024
+
+    with open(path, "rb") as f:
+        mapping = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
+    stack = BlockWeight.from_bytes(gguf.GGMLQuantizationType.Q8_0, mapping, experts * rows, cols, mapped=True)
+    before = rss_file()
+    taken = [stack[e * rows : (e + 1) * rows] for e in range(experts)]
+    packed = [t.pack() for t in taken]
+    grown = rss_file() - before
+    assert grown < 0.1 * experts * rows * row_bytes, f"{grown} bytes of the file's pages still resident"
+    assert all(t.mapped and t.data.data_ptr() == stack.data[e * rows].data_ptr() for e, t in enumerate(taken))
+    assert torch.equal(packed[3].dequantize(slice(0, 8)), taken[3].dequantize(slice(0, 8)))
