@@ -42,6 +42,7 @@ if os.environ.get("SLOTSERVE_NO_EXT") != "1":
             "mlp_impl.inc",
             "delta_impl.inc",
             "conv_impl.inc",
+            "float_impl.inc",
             "packed_impl.inc",
         )
         UNITS = ("binding", "blocks_avx512", "blocks_avx2", "blocks_portable")

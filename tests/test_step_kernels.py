@@ -316,3 +316,13 @@ def test_the_conv_step_is_the_causal_convolution(compiled, kernel, bias, any_cpu
     out = compiled.conv_step(x, window, weight, bias_t, portable=any_cpu)
     torch.testing.assert_close(out.double(), expected, atol=1e-5, rtol=1e-5)
     assert torch.equal(window, full[:, :, 1:])
+
+
+@pytest.mark.parametrize("any_cpu", [False, True], ids=["isa", "portable"])
+def test_the_fixed_order_float_product_is_the_matrix_product(compiled, any_cpu):
+    gen = torch.Generator().manual_seed(2)
+    x = torch.randn(40, 3 * 77, generator=gen)[:, :77]  # rows strided; 77 columns: a tail
+    w, b = torch.randn(9, 77, generator=gen), torch.randn(9, generator=gen)
+    out = compiled.float_linear(x, w, b, portable=any_cpu)
+    torch.testing.assert_close(out.double(), x.double() @ w.double().T + b.double(), atol=1e-5, rtol=1e-5)
+    assert torch.equal(out[5:6], compiled.float_linear(x[5:6], w, b, portable=any_cpu))

@@ -70,7 +70,7 @@ def pack_linears(model: nn.Module, batch_hint: int = 8) -> int:
         (parent, name, child)
         for parent in model.modules()
         for name, child in parent.named_children()
-        if isinstance(child, nn.Linear)
+        if isinstance(child, nn.Linear) and not getattr(child, "row_invariant", False)  # routers stay as they are
     ]
     for parent, name, child in targets:
         setattr(parent, name, PackedLinear(child, batch_hint))

@@ -79,14 +79,14 @@ class Router(nn.Module):
         super().__init__()
         self.top_k = top_k
         self.norm = Norm(hidden, eps, with_scale=False)
-        self.proj = nn.Linear(hidden, n_experts, bias=False)
+        self.proj = rowwise.Linear(hidden, n_experts, bias=False)
         self.scale = nn.Parameter(torch.ones(hidden))
         self.per_expert_scale = nn.Parameter(torch.ones(n_experts))
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """x: [T, hidden] -> (weights [T, k] float32, expert ids [T, k])."""
         h = self.norm(x) * self.scale * x.shape[-1] ** -0.5
-        probs = torch.softmax(rowwise.project(self.proj, h).float(), dim=-1)  # [T, E]
+        probs = torch.softmax(self.proj(h).float(), dim=-1)  # [T, E]
         weights, idx = probs.topk(self.top_k, dim=-1)
         weights = weights / weights.sum(-1, keepdim=True)
         return weights * self.per_expert_scale.float()[idx], idx
@@ -118,8 +118,8 @@ class Layer(nn.Module):
         self.post_feedforward_layernorm = Norm(hidden, eps)
         self.layer_scalar = nn.Parameter(torch.ones(1))
         if per_layer:
-            self.per_layer_input_gate = nn.Linear(hidden, per_layer, bias=False)
-            self.per_layer_projection = nn.Linear(per_layer, hidden, bias=False)
+            self.per_layer_input_gate = rowwise.Linear(hidden, per_layer, bias=False)
+            self.per_layer_projection = rowwise.Linear(per_layer, hidden, bias=False)
             self.post_per_layer_input_norm = Norm(hidden, eps)
         if raw.get("enable_moe_block"):
             n_experts = int(raw["num_experts"])
@@ -139,8 +139,8 @@ class Layer(nn.Module):
             h = self.post_feedforward_layernorm_1(h) + self.post_feedforward_layernorm_2(routed)
         x = x + self.post_feedforward_layernorm(h)
         if per_layer is not None:
-            h = rowwise.gelu_tanh(rowwise.project(self.per_layer_input_gate, x)) * per_layer
-            x = x + self.post_per_layer_input_norm(rowwise.project(self.per_layer_projection, h))
+            h = rowwise.gelu_tanh(self.per_layer_input_gate(x)) * per_layer
+            x = x + self.post_per_layer_input_norm(self.per_layer_projection(h))
         return x * self.layer_scalar
 
 

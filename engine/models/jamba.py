@@ -102,13 +102,13 @@ class JambaMoE(nn.Module):
     def __init__(self, hidden: int, ffn: int, n_experts: int, top_k: int):
         super().__init__()
         self.top_k = top_k
-        self.router = nn.Linear(hidden, n_experts, bias=False)
+        self.router = rowwise.Linear(hidden, n_experts, bias=False)
         self.experts = nn.ModuleList(SeparateGatedMLP(hidden, ffn) for _ in range(n_experts))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x: [T, hidden] -> [T, hidden]; each token's top-k experts weighted by their
         share of the softmax over all experts (not renormalized)."""
-        probs = torch.softmax(rowwise.project(self.router, x).float(), dim=-1)  # [T, E]
+        probs = torch.softmax(self.router(x).float(), dim=-1)  # [T, E]
         weights, idx = probs.topk(self.top_k, dim=-1)  # [T, k]
         return run_experts(x, self.experts, weights.to(x.dtype), idx)
 

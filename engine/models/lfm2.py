@@ -115,13 +115,13 @@ class Lfm2MoE(nn.Module):
         n = int(raw["num_experts"])
         self.top_k, self.norm = int(raw["num_experts_per_tok"]), bool(raw.get("norm_topk_prob", True))
         self.scale = float(raw.get("routed_scaling_factor") or 1.0)
-        self.gate = nn.Linear(hidden, n, bias=False)
+        self.gate = rowwise.Linear(hidden, n, bias=False)
         self.experts = nn.ModuleList(Lfm2MLP(hidden, int(raw["moe_intermediate_size"])) for _ in range(n))
         self.expert_bias = nn.Parameter(torch.zeros(n)) if raw.get("use_expert_bias", True) else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x: [T, hidden] -> [T, hidden]."""
-        scores = rowwise.sigmoid(rowwise.project(self.gate, x).float())  # [T, E]
+        scores = rowwise.sigmoid(self.gate(x).float())  # [T, E]
         steer = scores if self.expert_bias is None else scores + self.expert_bias.float()
         idx = steer.topk(self.top_k, dim=-1).indices  # [T, k]
         weights = scores.gather(1, idx)

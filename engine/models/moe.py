@@ -23,11 +23,11 @@ class TopKRouter(nn.Module):
     def __init__(self, hidden: int, n_experts: int, top_k: int):
         super().__init__()
         self.top_k = top_k
-        self.layer = nn.Linear(hidden, n_experts, bias=False)
+        self.layer = rowwise.Linear(hidden, n_experts, bias=False)
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """x: [T, hidden] -> (weights [T, k] in x's dtype, expert ids [T, k])."""
-        logits = rowwise.project(self.layer, x).float()  # [T, E]
+        logits = self.layer(x).float()  # [T, E]
         top, idx = logits.topk(self.top_k, dim=-1)
         return torch.softmax(top, dim=-1).type_as(x), idx
 
@@ -112,16 +112,16 @@ class SharedExpertMoE(nn.Module):
     def __init__(self, hidden: int, ffn: int, shared_ffn: int, n_experts: int, top_k: int, norm_topk: bool):
         super().__init__()
         self.top_k, self.norm_topk = top_k, norm_topk
-        self.gate = nn.Linear(hidden, n_experts, bias=False)
+        self.gate = rowwise.Linear(hidden, n_experts, bias=False)
         self.experts = nn.ModuleList(GatedMLP(hidden, ffn) for _ in range(n_experts))
         self.shared_expert = GatedMLP(hidden, shared_ffn)
-        self.shared_expert_gate = nn.Linear(hidden, 1, bias=False)
+        self.shared_expert_gate = rowwise.Linear(hidden, 1, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x: [T, hidden] -> [T, hidden]."""
-        probs = torch.softmax(rowwise.project(self.gate, x).float(), dim=-1)  # [T, E]
+        probs = torch.softmax(self.gate(x).float(), dim=-1)  # [T, E]
         weights, idx = probs.topk(self.top_k, dim=-1)  # [T, k]
         if self.norm_topk:
             weights = weights / weights.sum(-1, keepdim=True)
         out = run_experts(x, self.experts, weights.to(x.dtype), idx)
-        return out + rowwise.sigmoid(rowwise.project(self.shared_expert_gate, x)) * self.shared_expert(x)
+        return out + rowwise.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)

@@ -15,6 +15,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+try:
+    from engine.kernels import _blocks
+except ImportError:  # built by `pip install -e .` where a compiler exists
+    _blocks = None
+
 _GELU_C = (2.0 / torch.pi) ** 0.5
 # Batches of up to this many rows (decode and verify steps: 8 sequences x 8 rows) go
 # through ``linear`` row by row.
@@ -52,18 +57,29 @@ def gelu_tanh(x: torch.Tensor) -> torch.Tensor:
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """F.linear with a float weight, row by row for a short batch (``SHORT_BATCH``),
-    where BLAS's matrix-matrix kernel would sum in another order than a one-row step's
-    matrix-vector one. For the small float matrices beside the packed projections
-    (routers, gates); x [T, in] -> [T, out]. A longer batch (a prompt's chunk beside a
-    verify step) takes one matrix product, and its verify rows may differ in the last bits."""
-    if 1 < x.shape[0] <= SHORT_BATCH and not _torch_s(x) and x.dim() == 2:
-        return torch.cat([F.linear(x[i : i + 1], weight, bias) for i in range(x.shape[0])])
+    """F.linear with a float weight, each row's outputs the same bits whatever the
+    batch for a short one (``SHORT_BATCH`` rows, one row included), where BLAS's
+    matrix-matrix kernel would sum in another order than a one-row step's matrix-vector
+    one: the compiled fixed-order product (engine/kernels/csrc/float_impl.inc; 8x
+    faster than row by row for 8 rows of a 16 x 1024 router), else row by row. For the
+    small float matrices beside the packed projections (routers, gates); x [T, in] ->
+    [T, out]. A longer batch (a prompt's chunk beside a verify step) takes BLAS's one
+    matrix product, and its verify rows may differ in the last bits."""
+    if x.shape[0] <= SHORT_BATCH and not _torch_s(x) and x.dim() == 2 and weight.dtype == torch.float32:
+        if _blocks is not None:
+            return _blocks.float_linear(x, weight, bias)
+        if x.shape[0] > 1:
+            return torch.cat([F.linear(x[i : i + 1], weight, bias) for i in range(x.shape[0])])
     return F.linear(x, weight, bias)
 
 
-def project(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    """``module(x)``; a float ``nn.Linear`` through ``linear`` (a packed one is row-invariant)."""
-    if type(module) is nn.Linear:
-        return linear(x, module.weight, module.bias)
-    return module(x)
+class Linear(nn.Linear):
+    """An ``nn.Linear`` computed through ``linear``: a router or gate, whose rows must not
+    depend on the batch. Loaded as any linear layer (kept in blocks where the file
+    quantizes it, and a packed block kernel is row-invariant); left as it is by
+    ``pack_linears``, whose oneDNN kernels are chosen per row count."""
+
+    row_invariant = True
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return linear(x, self.weight, self.bias)

@@ -23,6 +23,8 @@
 //   -> y [B, H, Dv]: the gated delta rule's decode step, state updated in place (delta_impl.inc).
 // conv_step(x [B, C], window [B, C, K - 1], weight [C, K], bias [C] or None, portable=False) -> [B, C]:
 //   the short causal convolution's decode step, the window shifted in place (conv_impl.inc).
+// float_linear(x [T, K], w [N, K], bias [N] or None, portable=False) -> [T, N]: x @ w.T, each output
+//   one dot product in a fixed order whatever T (float_impl.inc).
 
 // ATen and torch's pybind11 casters only, not <torch/extension.h> (all of libtorch's C++
 // API): the unit parses in about half the time, the largest part of the install's build.
@@ -333,6 +335,26 @@ at::Tensor conv_step(at::Tensor x, at::Tensor window, at::Tensor weight, c10::op
   return out;
 }
 
+at::Tensor float_linear(at::Tensor x, at::Tensor w, c10::optional<at::Tensor> bias, bool any_cpu) {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.device().is_cpu(), "x: [T, K] float32 on the CPU");
+  if (x.stride(1) != 1) x = x.contiguous();
+  w = w.contiguous();
+  const int64_t T = x.size(0), K = x.size(1), N = w.size(0);
+  TORCH_CHECK(w.dim() == 2 && w.size(1) == K && w.scalar_type() == at::kFloat, "w: [N, K] float32");
+  at::Tensor b;
+  if (bias.has_value()) {
+    b = bias->contiguous();
+    TORCH_CHECK(b.numel() == N && b.scalar_type() == at::kFloat, "bias: [N] float32");
+  }
+  auto y = at::empty({T, N}, x.options());
+  const float* bp = b.defined() ? b.data_ptr<float>() : nullptr;
+  at::parallel_for(0, T * N, std::max<int64_t>(1, 32768 / std::max<int64_t>(K, 1)), [&](int64_t i0, int64_t i1) {
+    ON(any_cpu ? Isa::portable : kIsa, float_rows)(x.data_ptr<float>(), x.stride(0), w.data_ptr<float>(), bp, N, K,
+                                                   i0, i1, y.data_ptr<float>());
+  });
+  return y;
+}
+
 at::Tensor silu_mul(at::Tensor gu, bool any_cpu) {
   TORCH_CHECK(gu.dim() == 2 && gu.scalar_type() == at::kFloat && gu.device().is_cpu() && gu.size(1) % 2 == 0,
               "gu: [T, 2F] float32");
@@ -543,6 +565,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("conv_step", &slotserve::conv_step, "the short causal convolution's decode step, the window in place",
         py::arg("x"), py::arg("window"), py::arg("weight"), py::arg("bias") = py::none(), py::arg("portable") = false,
         free_gil);
+  m.def("float_linear", &slotserve::float_linear, "x @ w.T, each output one dot product in a fixed order",
+        py::arg("x"), py::arg("w"), py::arg("bias") = py::none(), py::arg("portable") = false, free_gil);
   m.def("silu_mul", &slotserve::silu_mul, "silu(first half) * second half of each row, float32", py::arg("gu"),
         py::arg("portable") = false);
   m.def("kv_store", &slotserve::kv_store, "rows of x encoded as the cache stores them, written at rows",

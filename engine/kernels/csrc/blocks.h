@@ -129,6 +129,8 @@ struct DecodeAttention {
                        float* state, int64_t Dk, int64_t Dv, int64_t t0, int64_t t1, float* y);          \
   void conv_step_rows(const float* x, int64_t ldx, float* window, const float* w, const float* bias,       \
                       int64_t C, int64_t K, int64_t r0, int64_t r1, float* out);                         \
+  void float_rows(const float* x, int64_t ldx, const float* w, const float* bias, int64_t N, int64_t K,    \
+                  int64_t i0, int64_t i1, float* y);                                                     \
   int64_t packed_group_bytes(int type, int64_t K);                                                      \
   void pack_groups(int type, const uint8_t* w, int64_t g0, int64_t g1, int64_t K, uint8_t* out);        \
   void packed_dequant_groups(int type, const uint8_t* p, int64_t g0, int64_t g1, int64_t K, float* out); \
