@@ -309,6 +309,14 @@ at::Tensor delta_step(at::Tensor q, at::Tensor k, at::Tensor v, at::Tensor g, at
   return y;
 }
 
+// An optional float32 vector of n values, contiguous (undefined when not given).
+at::Tensor float_vector(const c10::optional<at::Tensor>& t, int64_t n, const char* what) {
+  if (!t.has_value()) return at::Tensor();
+  at::Tensor v = t->contiguous();
+  TORCH_CHECK(v.numel() == n && v.scalar_type() == at::kFloat, what);
+  return v;
+}
+
 at::Tensor conv_step(at::Tensor x, at::Tensor window, at::Tensor weight, c10::optional<at::Tensor> bias,
                      bool any_cpu) {
   TORCH_CHECK(window.dim() == 3 && window.scalar_type() == at::kFloat && window.device().is_cpu() &&
@@ -320,11 +328,7 @@ at::Tensor conv_step(at::Tensor x, at::Tensor window, at::Tensor weight, c10::op
   weight = weight.contiguous();
   TORCH_CHECK(weight.dim() == 2 && weight.size(0) == C && weight.size(1) == K && weight.scalar_type() == at::kFloat,
               "weight: [C, K] float32");
-  at::Tensor b;
-  if (bias.has_value()) {
-    b = bias->contiguous();
-    TORCH_CHECK(b.numel() == C && b.scalar_type() == at::kFloat, "bias: [C] float32");
-  }
+  const at::Tensor b = float_vector(bias, C, "bias: [C] float32");
   auto out = at::empty({B, C}, x.options());
   const float* bp = b.defined() ? b.data_ptr<float>() : nullptr;
   at::parallel_for(0, B * C, 4096, [&](int64_t r0, int64_t r1) {
@@ -341,11 +345,7 @@ at::Tensor float_linear(at::Tensor x, at::Tensor w, c10::optional<at::Tensor> bi
   w = w.contiguous();
   const int64_t T = x.size(0), K = x.size(1), N = w.size(0);
   TORCH_CHECK(w.dim() == 2 && w.size(1) == K && w.scalar_type() == at::kFloat, "w: [N, K] float32");
-  at::Tensor b;
-  if (bias.has_value()) {
-    b = bias->contiguous();
-    TORCH_CHECK(b.numel() == N && b.scalar_type() == at::kFloat, "bias: [N] float32");
-  }
+  const at::Tensor b = float_vector(bias, N, "bias: [N] float32");
   auto y = at::empty({T, N}, x.options());
   const float* bp = b.defined() ? b.data_ptr<float>() : nullptr;
   at::parallel_for(0, T * N, std::max<int64_t>(1, 32768 / std::max<int64_t>(K, 1)), [&](int64_t i0, int64_t i1) {
