@@ -461,6 +461,46 @@ def make_qwen2_5_vl(folder: Path, window: int = 56, **text):
     return model.eval(), tok
 
 
+def make_qwen3_5_vl(folder: Path, moe: bool = False) -> tuple:
+    """A tiny random Qwen3.5 (or Qwen3.5-MoE) with images, in the published layout
+    (``model.language_model.*``, ``model.visual.*``), a byte tokenizer that knows the
+    image tokens (QWEN_VL_TOKENS) and a preprocessor_config.json: a 2-block vision
+    transformer over 16-pixel patches with a learned 6 x 6 position table (resampled to
+    every grid), images of 64 x 64 to 128 x 128 pixels (4 to 16 tokens); the language
+    model QWEN3_5_TINY (or _MOE_) with partial rotary and interleaved M-RoPE sections
+    (1, 1, 1). Every parameter moved off its init; returns (model (eval), tokenizer)."""
+    import transformers
+    from tokenizers import Tokenizer
+
+    folder.mkdir(parents=True, exist_ok=True)
+    write_byte_tokenizer(folder)
+    tok = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    tok.add_special_tokens(QWEN_VL_TOKENS)
+    tok.save(str(folder / "tokenizer.json"))
+    start, image, end = (tok.token_to_id(t) for t in QWEN_VL_TOKENS)
+    rope = {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5,
+            "mrope_section": [1, 1, 1], "mrope_interleaved": True}  # fmt: skip
+    text = {**BASE, **(QWEN3_5_MOE_TINY if moe else QWEN3_5_TINY), "rope_parameters": rope, "pad_token_id": 0}
+    vision = dict(depth=2, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=text["hidden_size"],
+                  patch_size=16, spatial_merge_size=2, temporal_patch_size=2, num_position_embeddings=36)  # fmt: skip
+    kind = "Qwen3_5Moe" if moe else "Qwen3_5"
+    config = getattr(transformers, f"{kind}Config")(
+        text_config=text, vision_config=vision, image_token_id=image, vision_start_token_id=start,
+        vision_end_token_id=end,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    model = getattr(transformers, f"{kind}ForConditionalGeneration")(config)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.1)
+    model.save_pretrained(folder)
+    processor = {"image_processor_type": "Qwen2VLImageProcessor", "size": {"shortest_edge": 64 * 64,
+                 "longest_edge": 128 * 128}, "patch_size": 16, "merge_size": 2, "temporal_patch_size": 2,
+                 "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5]}  # fmt: skip
+    (folder / "preprocessor_config.json").write_text(json.dumps(processor))
+    return model.eval(), tok
+
+
 FIM_TOKENS = ["<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>", "<|repo_name|>", "<|file_sep|>"]
 
 

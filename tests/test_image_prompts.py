@@ -123,8 +123,7 @@ def ids_of(srv, messages: list[dict]) -> list[int]:
     from server.schemas.requests import ChatCompletionRequest
 
     body = ChatCompletionRequest(messages=messages)
-    _, ids, _ = asyncio.run(chat_prompt(srv.state, srv.state.require_ready(), body))
-    return ids
+    return asyncio.run(chat_prompt(srv.state, srv.state.require_ready(), body)).ids
 
 
 def conversation(parts: list, images_as) -> list[dict]:

@@ -97,6 +97,25 @@ def test_batched_greedy_matches_transformers(mamba2, unified):
     engine.memory.integrity_check()
 
 
+def test_a_turn_start_is_checkpointed_and_the_next_turn_resumes_there(mamba2):
+    """A chat prompt whose generation prompt begins 3 tokens before its end (where the
+    next turn's history writes it otherwise, as Qwen3.5's template drops ``<think>``):
+    its state there is kept, so the next turn computes from it, not from the spaced
+    checkpoint before; the answer is still transformers'."""
+    folder, ref = mamba2
+    engine = engine_of(folder)
+    (first,) = prompts_of(4, (45,))
+    params = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
+    engine.add_sequence(first, params, seq_id=0, turn_start=42)
+    while engine.has_work:
+        engine.step()
+    assert 42 in engine.memory.checkpoints(0)
+    follow = first[:42] + prompts_of(5, (6,))[0]  # the history diverges where the generation prompt began
+    seqs, logits = run(engine, [follow], [0], n_cached=[42])
+    assert run.starts == [42]
+    assert_matches(ref, follow, seqs[0].output_ids, logits[0])
+
+
 def test_prefix_reuse_restarts_from_the_latest_checkpoint(mamba2):
     folder, ref = mamba2
     engine = engine_of(folder)

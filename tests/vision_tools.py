@@ -65,14 +65,15 @@ def greedy(engine: Engine, ids, media, n: int, seq_id: int = 0, n_cached: int = 
     return seq.output_ids, torch.stack(logits)
 
 
-def convert_pair(text: Path, vision: Path, root: Path) -> tuple[Path, Path]:
+def convert_pair(text: Path, vision: Path, root: Path, flags: tuple[str, ...] = ()) -> tuple[Path, Path]:
     """The language model of ``text`` and the projector of ``vision`` (folders; often the
-    same) as float32 GGUFs by llama.cpp's converter: (model.gguf, mmproj.gguf)."""
+    same) as float32 GGUFs by llama.cpp's converter (``flags``: more of its options for
+    the language model): (model.gguf, mmproj.gguf)."""
     from gguf_tools import _run_converters
 
     model, mmproj = root / "model.gguf", root / "mmproj.gguf"
     _run_converters([[
-        ("convert_hf_to_gguf.py", ["--outfile", str(model), "--outtype", "f32", str(text)]),
+        ("convert_hf_to_gguf.py", ["--outfile", str(model), "--outtype", "f32", *flags, str(text)]),
         ("convert_hf_to_gguf.py", ["--outfile", str(mmproj), "--outtype", "f32", "--mmproj", str(vision)]),
     ]])  # fmt: skip
     return model, mmproj

@@ -187,6 +187,7 @@ class Engine(TokenAcceptance, ContextShift, EngineReports):
         pooling: Pooling | None = None,
         lora: tuple[float, ...] = (),
         media: list[MediaItem] | None = None,
+        turn_start: int | None = None,
     ) -> Sequence:
         """Start generating for ``prompt_ids`` in memory sequence ``seq_id``.
 
@@ -196,7 +197,10 @@ class Engine(TokenAcceptance, ContextShift, EngineReports):
         ends once the prompt is computed, with its pooled hidden states (pooling other
         than ``last`` recomputes the whole prompt). ``lora``: each loaded adapter's scale
         for this sequence (missing ones: 0). ``media``: the prompt's images (engine/core/media.py),
-        whose placeholders ``prompt_ids`` holds; a cached prefix never ends inside one. Raises
+        whose placeholders ``prompt_ids`` holds; a cached prefix never ends inside one.
+        ``turn_start``: where a chat prompt's generation prompt begins (the next turn's
+        history may write it otherwise, e.g. without ``<think>``): a memory that snapshots
+        its state keeps one there, so that turn computes from it, not from further back. Raises
         ValueError on an empty or too long prompt, a busy ``seq_id``, a token outside the
         vocabulary, or media on a model without an image encoder or off their placeholders.
         """
@@ -239,6 +243,7 @@ class Engine(TokenAcceptance, ContextShift, EngineReports):
             pooler=pooler,
             lora=tuple(lora),
             media=media,
+            turn_start=turn_start if turn_start is not None and n_cached < turn_start < len(prompt_ids) - 1 else None,
         )
         self.running.append(seq)
         return seq

@@ -26,7 +26,8 @@ def plan_step(running: list[Sequence], budget: int, align: int | None = None) ->
     their state there, see memory/recurrent/recurrent_memory.py), nor past the
     prompt's last token but one: the state there is snapshotted (the runner), so a
     request for the same prompt again (the answer regenerated) computes that one token,
-    not back to the last multiple."""
+    not back to the last multiple; nor past ``Sequence.turn_start`` (snapshotted too: the
+    next chat turn, whose history writes the generation prompt its own way, starts there)."""
     plan: list[Chunk] = []
     for seq in running:
         if seq.n_pending == 1 and budget > 0:
@@ -38,6 +39,8 @@ def plan_step(running: list[Sequence], budget: int, align: int | None = None) ->
             n = min(seq.n_pending, budget)
             if align:
                 n = min(n, align - seq.n_computed % align)
+                if seq.turn_start is not None and seq.n_computed < seq.turn_start < seq.n_computed + n:
+                    n = seq.turn_start - seq.n_computed  # snapshotted there too (a chat turn's generation prompt)
                 if n == seq.n_pending and not seq.output_ids and seq.pooler is None:
                     n -= 1  # the prompt's last token runs alone next step, after a snapshot before it
             if seq.media:  # an image's positions run in one forward, once encoded (engine/core/media.py)

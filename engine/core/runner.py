@@ -84,6 +84,8 @@ class ModelRunner:
                     self.memory.checkpoint(seq.seq_id, pin=True)
             elif not seq.output_ids and seq.n_computed == len(seq.tokens) - 1:  # all but the prompt's last token
                 self.memory.checkpoint(seq.seq_id, pin=True)  # (the planner stops there): the same prompt again: one
+            elif not seq.output_ids and seq.n_computed == seq.turn_start:  # the next chat turn starts here
+                self.memory.checkpoint(seq.seq_id)
             elif seq.n_computed % every == 0:  # a spaced checkpoint
                 self.memory.checkpoint(seq.seq_id)
         return logits

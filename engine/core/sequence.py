@@ -59,6 +59,7 @@ class Sequence:
     budget: ReasoningBudget | None = None  # the request's reasoning budget (None: none)
     first_token_at: float | None = None  # when the first token was accepted (acceptance.clock)
     media: list = field(default_factory=list)  # MediaItem (engine/core/media.py) of the prompt's images, in order
+    turn_start: int | None = None  # where a chat prompt's generation prompt begins: checkpointed (see plan_step)
 
     @property
     def keys(self) -> list[int]:

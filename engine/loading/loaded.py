@@ -25,6 +25,8 @@ VISION_ARCHS = {  # (a GGUF language model, its --mmproj's projector type) -> (t
     ("Gemma3ForCausalLM", "gemma3"): ("Gemma3ForConditionalGeneration", "gemma3"),
     ("LlamaForCausalLM", "idefics3"): ("SmolVLMForConditionalGeneration", "smolvlm"),
     ("Qwen2ForCausalLM", "qwen2.5vl_merger"): ("Qwen2_5_VLForConditionalGeneration", "qwen2_5_vl"),
+    ("Qwen3_5ForCausalLM", "qwen3vl_merger"): ("Qwen3_5ForConditionalGeneration", "qwen3_5"),
+    ("Qwen3_5MoeForCausalLM", "qwen3vl_merger"): ("Qwen3_5MoeForConditionalGeneration", "qwen3_5_moe"),
 }
 
 

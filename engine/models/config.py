@@ -209,7 +209,7 @@ def _tokens_per_image(raw: dict) -> int:
     return int(raw.get("mm_tokens_per_image", 256))
 
 
-VARIABLE_IMAGE_TYPES = ("qwen2_5_vl",)  # an image's token count follows its size
+VARIABLE_IMAGE_TYPES = ("qwen2_5_vl", "qwen3_5", "qwen3_5_moe")  # an image's token count follows its size
 
 
 def _media_config(raw: dict, path: Path) -> ModelConfig:

@@ -163,6 +163,17 @@ def rotary_dim(cfg: ModelConfig) -> int:
     return int(cfg.head_dim * float(factor)) // 2 * 2
 
 
+def mrope_sections(raw: dict) -> list[int]:
+    """Interleaved M-RoPE's (time, height, width) sections: ``mrope_section`` in
+    ``rope_parameters`` (``rope_scaling`` in transformers 4), Qwen3.5's [11, 11, 10]
+    where the config is silent."""
+    for key in ("rope_parameters", "rope_scaling"):
+        params = raw.get(key)
+        if isinstance(params, dict) and params.get("mrope_section"):
+            return [int(s) for s in params["mrope_section"]]
+    return [11, 11, 10]
+
+
 class Qwen3_5ForCausalLM(DecoderLM):
     skipped_prefixes = ("mtp.",)  # the multi-token-prediction head published with the model
 
@@ -210,11 +221,25 @@ class Qwen3_5ForCausalLM(DecoderLM):
         return torch.cat([head, k[..., self.rot :]], dim=-1)
 
     def hidden(
-        self, input_ids: torch.Tensor, positions: torch.Tensor, view: ForwardView, rows: torch.Tensor, media=None
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        view: ForwardView,
+        rows: torch.Tensor,
+        media=None,
+        rope_positions: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """input_ids, positions: [T]; rows: [S] -> final hidden states [S, hidden]."""
+        """input_ids, positions: [T]; rows: [S] -> final hidden states [S, hidden].
+        ``media``: (rows [M], image tokens [M, hidden]) put in place of those rows'
+        embeddings; ``rope_positions`` [3, T]: the rotation's interleaved M-RoPE
+        positions (a sequence with images: qwen3_5_vl.py), else ``positions``."""
         x = self.model.embed_tokens(input_ids)  # [T, hidden]
-        rope = self.rotary.cos_sin(positions)  # [T, 1, rot] each
+        if media is not None:
+            x = x.index_copy(0, media[0], media[1].to(x.dtype))
+        if rope_positions is None:
+            rope = self.rotary.cos_sin(positions)  # [T, 1, rot] each
+        else:
+            rope = self.rotary.cos_sin_interleaved(rope_positions, mrope_sections(self.cfg.raw))  # [T, 1, rot] each
         for layer in self.model.layers:
             x = layer(x, rope, view)
         return self.model.norm(x[rows])  # [S, hidden]

@@ -1,10 +1,8 @@
 """The Qwen3.5 family's mixture-of-experts members (issue 52): Qwen3.5-MoE
 (``Qwen3_5MoeForCausalLM``: every layer's MLP is experts) and Qwen3-Next
 (``Qwen3NextForCausalLM``: experts every ``decoder_sparse_step`` layers but the
-``mlp_only_layers``; its Gated DeltaNet projections fused per key head), plus the
-published multimodal folders (``Qwen3_5ForConditionalGeneration`` and the MoE one)
-served as text: their language model under ``model.language_model.``, the vision tower
-and the multi-token-prediction head skipped.
+``mlp_only_layers``; its Gated DeltaNet projections fused per key head). The
+multimodal folders: qwen3_5_vl.py.
 
 Qwen3-Next's ``in_proj_qkvz`` holds, for each key head, its q, k, then its value heads'
 v and z; ``in_proj_ba`` each key head's b then a. They load split into Qwen3.5's
@@ -80,17 +78,3 @@ class Qwen3NextForCausalLM(Qwen3_5MoeForCausalLM):
             yield f"{base}.in_proj_a.weight", a.flatten(0, 1)
         else:
             yield name, w
-
-
-class Qwen3_5ForConditionalGeneration(Qwen3_5ForCausalLM):
-    """A published Qwen3.5 folder (vision tower included), served as text."""
-
-    checkpoint_prefixes = (("model.language_model.", "model."),)
-    skipped_prefixes = ("model.visual.", "mtp.")
-
-
-class Qwen3_5MoeForConditionalGeneration(Qwen3_5MoeForCausalLM):
-    """A published Qwen3.5-MoE folder (vision tower included), served as text."""
-
-    checkpoint_prefixes = (("model.language_model.", "model."),)
-    skipped_prefixes = ("model.visual.", "mtp.")

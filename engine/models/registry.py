@@ -20,12 +20,8 @@ from engine.models.qwen2 import Qwen2ForCausalLM
 from engine.models.qwen2_5_vl import Qwen2_5_VLForConditionalGeneration
 from engine.models.qwen3 import Qwen3ForCausalLM
 from engine.models.qwen3_5 import Qwen3_5ForCausalLM
-from engine.models.qwen3_next import (
-    Qwen3_5ForConditionalGeneration,
-    Qwen3_5MoeForCausalLM,
-    Qwen3_5MoeForConditionalGeneration,
-    Qwen3NextForCausalLM,
-)
+from engine.models.qwen3_5_vl import Qwen3_5ForConditionalGeneration, Qwen3_5MoeForConditionalGeneration
+from engine.models.qwen3_next import Qwen3_5MoeForCausalLM, Qwen3NextForCausalLM
 from engine.models.smolvlm import Idefics3ForConditionalGeneration, SmolVLMForConditionalGeneration
 
 MODELS: dict[str, type[DecoderLM]] = {

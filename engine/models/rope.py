@@ -97,6 +97,20 @@ class Rotary(torch.nn.Module):
         cos, sin = freqs.cos() * self.attention_scaling, freqs.sin() * self.attention_scaling
         return torch.cat((cos, cos), dim=-1)[:, None, :], torch.cat((-sin, sin), dim=-1)[:, None, :]
 
+    def cos_sin_interleaved(self, positions: torch.Tensor, sections: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Interleaved M-RoPE (Qwen3-VL, Qwen3.5): positions [3, T] (time, height, width);
+        frequency j takes its angle from height where j % 3 == 1 and j < 3 * sections[1],
+        from width where j % 3 == 2 and j < 3 * sections[2], from time otherwise -> cos,
+        sin [T, 1, D] as ``cos_sin``'s."""
+        j = torch.arange(self.inv_freq.shape[0], device=positions.device)  # [D/2]
+        stream = torch.zeros_like(j)
+        stream[(j % 3 == 1) & (j < 3 * sections[1])] = 1
+        stream[(j % 3 == 2) & (j < 3 * sections[2])] = 2
+        freqs = positions.float()[..., None] * self.inv_freq  # [3, T, D/2]
+        freqs = freqs.gather(0, stream.expand(1, freqs.shape[1], -1))[0]  # [T, D/2]
+        cos, sin = freqs.cos() * self.attention_scaling, freqs.sin() * self.attention_scaling
+        return torch.cat((cos, cos), dim=-1)[:, None, :], torch.cat((-sin, sin), dim=-1)[:, None, :]
+
 
 def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """x: [T, heads, D]; cos, sin from ``Rotary.cos_sin`` -> rotated x (same dtype as x).

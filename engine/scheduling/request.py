@@ -26,6 +26,7 @@ class Request:
     pooling: str | None = None  # an embedding (engine/core/pooling.py): n is 1, nothing is sampled
     lora: tuple[float, ...] = ()  # each loaded LoRA adapter's scale (missing: 0)
     media: list = field(default_factory=list)  # the prompt's images (engine/core/media.py MediaItem), in order
+    turn_start: int | None = None  # where a chat prompt's generation prompt begins (Engine.add_sequence)
     t_arrival: float = field(default_factory=time.monotonic)
     id: int = -1  # set by the scheduler
 

@@ -136,7 +136,7 @@ class TaskBoard(PrefixReuse):
         for slot in slots:
             slot.lora = key
         try:
-            args = (req.n_keep, req.pooling, req.lora, req.media)
+            args = (req.n_keep, req.pooling, req.lora, req.media, req.turn_start)
             seq = self.engine.add_sequence(req.prompt_ids, req.params, slots[0].id, n_cached, *args)
         except ValueError as exc:  # validated before queueing; kept as a guard
             self.fail(task, Failed(str(exc), "invalid_request_error", 400))

@@ -146,12 +146,15 @@ def gemma3_images(settings: ImageSettings, hf_tokenizer, spec) -> Gemma3Images:
     return Gemma3Images(settings, text, spec.tokens_per_image)
 
 
+QWEN_IMAGE_TYPES = ("qwen2_5_vl", "qwen3_5", "qwen3_5_moe")  # Qwen2-VL's processor: size-led patches
+
+
 def image_prompts(model_type: str, folder: Path | None, hf_tokenizer, spec, tokens=(None, None)):
     """The family's image layout for a checkpoint (``spec``: its MediaConfig; ``folder``:
     where its preprocessor_config.json may be): Gemma3Images, SmolVLMImages or QwenImages.
     ``tokens``: (fewest, most) tokens an image takes where its size varies (llama-server's
     --image-min-tokens / --image-max-tokens; None: the checkpoint's)."""
-    if model_type == "qwen2_5_vl":
+    if model_type in QWEN_IMAGE_TYPES:
         layout = QwenImages.of_checkpoint(folder, spec.vision, hf_tokenizer, spec)
         if "image_mean" in spec.vision:  # a GGUF projector's own
             layout = dataclasses.replace(

@@ -8,13 +8,14 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from fastapi import Request as HTTPRequest
 
 from engine import Engine, TokenLogprob
 from server.errors import APIError
 from server.pipeline.chat_output import ChatAnswer
-from server.pipeline.chat_prompt import chat_template, render_chat, uses_tools
+from server.pipeline.chat_prompt import chat_template, render_chat_turn, uses_tools
 from server.pipeline.generation import check_text_fits, encode
 from server.pipeline.media import ImageBudget, media_prompt
 from server.pipeline.openai_run import chunks, header, piece, start_run
@@ -35,18 +36,31 @@ def chat_logprob(engine: Engine, lp: TokenLogprob) -> dict:
     return {**entry(lp.token_id, lp.logprob), "top_logprobs": [entry(t, v) for t, v in lp.top]}
 
 
-async def chat_prompt(state, engine, body: ChatCompletionRequest) -> tuple[str, list[int], list]:
-    """The rendered prompt, its token ids and its images (engine MediaItems)."""
+class ChatPrompt(NamedTuple):
+    text: str  # the rendered prompt
+    ids: list[int]
+    media: list  # its images (engine MediaItems)
+    turn_start: int | None  # where its generation prompt begins (None: unknown, or none)
+
+
+async def chat_prompt(state, engine, body: ChatCompletionRequest) -> ChatPrompt:
+    """The rendered prompt, its token ids, its images and where its generation prompt
+    begins (the generation prompt's own tokens, where the prompt's ids end with them)."""
     check_text_fits(engine, sum(len(m.text()) for m in body.messages))
     if body.continue_final_message and "add_generation_prompt" in body.model_fields_set and body.add_generation_prompt:
         raise APIError(400, "continue_final_message and add_generation_prompt cannot both be true")
-    prompt = await render_chat(engine, body, state.settings.template_kwargs, state.settings.prefill_assistant)
+    kwargs, prefill = state.settings.template_kwargs, state.settings.prefill_assistant
+    prompt, opening = await render_chat_turn(engine, body, kwargs, prefill)
     urls = [(i, url) for i, m in enumerate(body.messages) for url in m.images()]
     if urls:
         where = f"messages.{urls[0][0]}.content"
         images = [u for _, u in urls]
-        return prompt, *await media_prompt(engine, prompt, images, where, state.settings, ImageBudget())
-    return prompt, await encode(engine, prompt, add_special=True), []  # BOS where the tokenizer adds it
+        ids, media = await media_prompt(engine, prompt, images, where, state.settings, ImageBudget())
+    else:
+        ids, media = await encode(engine, prompt, add_special=True), []  # BOS where the tokenizer adds it
+    tail = await encode(engine, opening, add_special=False) if opening else []
+    fits = tail and len(tail) < len(ids) and ids[len(ids) - len(tail) :] == tail
+    return ChatPrompt(prompt, ids, media, len(ids) - len(tail) if fits else None)
 
 
 def chat_max_tokens(body: ChatCompletionRequest) -> int | None:
@@ -99,13 +113,14 @@ async def open_chat(http: HTTPRequest, body: ChatCompletionRequest) -> ChatRun |
     Refusals raise APIError (the route's error shape answers them)."""
     state = http.app.state.slotserve
     engine = state.require_ready()
-    prompt, ids, media = await chat_prompt(state, engine, body)
+    prompt, ids, media, turn_start = await chat_prompt(state, engine, body)
     thinking = thinking_family(chat_template(engine).source)
     budget = budget_spec(state, engine, body, prompt, thinking)
     forced = forced_call(engine, body)
     tool_format = family(chat_template(engine).source) if uses_tools(body) else None
     keep = preserved(engine.tokenizer, tool_format, thinking)
-    run = await start_run(http, body, ids, chat_max_tokens(body), chat_top(body), forced, budget, media, keep)
+    limits = (chat_max_tokens(body), chat_top(body))
+    run = await start_run(http, body, ids, *limits, forced, budget, media, keep, turn_start)
     if run is None:
         return None
     fmt = body.reasoning_format or state.settings.reasoning_format

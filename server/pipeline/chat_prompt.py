@@ -108,7 +108,18 @@ def uses_tools(body: ChatFields) -> bool:
 
 
 async def render_chat(engine: EngineService, body: ChatFields, kwargs: dict | None = None, prefill: bool = True) -> str:
-    """The template applied (in a worker thread: a big conversation renders slowly).
+    """The template applied (``render_chat_turn``'s prompt)."""
+    return (await render_chat_turn(engine, body, kwargs, prefill))[0]
+
+
+async def render_chat_turn(
+    engine: EngineService, body: ChatFields, kwargs: dict | None = None, prefill: bool = True
+) -> tuple[str, str]:
+    """The template applied (in a worker thread: a big conversation renders slowly), and
+    the generation prompt its end is ("" where none: a prefill, or no generation prompt
+    asked), i.e. what the render without one lacks. A chat template may write that part
+    otherwise once the answer is history (Qwen3.5's drops ``<think>``), so the memory
+    keeps a checkpoint where it begins (``Engine.add_sequence``'s ``turn_start``).
 
     A final assistant message is a prefill: the prompt ends inside it, so the model
     continues it (llama-server's default; vLLM's ``continue_final_message``).
@@ -133,9 +144,16 @@ async def render_chat(engine: EngineService, body: ChatFields, kwargs: dict | No
     variables = {k: v for k, v in given.items() if k not in ("messages", "add_generation_prompt", "tools")}
     prefill = last_is_assistant and (continue_final if continue_final is not None else prefill)
 
-    def render() -> str:
+    def render() -> tuple[str, str]:
         if not prefill:
-            return template.render(turns, body.add_generation_prompt, tools, **variables)
+            text = template.render(turns, body.add_generation_prompt, tools, **variables)
+            if not body.add_generation_prompt:
+                return text, ""
+            try:
+                bare = template.render(turns, False, tools, **variables)
+            except ChatTemplateError:  # a template that wants its generation prompt: no point to mark
+                return text, ""
+            return text, text[len(bare) :] if text.startswith(bare) else ""
         last = turns[-1]["content"]
         mark = last + PREFILL_MARK if isinstance(last, str) else [*last, {"type": "text", "text": PREFILL_MARK}]
         marked = [*turns[:-1], {**turns[-1], "content": mark}]
@@ -143,10 +161,10 @@ async def render_chat(engine: EngineService, body: ChatFields, kwargs: dict | No
         end = text.rfind(PREFILL_MARK)  # the prompt stops where the given content does
         if end < 0:
             raise ChatTemplateError("the template does not keep the final assistant message as given")
-        return text[:end]
+        return text[:end], ""
 
     try:
-        text = await asyncio.to_thread(render)
+        text, opening = await asyncio.to_thread(render)
     except ChatTemplateError as exc:
         raise APIError(400, f"chat template: {exc}") from exc
     if typed_images:  # the template wrote each image its own way: the marker again, for the images
@@ -154,4 +172,4 @@ async def render_chat(engine: EngineService, body: ChatFields, kwargs: dict | No
     tok = engine.tokenizer
     if tok.adds_bos and tok.bos_token and text.startswith(tok.bos_token):
         text = text[len(tok.bos_token) :]  # encoding adds it (llama-server's rule: no double BOS)
-    return text
+    return text, opening

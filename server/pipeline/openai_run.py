@@ -35,14 +35,15 @@ async def start_run(
     budget=None,
     media=(),
     preserved: frozenset[int] = frozenset(),
+    turn_start: int | None = None,
 ) -> Run | None:
     """The body's run, admitted (refusals raise APIError); None when the client left.
     ``media``: the prompt's images (engine MediaItems); ``preserved``: special tokens
-    its text keeps."""
+    its text keeps; ``turn_start``: where a chat prompt's generation prompt begins."""
     state = http.app.state.slotserve
     engine = state.require_ready()
     req = await build_request(state, body, ids, max_tokens, logprobs, OPENAI_DEFAULTS, forced, budget, preserved)
-    req.media = list(media)
+    req.media, req.turn_start = list(media), turn_start
     run = Run(state, http, req)
     run.req_timings = body.timings_per_token
     if body.sse_ping_interval is not None:

@@ -320,5 +320,5 @@ async def count_tokens(body: MessagesFields, http: HTTPRequest) -> dict:
     """The prompt's tokens as the template renders it (Anthropic's ``input_tokens``),
     however many: counting is not running, so a prompt longer than a slot is counted."""
     state = http.app.state.slotserve
-    _, ids, _ = await chat_prompt(state, state.require_ready(), to_chat(body))
+    ids = (await chat_prompt(state, state.require_ready(), to_chat(body))).ids
     return {"input_tokens": len(ids)}

@@ -105,7 +105,7 @@ async def chat_input_tokens(body: ChatCompletionRequest, http: HTTPRequest) -> d
     """How many tokens the chat request's prompt is (llama-server's token counting)."""
     state = http.app.state.slotserve
     engine = state.require_ready()
-    _, ids, _ = await chat_prompt(state, engine, body)
+    ids = (await chat_prompt(state, engine, body)).ids
     req = await build_request(
         state, body, ids, chat_max_tokens(body), chat_top(body), OPENAI_DEFAULTS, forced_call(engine, body)
     )

@@ -288,5 +288,5 @@ async def responses(body: ResponsesRequest, http: HTTPRequest) -> Response:
 async def input_tokens(body: ResponsesFields, http: HTTPRequest) -> dict:
     """The prompt's tokens as the template renders it, however many."""
     state = http.app.state.slotserve
-    _, ids, _ = await chat_prompt(state, state.require_ready(), to_chat(body))
+    ids = (await chat_prompt(state, state.require_ready(), to_chat(body))).ids
     return {"object": "response.input_tokens", "input_tokens": len(ids)}

@@ -386,6 +386,9 @@ def _qwen35(ck: GGUFMetadata) -> dict:
         "rope_theta": cfg["rope_theta"],
         "partial_rotary_factor": rotated / cfg["head_dim"],
     }
+    sections = ck.get(f"{a}.rope.dimension_sections")  # interleaved M-RoPE's (time, height, width, 0)
+    if sections:
+        cfg["rope_parameters"]["mrope_section"] = [int(s) for s in sections[:3]]
     return cfg
 
 

@@ -6,11 +6,14 @@ language model is another GGUF. Read here for Gemma 3 (``clip.projector_type``
 Face folder's ``vision_config`` gives, and its ``v.*`` / ``mm.*`` tensors the encoder's
 and projector's weights under engine/models/gemma3_vision.py's, smolvlm.py's and
 qwen2_5_vl.py's names (Qwen's q/k/v put back together, its 3-D patch embedding from the
-two 2-D halves the converter split it into).
+two 2-D halves the converter split it into). Qwen3.5's tower (``qwen3vl_merger``, the
+projector type the converter gives Qwen3-VL's too) is read without Qwen3-VL's deepstack
+taps: a file with them is refused.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 from collections.abc import Iterator
@@ -24,8 +27,9 @@ from engine.loading.gguf.header import read_header
 from engine.models.config import MediaConfig
 
 QWEN = "qwen2.5vl_merger"
-PROJECTORS = ("gemma3", "idefics3", QWEN)
-ENCODER = {"gemma3": "vision_tower.", "idefics3": "vision_model.", QWEN: "visual."}  # the encoder's prefix in ours
+QWEN3 = "qwen3vl_merger"
+PROJECTORS = ("gemma3", "idefics3", QWEN, QWEN3)
+ENCODER = {"gemma3": "vision_tower.", "idefics3": "vision_model.", QWEN: "visual.", QWEN3: "visual."}  # ours
 _LAYER = {  # ours (under vision_tower.encoder.layers.N.) -> the file's (under v.blk.N.)
     "layer_norm1": "ln1",
     "layer_norm2": "ln2",
@@ -41,6 +45,8 @@ _LAYER = {  # ours (under vision_tower.encoder.layers.N.) -> the file's (under v
     "mlp.gate_proj": "ffn_gate",
     "mlp.up_proj": "ffn_up",
     "mlp.down_proj": "ffn_down",
+    "mlp.linear_fc1": "ffn_up",  # Qwen3.5's
+    "mlp.linear_fc2": "ffn_down",
 }
 _FIXED = {  # ours (under the encoder's prefix, or whole) -> the file's
     "embeddings.patch_embedding": "v.patch_embd",
@@ -51,6 +57,11 @@ _FIXED = {  # ours (under the encoder's prefix, or whole) -> the file's
     "merger.ln_q": "v.post_ln",
     "merger.mlp.0": "mm.0",
     "merger.mlp.2": "mm.2",
+    "patch_embed.proj": "v.patch_embd",  # Qwen3.5's (the weight from two halves: _qwen_tensor)
+    "pos_embed": "v.position_embd",
+    "merger.norm": "v.post_ln",
+    "merger.linear_fc1": "mm.0",
+    "merger.linear_fc2": "mm.2",
 }
 PROJECTION = "multi_modal_projector.mm_input_projection_weight"
 
@@ -94,6 +105,8 @@ class MmprojFile(GGUFCheckpoint):
         g = lambda key, default=None: self.get(f"clip.vision.{key}", default)  # noqa: E731
         if self.kind == QWEN:
             return self._qwen_config(g, token_id)
+        if self.kind == QWEN3:
+            return self._qwen3_config(g, token_id)
         side = int(g("image_size")) // int(g("patch_size"))
         smol = self.kind == "idefics3"
         scale = int(g("projector.scale_factor", 2 if smol else 4))
@@ -148,6 +161,26 @@ class MmprojFile(GGUFCheckpoint):
             tokens_per_image=0,
         )
 
+    def _qwen3_config(self, g, token_id) -> MediaConfig:
+        """Qwen3.5's: the learned position table's side from ``image_size`` / ``patch_size``
+        (how the converter wrote it); a token count that follows the image."""
+        if any(g("is_deepstack_layers", [])):
+            raise CheckpointError(f"{self.path}: a projector with Qwen3-VL's deepstack layers is not served")
+        patch = int(g("patch_size", 16))
+        vision = {
+            "depth": g("block_count"),
+            "hidden_size": g("embedding_length"),
+            "intermediate_size": g("feed_forward_length"),
+            "num_heads": g("attention.head_count"),
+            "out_hidden_size": g("projection_dim"),
+            "patch_size": patch,
+            "spatial_merge_size": g("spatial_merge_size", 2),
+            "num_position_embeddings": (int(g("image_size")) // patch) ** 2,
+            "image_mean": list(g("image_mean")),
+            "image_std": list(g("image_std")),
+        }
+        return dataclasses.replace(self._qwen_config(g, token_id), vision=vision)
+
     @property
     def kind(self) -> str:
         return self.get("clip.projector_type")
@@ -156,6 +189,8 @@ class MmprojFile(GGUFCheckpoint):
         """Qwen's fused q/k/v (the file keeps three) and 3-D patch embedding (two 2-D
         halves, one per frame in time); None for any other tensor."""
         m = re.fullmatch(r"visual\.blocks\.(\d+)\.attn\.qkv\.(weight|bias)", ours)
+        if m is not None and f"v.blk.{m.group(1)}.attn_qkv.{m.group(2)}" in self.tensors:  # Qwen3.5's: kept fused
+            return self.tensor(f"v.blk.{m.group(1)}.attn_qkv.{m.group(2)}", fd)
         if m is not None:
             return torch.cat([self.tensor(f"v.blk.{m.group(1)}.attn_{x}.{m.group(2)}", fd) for x in "qkv"])
         if ours == "visual.patch_embed.proj.weight":
@@ -170,7 +205,7 @@ class MmprojFile(GGUFCheckpoint):
         fd = os.open(self.path, os.O_RDONLY)
         try:
             for ours in names:
-                tensor = self._qwen_tensor(ours, fd) if self.kind == QWEN else None
+                tensor = self._qwen_tensor(ours, fd) if self.kind in (QWEN, QWEN3) else None
                 if tensor is None:
                     found = file_name(ours, self.kind)
                     if found not in self.tensors:

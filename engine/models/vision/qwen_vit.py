@@ -128,6 +128,26 @@ class _Merger(nn.Module):
         return self.mlp(self.ln_q(x).reshape(n, rows * cols, -1))
 
 
+def patch_rows_cols(rows: int, cols: int, merge: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """The patch row and column [P] each of a grid of rows x cols merged blocks, in the
+    patches' block-major order."""
+    m = merge
+    r, c, i, j = torch.meshgrid(*(torch.arange(n, device=device) for n in (rows, cols, m, m)), indexing="ij")
+    return (r * m + i).reshape(-1), (c * m + j).reshape(-1)
+
+
+def grid_rope(
+    rows: int, cols: int, merge: int, dim: int, theta: float, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Qwen's 2-D vision rotary: cos, sin [P, 2 * dim] for a grid of rows x cols merged
+    blocks, patches block-major; height and width each over ``dim`` of the head."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.float, device=device) / dim))
+    h, w = patch_rows_cols(rows, cols, merge, device)  # [P] each
+    freqs = torch.cat((h[:, None] * inv_freq, w[:, None] * inv_freq), dim=-1)  # [P, dim]
+    freqs = torch.cat((freqs, freqs), dim=-1)  # [P, 2 * dim]
+    return freqs.cos(), freqs.sin()
+
+
 class QwenVision(nn.Module):
     def __init__(self, c: QwenVisionConfig):
         super().__init__()
@@ -148,14 +168,7 @@ class QwenVision(nn.Module):
         return 1 + len(self.blocks)
 
     def _rope(self, rows: int, cols: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos, sin [P, Dh] for a grid of rows x cols merged blocks, patches block-major."""
-        m, dim = self.config.merge, self.rotary_dim
-        inv_freq = 1.0 / (self.config.theta ** (torch.arange(0, dim, 2, dtype=torch.float, device=device) / dim))
-        r, c, i, j = torch.meshgrid(*(torch.arange(n, device=device) for n in (rows, cols, m, m)), indexing="ij")
-        h, w = (r * m + i).reshape(-1), (c * m + j).reshape(-1)  # [P] each, in the patches' order
-        freqs = torch.cat((h[:, None] * inv_freq, w[:, None] * inv_freq), dim=-1)  # [P, Dh / 2]
-        freqs = torch.cat((freqs, freqs), dim=-1)  # [P, Dh]
-        return freqs.cos(), freqs.sin()
+        return grid_rope(rows, cols, self.config.merge, self.rotary_dim, self.config.theta, device)
 
     def _window_mask(self, rows: int, cols: int, device: torch.device) -> torch.Tensor:
         """[P, P] bool: patches in the same window (of window_size pixels) see each other."""
