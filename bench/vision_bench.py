@@ -2,14 +2,20 @@
 prompt object: text with ``<__media__>`` and base64 images), and a follow-up on the
 same image. Works against slotserve and llama-server alike (bench/vision_peer.sh).
 
-    python bench/vision_bench.py build FOLDER            # the bench checkpoint (below)
-    python bench/vision_bench.py run URL [--n 5]          # one JSON line of figures
+    python bench/vision_bench.py build FOLDER [--family gemma3|qwen35]   # the bench checkpoint (below)
+    python bench/vision_bench.py run URL [--n 5]                          # one JSON line of figures
 
-The checkpoint: a random Gemma 3 vision-language model with the ~1B language model of
-bench/engine_bench.py's ``1b`` shape (hidden 2048, 16 layers, 32/8 heads of 64, FFN
-8192, vocabulary 32,000; five sliding layers to a global one, as Gemma 3) and a
-SigLIP-B/14 encoder at 224 px (12 layers, 768 wide, 256 patches) pooled to 64 image
-tokens; a SentencePiece tokenizer with Gemma 3's image markers.
+The checkpoint (``gemma3``, the default): a random Gemma 3 vision-language model with
+the ~1B language model of bench/engine_bench.py's ``1b`` shape (hidden 2048, 16 layers,
+32/8 heads of 64, FFN 8192, vocabulary 32,000; five sliding layers to a global one, as
+Gemma 3) and a SigLIP-B/14 encoder at 224 px (12 layers, 768 wide, 256 patches) pooled
+to 64 image tokens; a SentencePiece tokenizer with Gemma 3's image markers.
+
+``qwen35`` (issue 52): a random Qwen3.5 with images, the ~1.2B dense language model of
+bench/hybrid_models.py (Gated DeltaNet and gated attention, 3:1) and Qwen3.5's own vision
+tower shape (27 blocks, 1152 wide, 16 heads, FFN 4304, 16-pixel patches, a 48 x 48
+position table; ~0.4B), the demo model's byte-level tokenizer with Qwen's vision tokens
+added. A 640 x 480 image is 40 x 30 patches, 300 tokens, in both servers.
 
 Each measured request sends a new image (no encoder or prefix cache can answer it), a
 640 x 480 PNG the servers resize, with ``n_predict`` 1: its wall time is the image's
@@ -74,6 +80,54 @@ def build(folder: Path) -> None:
     (folder / "preprocessor_config.json").write_text(json.dumps(processor))
 
 
+QWEN_TOKENS = ["<|vision_start|>", "<|image_pad|>", "<|vision_end|>"]
+
+
+def build_qwen35(folder: Path) -> None:
+    import shutil
+
+    import torch
+    import transformers
+    from tokenizers import Tokenizer
+
+    root = Path(__file__).resolve().parents[1]
+    sys.path.insert(0, str(root))
+    sys.path.insert(0, str(root / "bench"))
+    from hybrid_models import SHAPES
+
+    from engine import DEMO_MODEL
+
+    folder.mkdir(parents=True, exist_ok=True)
+    tok = Tokenizer.from_file(str(DEMO_MODEL / "tokenizer.json"))
+    tok.add_special_tokens(QWEN_TOKENS)
+    tok.save(str(folder / "tokenizer.json"))
+    shutil.copy(DEMO_MODEL / "tokenizer_config.json", folder / "tokenizer_config.json")
+    start, image, end = (tok.token_to_id(t) for t in QWEN_TOKENS)
+    text = dict(SHAPES["dense"][1])
+    text["layer_types"] = ["full_attention" if (i + 1) % 4 == 0 else "linear_attention" for i in range(24)]
+    del text["full_attention_interval"]
+    vision = dict(depth=27, hidden_size=1152, intermediate_size=4304, num_heads=16, patch_size=16,
+                  spatial_merge_size=2, temporal_patch_size=2, num_position_embeddings=2304,
+                  out_hidden_size=text["hidden_size"])  # fmt: skip
+    config = transformers.Qwen3_5Config(
+        text_config=text, vision_config=vision, image_token_id=image, vision_start_token_id=start,
+        vision_end_token_id=end, tie_word_embeddings=True,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    with torch.device("meta"):
+        model = transformers.Qwen3_5ForConditionalGeneration(config)
+    model = model.to_empty(device="cpu")
+    with torch.no_grad():  # random, scaled as an initializer would (no slow init pass)
+        for n, p in model.named_parameters():
+            p.normal_(0, 0.02) if p.dim() > 1 else p.fill_(0.0 if n.endswith(("norm.weight", "A_log")) else 1.0)
+    model.save_pretrained(folder)
+    print(f"qwen35: {sum(p.numel() for p in model.parameters()) / 1e9:.2f}B parameters", file=sys.stderr)
+    processor = {"image_processor_type": "Qwen2VLImageProcessor", "size": {"shortest_edge": 65536,
+                 "longest_edge": 16777216}, "patch_size": 16, "merge_size": 2, "temporal_patch_size": 2,
+                 "image_mean": [0.5] * 3, "image_std": [0.5] * 3}  # fmt: skip
+    (folder / "preprocessor_config.json").write_text(json.dumps(processor))
+
+
 def png(seed: int) -> str:
     from PIL import Image
 
@@ -121,13 +175,15 @@ def run(url: str, n: int) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser()
     sub = parser.add_subparsers(dest="cmd", required=True)
-    sub.add_parser("build").add_argument("folder", type=Path)
+    b = sub.add_parser("build")
+    b.add_argument("folder", type=Path)
+    b.add_argument("--family", choices=("gemma3", "qwen35"), default="gemma3")
     r = sub.add_parser("run")
     r.add_argument("url")
     r.add_argument("--n", type=int, default=5)
     args = parser.parse_args()
     if args.cmd == "build":
-        build(args.folder)
+        (build_qwen35 if args.family == "qwen35" else build)(args.folder)
     else:
         print(json.dumps(run(args.url, args.n)))
 

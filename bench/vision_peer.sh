@@ -3,8 +3,9 @@
 # GGUF + projector files, one server at a time, 2 threads, one slot (bench/vision_bench.py
 # describes the checkpoint and the requests). Ratios are against llama-server's row.
 #
-#   bash bench/vision_peer.sh                 # F32 GGUF + F32 projector
+#   bash bench/vision_peer.sh                 # Gemma 3: F32 GGUF + F32 projector
 #   N=3 bash bench/vision_peer.sh
+#   FAMILY=qwen35 bash bench/vision_peer.sh   # Qwen3.5 (issue 52): Q8_0 GGUF + F16 projector
 #
 # Needs llama-server built by bench/peer_llamacpp.sh (BUILD_ONLY=1) in SLOTSERVE_PEER_CACHE.
 # Results: $CACHE/vision-1b/{llama,ours,ours-folder}.json and bench/results/vision-peer-<date>.json.
@@ -15,13 +16,20 @@ CACHE=${SLOTSERVE_PEER_CACHE:-$HOME/.cache/slotserve-peer}
 PY=${PYTHON:-$ROOT/.venv/bin/python}
 N=${N:-5}
 THREADS=${THREADS:-2}
-M="$CACHE/vision-1b"
+FAMILY=${FAMILY:-gemma3}
+if [ "$FAMILY" = qwen35 ]; then
+  M="$CACHE/vision-qwen35" TEXT=("q8_0" "--no-mtp") VISION=f16
+else
+  M="$CACHE/vision-1b" TEXT=("f32") VISION=f32
+fi
 [ -x "$CACHE/llama-server" ] || { echo "build llama-server first: BUILD_ONLY=1 bash bench/peer_llamacpp.sh" >&2; exit 1; }
-[ -f "$M/hf/config.json" ] || "$PY" "$ROOT/bench/vision_bench.py" build "$M/hf"
+[ -f "$M/hf/config.json" ] || "$PY" "$ROOT/bench/vision_bench.py" build "$M/hf" --family "$FAMILY"
 if [ ! -f "$M/mmproj.gguf" ]; then
+  text_args=""
+  for a in "${TEXT[@]:1}"; do text_args+="'$a', "; done
   "$PY" -c "import sys; sys.path.insert(0, '$ROOT/tests'); from gguf_tools import _run_converters; \
-_run_converters([[('convert_hf_to_gguf.py', ['--outfile', '$M/model.gguf', '--outtype', 'f32', '$M/hf']), \
-('convert_hf_to_gguf.py', ['--outfile', '$M/mmproj.gguf', '--outtype', 'f32', '--mmproj', '$M/hf'])]])"
+_run_converters([[('convert_hf_to_gguf.py', ['--outfile', '$M/model.gguf', '--outtype', '${TEXT[0]}', ${text_args}'$M/hf']), \
+('convert_hf_to_gguf.py', ['--outfile', '$M/mmproj.gguf', '--outtype', '$VISION', '--mmproj', '$M/hf'])]])"
 fi
 
 source "$ROOT/bench/serve_lib.sh"
@@ -40,7 +48,7 @@ row ours 8192 -- "$PY" -m server.cli serve --port 8192 -m "$M/model.gguf" --mmpr
   -np 1 -c 4096 -t "$THREADS"
 row ours-folder 8192 -- "$PY" -m server.cli serve --port 8192 -m "$M/hf" -np 1 -c 4096 -t "$THREADS"
 
-"$PY" - "$M" "$ROOT/bench/results/vision-peer-$(date +%Y-%m-%d).json" <<'PY'
+"$PY" - "$M" "$ROOT/bench/results/vision-peer-$FAMILY-$(date +%Y-%m-%d).json" <<'PY'
 import json, sys
 from pathlib import Path
 m, out = Path(sys.argv[1]), Path(sys.argv[2])
