@@ -417,6 +417,19 @@ def make_smolvlm(folder: Path, arch: str = "SmolVLM", **text):
 QWEN_VL_TOKENS = ["<|vision_start|>", "<|image_pad|>", "<|vision_end|>"]
 
 
+def write_qwen_vl_tokenizer(folder: Path):
+    """A byte tokenizer that knows Qwen's image tokens (QWEN_VL_TOKENS) in ``folder`` ->
+    (the tokenizers.Tokenizer, their ids)."""
+    from tokenizers import Tokenizer
+
+    folder.mkdir(parents=True, exist_ok=True)
+    write_byte_tokenizer(folder)
+    tok = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    tok.add_special_tokens(QWEN_VL_TOKENS)
+    tok.save(str(folder / "tokenizer.json"))
+    return tok, tuple(tok.token_to_id(t) for t in QWEN_VL_TOKENS)
+
+
 def make_qwen2_5_vl(folder: Path, window: int = 56, **text):
     """A tiny random Qwen2.5-VL with a byte tokenizer that knows its image tokens
     (QWEN_VL_TOKENS) and a preprocessor_config.json: a 3-block vision transformer (the
@@ -426,14 +439,8 @@ def make_qwen2_5_vl(folder: Path, window: int = 56, **text):
     sections (2, 3, 3). Every parameter moved off its init; returns (model (eval),
     tokenizer)."""
     import transformers
-    from tokenizers import Tokenizer
 
-    folder.mkdir(parents=True, exist_ok=True)
-    write_byte_tokenizer(folder)
-    tok = Tokenizer.from_file(str(folder / "tokenizer.json"))
-    tok.add_special_tokens(QWEN_VL_TOKENS)
-    tok.save(str(folder / "tokenizer.json"))
-    start, image, end = (tok.token_to_id(t) for t in QWEN_VL_TOKENS)
+    tok, (start, image, end) = write_qwen_vl_tokenizer(folder)
     text = dict(
         vocab_size=320, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024, eos_token_id=None,
@@ -470,14 +477,8 @@ def make_qwen3_5_vl(folder: Path, moe: bool = False) -> tuple:
     model QWEN3_5_TINY (or _MOE_) with partial rotary and interleaved M-RoPE sections
     (1, 1, 1). Every parameter moved off its init; returns (model (eval), tokenizer)."""
     import transformers
-    from tokenizers import Tokenizer
 
-    folder.mkdir(parents=True, exist_ok=True)
-    write_byte_tokenizer(folder)
-    tok = Tokenizer.from_file(str(folder / "tokenizer.json"))
-    tok.add_special_tokens(QWEN_VL_TOKENS)
-    tok.save(str(folder / "tokenizer.json"))
-    start, image, end = (tok.token_to_id(t) for t in QWEN_VL_TOKENS)
+    tok, (start, image, end) = write_qwen_vl_tokenizer(folder)
     rope = {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5,
             "mrope_section": [1, 1, 1], "mrope_interleaved": True}  # fmt: skip
     text = {**BASE, **(QWEN3_5_MOE_TINY if moe else QWEN3_5_TINY), "rope_parameters": rope, "pad_token_id": 0}

@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 import torch
 from checkpoints import make_qwen3_5_vl
-from vision_tools import convert_pair, engine_prompt, greedy, image_part, media_prompt, picture
+from vision_tools import convert_pair, engine_prompt, greedy, image_part, media_prompt, picture, qwen_reference
 
 from engine import Engine, SamplingParams
 from engine.models.config import load_model_config
@@ -61,15 +61,7 @@ def prompt_ids(qwen, text: str, images: list):
 
 
 def reference(model, ids: list[int], images: list, n: int = N_NEW) -> tuple[list[int], torch.Tensor]:
-    pixels, grid = transformers_pixels(images)
-    input_ids = torch.tensor([ids])
-    image_id = model.config.image_token_id
-    out = model.generate(
-        input_ids, pixel_values=pixels, image_grid_thw=grid, mm_token_type_ids=(input_ids == image_id).int(),
-        max_new_tokens=n, do_sample=False, output_logits=True, return_dict_in_generate=True, pad_token_id=0,
-        attention_mask=torch.ones_like(input_ids),
-    )  # fmt: skip
-    return out.sequences[0, len(ids) :].tolist(), torch.stack(out.logits)[:, 0]
+    return qwen_reference(model, ids, *transformers_pixels(images), n)
 
 
 def test_patches_equal_transformers_processor(qwen):

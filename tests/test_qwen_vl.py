@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 from checkpoints import make_qwen2_5_vl
-from vision_tools import greedy, image_part, media_prompt, picture
+from vision_tools import greedy, image_part, media_prompt, picture, qwen_reference
 
 from engine import Engine, SamplingParams
 from engine.core.media import MediaItem, mrope_positions
@@ -52,15 +52,7 @@ def prompt_ids(qwen, text: str, images: list) -> tuple[list[int], list[MediaItem
 
 
 def reference(model, ids: list[int], images: list) -> tuple[list[int], torch.Tensor]:
-    pixels, grid = transformers_pixels(images)
-    input_ids = torch.tensor([ids])
-    image_id = model.config.image_token_id
-    out = model.generate(
-        input_ids, pixel_values=pixels, image_grid_thw=grid, mm_token_type_ids=(input_ids == image_id).int(),
-        max_new_tokens=N_NEW, do_sample=False, output_logits=True, return_dict_in_generate=True, pad_token_id=0,
-        attention_mask=torch.ones_like(input_ids),
-    )  # fmt: skip
-    return out.sequences[0, len(ids) :].tolist(), torch.stack(out.logits)[:, 0]
+    return qwen_reference(model, ids, *transformers_pixels(images), N_NEW)
 
 
 def ours(engine: Engine, ids, media, seq_id: int = 0, n_cached: int = 0) -> tuple[list[int], torch.Tensor]:

@@ -65,6 +65,19 @@ def greedy(engine: Engine, ids, media, n: int, seq_id: int = 0, n_cached: int = 
     return seq.output_ids, torch.stack(logits)
 
 
+def qwen_reference(model, ids: list[int], pixels, grid, n: int) -> tuple[list[int], torch.Tensor]:
+    """transformers' greedy continuation of a Qwen-VL prompt (``pixels`` and ``grid``:
+    its image processor's ``pixel_values`` and ``image_grid_thw``): (n tokens, logits [n, V])."""
+    input_ids = torch.tensor([ids])
+    image_id = model.config.image_token_id
+    out = model.generate(
+        input_ids, pixel_values=pixels, image_grid_thw=grid, mm_token_type_ids=(input_ids == image_id).int(),
+        max_new_tokens=n, do_sample=False, output_logits=True, return_dict_in_generate=True, pad_token_id=0,
+        attention_mask=torch.ones_like(input_ids),
+    )  # fmt: skip
+    return out.sequences[0, len(ids) :].tolist(), torch.stack(out.logits)[:, 0]
+
+
 def convert_pair(text: Path, vision: Path, root: Path, flags: tuple[str, ...] = ()) -> tuple[Path, Path]:
     """The language model of ``text`` and the projector of ``vision`` (folders; often the
     same) as float32 GGUFs by llama.cpp's converter (``flags``: more of its options for
