@@ -124,6 +124,46 @@ QWEN3_NEXT_TINY = dict(  # fused DeltaNet projections; layer 1 dense (mlp_only_l
     norm_topk_prob=False,
 )
 
+QWEN3_MOE_TINY = dict(  # 4 layers, the first dense (mlp_only_layers); 4 experts, top 2, renormalized
+    num_hidden_layers=4,
+    num_experts=4,
+    num_experts_per_tok=2,
+    moe_intermediate_size=32,
+    mlp_only_layers=[0],
+    norm_topk_prob=True,
+)
+
+QWEN2_MOE_TINY = dict(  # Qwen2's attention (q/k/v biases); 4 experts, top 2, and a gated shared expert
+    num_hidden_layers=3,
+    num_experts=4,
+    num_experts_per_tok=2,
+    moe_intermediate_size=32,
+    shared_expert_intermediate_size=48,
+)
+
+SMOLLM3_TINY = dict(num_hidden_layers=4)  # the 4th layer without rotary positions (NoPE)
+
+PHI3_TINY = dict(  # half of each head rotated; LongRoPE switching past a 16-token original context
+    original_max_position_embeddings=16,
+    rope_parameters={"rope_type": "longrope", "rope_theta": 10000.0, "partial_rotary_factor": 0.5,
+                     "short_factor": [1.0, 1.3, 1.7, 2.0], "long_factor": [1.5, 3.0, 6.0, 12.0],
+                     "original_max_position_embeddings": 16},
+)  # fmt: skip
+
+GLM4_MOE_TINY = dict(  # a dense first layer, then 8 experts in 2 groups (top 2 of the best group), a shared
+    num_hidden_layers=3,  # expert; q/k/v biases and norms, half of each head rotated
+    n_routed_experts=8,
+    num_experts_per_tok=2,
+    moe_intermediate_size=32,
+    n_shared_experts=1,
+    first_k_dense_replace=1,
+    n_group=2,
+    topk_group=1,
+    routed_scaling_factor=1.5,
+    attention_bias=True,
+    use_qk_norm=True,
+)
+
 NEMOTRON_H_TINY = dict(  # Mamba2, MoE, attention, MLP, Mamba2, MoE; 2 groups of 2 experts, latent MoE
     num_hidden_layers=None,
     layers_block_type=["linear_attention", "moe", "full_attention", "mlp", "linear_attention", "moe"],
@@ -300,6 +340,12 @@ def make_checkpoint(
         "qwen3_5": (transformers.Qwen3_5TextConfig, transformers.Qwen3_5ForCausalLM),
         "qwen3_5_moe": (transformers.Qwen3_5MoeTextConfig, transformers.Qwen3_5MoeForCausalLM),
         "qwen3_next": (transformers.Qwen3NextConfig, transformers.Qwen3NextForCausalLM),
+        "qwen3_moe": (transformers.Qwen3MoeConfig, transformers.Qwen3MoeForCausalLM),
+        "qwen2_moe": (transformers.Qwen2MoeConfig, transformers.Qwen2MoeForCausalLM),
+        "glm4_moe": (transformers.Glm4MoeConfig, transformers.Glm4MoeForCausalLM),
+        "smollm3": (transformers.SmolLM3Config, transformers.SmolLM3ForCausalLM),
+        "phi3": (transformers.Phi3Config, transformers.Phi3ForCausalLM),
+        "gpt_oss": (transformers.GptOssConfig, transformers.GptOssForCausalLM),
     }
     if arch == "mamba2":  # no attention fields: only what Mamba2Config knows
         base = {k: BASE[k] for k in ("vocab_size", "hidden_size", "num_hidden_layers", "bos_token_id", "eos_token_id")}

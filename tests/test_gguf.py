@@ -23,15 +23,21 @@ from checkpoints import (
     FALCON_H1_TINY,
     GEMMA3N_TINY,
     GEMMA4_TINY,
+    GLM4_MOE_TINY,
     GRANITE_HYBRID_TINY,
     JAMBA_TINY,
     LFM2_MOE_TINY,
     LFM2_TINY,
     NEMOTRON_H_TINY,
+    PHI3_TINY,
+    QWEN2_MOE_TINY,
     QWEN3_5_MOE_TINY,
     QWEN3_5_TINY,
+    QWEN3_MOE_TINY,
     QWEN3_NEXT_TINY,
+    SMOLLM3_TINY,
     make_checkpoint,
+    write_byte_tokenizer,
 )
 from gguf_tools import convert_many, converter_tree, requantize
 from safetensors.torch import load_file, save_file
@@ -55,7 +61,8 @@ def folder(tmp_path_factory) -> Path:
 
 
 ARCHS = ["gemma2", "gemma3", "gemma3n", "mamba2", "granitemoehybrid", "falconh1", "jamba", "lfm2", "lfm2_moe",
-         "qwen3_5", "qwen3_5_moe", "qwen3_next", "nemotron_h", "gemma4"]  # fmt: skip
+         "qwen3_5", "qwen3_5_moe", "qwen3_next", "nemotron_h", "gemma4", "qwen3_moe", "qwen2_moe", "glm4_moe",
+         "smollm3", "phi3"]  # fmt: skip
 # the converter expects multi-token-prediction layers unless told there are none
 NO_MTP = ("qwen3_5", "qwen3_5_moe", "qwen3_next")
 
@@ -226,14 +233,19 @@ def _tiny(folder: Path, arch: str) -> Path:
              "qwen3_next": {**QWEN3_NEXT_TINY, "mlp_only_layers": [], "norm_topk_prob": True},
              "nemotron_h": NEMOTRON_H_TINY,
              "gemma4": {**GEMMA4_TINY, "vocab_size_per_layer_input": 1000},
-             "gemma3n": {**GEMMA3N_TINY, "vocab_size_per_layer_input": 1000}}.get(arch, {})  # fmt: skip
-    spm = arch.startswith("gemma") or arch == "jamba"
+             "gemma3n": {**GEMMA3N_TINY, "vocab_size_per_layer_input": 1000},
+             "qwen3_moe": {**QWEN3_MOE_TINY, "mlp_only_layers": []},  # llama.cpp's: experts in every layer
+             "qwen2_moe": QWEN2_MOE_TINY, "glm4_moe": GLM4_MOE_TINY, "smollm3": SMOLLM3_TINY,
+             "phi3": PHI3_TINY}.get(arch, {})  # fmt: skip
+    spm = arch.startswith("gemma") or arch in ("jamba", "phi3")  # Phi-3's converter wants tokenizer.model
     if spm:
         extra = {**extra, "vocab_size": 1000}
     tokenizer = "gemma4" if arch == "gemma4" else "spm" if spm else "bytes"  # Gemma 4's converter wants its BPE
     if arch in ("gemma2", "gemma3"):  # windows the prompts outgrow; 6 layers: Gemma 3's 6th is global
         extra = {**extra, "query_pre_attn_scalar": 16, "sliding_window": 4, "num_hidden_layers": 6}
     ckpt = make_checkpoint(folder / f"tiny-{arch}", arch, tokenizer=tokenizer, **extra)
+    if arch == "glm4_moe":  # the converter sets GLM's special tokens from these
+        write_byte_tokenizer(ckpt, specials=("<|endoftext|>", "[gMASK]", "<sop>", "<|user|>", "<|observation|>"))
     if arch == "granitemoehybrid":
         cfg = json.loads((ckpt / "config.json").read_text())
         cfg["layer_types"] = ["attention" if t == "full_attention" else "mamba" for t in cfg["layer_types"]]
@@ -305,12 +317,13 @@ def test_architectures_with_rebuilt_tensors_keep_the_rest_in_blocks(converted, f
     assert ours == _greedy(path, ARCH_PROMPTS)
 
 
-@pytest.mark.parametrize("arch", ["qwen3_5", "qwen3_5_moe", "lfm2_moe", "nemotron_h"])
+@pytest.mark.parametrize("arch", ["qwen3_5", "qwen3_5_moe", "lfm2_moe", "nemotron_h", "qwen3_moe", "glm4_moe", "phi3"])
 def test_stacked_experts_and_tiled_heads_stay_in_blocks(converted, folder, monkeypatch, arch):
     """A Q8_0 file (experts quantized too, as llama-quantize writes them): each expert's
     matrices are its rows of the layer's stacked tensor, in blocks; Qwen3.5's value
     heads are read in the file's tiled order, so its DeltaNet projections stay in blocks
-    too. Greedy tokens equal those of the same file read in float (as above)."""
+    too, and Phi-3's fused q/k/v and gate/up are their rows of the file's fused tensors.
+    Greedy tokens equal those of the same file read in float (as above)."""
     from engine.kernels import blocks
     from engine.kernels.blocks import BlockLinear
     from engine.loading.gguf import archs
@@ -321,7 +334,8 @@ def test_stacked_experts_and_tiled_heads_stay_in_blocks(converted, folder, monke
     kept = {
         p for p, m in Engine.from_pretrained(str(path), n_seq_max=1).model.named_modules() if isinstance(m, BlockLinear)
     }
-    assert any(".experts.0." in p for p in kept) == (arch != "qwen3_5")
+    assert any(".experts.0." in p for p in kept) == (arch not in ("qwen3_5", "phi3"))
+    assert arch != "phi3" or {"model.layers.0.self_attn.qkv_proj", "model.layers.0.mlp.gate_up_proj"} <= kept
     assert (
         arch not in ("qwen3_5", "qwen3_5_moe")
         or {"model.layers.0.linear_attn.out_proj", "model.layers.0.linear_attn.in_proj_qkv"} <= kept

@@ -28,6 +28,7 @@ from engine.core.media_encoder import MediaEncoder
 from engine.core.planner import Chunk, plan_step
 from engine.core.pooling import Pooler, Pooling
 from engine.core.reports import EngineReports
+from engine.core.rope_switch import switch_crossed, switch_of
 from engine.core.runner import ModelRunner
 from engine.core.sequence import FinishReason, Sequence, StepEvent, TokenLogprob
 from engine.core.speculation import Speculation
@@ -125,6 +126,7 @@ class Engine(TokenAcceptance, ContextShift, EngineReports):
                 "(sliding-window layers: add --swa-full)"
             )
         self.runner = ModelRunner(self.model, self.memory, self.device, self.lora)
+        self.rope_switch = switch_of(self.model)  # LongRoPE's original context (engine/core/rope_switch.py), or None
         self.encoder = MediaEncoder(self.model, self.device, config.max_batch_tokens)  # images, between steps
         self.static = self._static_decode()  # decode steps through static buffers (and graphs), or None
         self.running: list[Sequence] = []
@@ -244,6 +246,7 @@ class Engine(TokenAcceptance, ContextShift, EngineReports):
             lora=tuple(lora),
             media=media,
             turn_start=turn_start if turn_start is not None and n_cached < turn_start < len(prompt_ids) - 1 else None,
+            rope_long=self.rope_switch is not None and len(prompt_ids) > self.rope_switch,
         )
         self.running.append(seq)
         return seq
@@ -278,6 +281,7 @@ class Engine(TokenAcceptance, ContextShift, EngineReports):
         faults = self._shift_full_contexts()
         faults += [self._fault(seq, exc) for seq, exc in self.encoder.advance(self.running)]
         self.speculation.propose(self.running, self.n_ctx_seq)
+        switch_crossed(self.memory, self.running, self.rope_switch)  # LongRoPE: past the original context
         plan = self._plan(faults)
         if faults or not plan:
             return faults

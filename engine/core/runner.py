@@ -7,6 +7,7 @@ import torch
 
 from engine.core.media import mrope_positions
 from engine.core.planner import Chunk
+from engine.core.rope_switch import switch_of
 from engine.kernels.lora_linear import LoRAState
 from engine.models.base import DecoderLM
 from memory import Memory, MemoryBatch
@@ -52,6 +53,9 @@ class ModelRunner:
         self._set_lora(plan, len(ids))
         try:
             extra = {"media": (media[0].to(self.device), media[1])} if media is not None else {}
+            if switch_of(self.model) is not None:  # LongRoPE: each row as its sequence turns (rope_switch.py)
+                longs = [torch.full((c.n_tokens,), c.seq.rope_long) for c in plan]
+                extra["rope_long"] = torch.cat(longs).to(self.device)
             if getattr(self.model, "mrope", False) and any(c.seq.media for c in plan):  # rotary positions [3, T]
                 rope = [mrope_positions(c.seq.media, c.seq.n_computed, c.n_tokens) for c in plan]
                 extra["rope_positions"] = torch.cat(rope, dim=1).to(self.device)

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 from engine.core.media import media_keys
 from engine.core.pooling import Pooler
+from engine.core.rope_switch import tagged
 from engine.sampling.params import SamplingParams
 from engine.sampling.reasoning_budget import ReasoningBudget
 from engine.text.detokenizer import IncrementalDetokenizer, StopMatcher
@@ -60,11 +61,13 @@ class Sequence:
     first_token_at: float | None = None  # when the first token was accepted (acceptance.clock)
     media: list = field(default_factory=list)  # MediaItem (engine/core/media.py) of the prompt's images, in order
     turn_start: int | None = None  # where a chat prompt's generation prompt begins: checkpointed (see plan_step)
+    rope_long: bool = False  # its rows turn by LongRoPE's long factors (engine/core/rope_switch.py)
 
     @property
     def keys(self) -> list[int]:
-        """``tokens`` as prompts are compared (engine/core/media.py: images by their digest)."""
-        return media_keys(self.tokens, self.media)
+        """``tokens`` as prompts are compared (engine/core/media.py: images by their digest;
+        engine/core/rope_switch.py: a long LongRoPE cache by other keys)."""
+        return tagged(media_keys(self.tokens, self.media), self.rope_long)
 
     def __post_init__(self) -> None:
         if not self.tokens:

@@ -34,6 +34,8 @@ def run_packed_layer(layer, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tenso
     if _blocks is None or not enabled or x.dtype != torch.float32 or x.device.type != "cpu" or x.dim() != 2:
         return None
     attn, mlp, rows = layer.self_attn, layer.mlp, x.shape[0]
+    if not hasattr(mlp, "gate_up_proj") or attn.s.rotary_dim not in (0, attn.s.head_dim):  # experts; partial rotary
+        return None
     projections = (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)
     if attn.s.qk_norm or not all(_packed(m, rows) for m in projections) or cos.dtype != torch.float32:
         return None

@@ -36,9 +36,19 @@ def checkpoint_name(param: str, shard: int | None) -> str:
     return ".".join(parts[:-2] + [_UNFUSED[(parts[-2], shard)], parts[-1]])
 
 
+def rotary_dims(cfg: ModelConfig) -> int:
+    """The rotated part of each head: ``partial_rotary_factor`` of it (rotate-half over
+    those dims: Phi-4-mini, GLM-4 MoE), the whole head by default; Gemma 4's
+    "proportional" rope turns part of the angles of the whole head instead."""
+    if cfg.rope.rope_type == "proportional":
+        return cfg.head_dim
+    return int(cfg.head_dim * cfg.rope.partial_rotary_factor) // 2 * 2
+
+
 class DecoderLM(nn.Module):
     qkv_bias: bool | None = None  # None: config's attention_bias
     qk_norm: bool = False
+    o_bias: bool | None = None  # None: the output projection's bias follows q/k/v's (the config's)
     media_bidirectional = False  # an image's tokens see each other both ways (Gemma 3), else causal
     media_prefixes: tuple[str, ...] = ()  # the image encoder's parameters (what a --mmproj file holds; never fused)
     checkpoint_prefixes: tuple[tuple[str, str], ...] = ()  # a checkpoint's name prefix -> ours, first match
@@ -60,9 +70,10 @@ class DecoderLM(nn.Module):
             n_kv_heads=cfg.n_kv_heads,
             head_dim=cfg.head_dim,
             qkv_bias=qkv_bias,
-            o_bias=cfg.attention_bias and self.qkv_bias is None,
+            o_bias=cfg.attention_bias and self.qkv_bias is None if self.o_bias is None else self.o_bias,
             qk_norm=self.qk_norm,
             eps=cfg.rms_norm_eps,
+            rotary_dim=rotary_dims(cfg),
         )
         self.model = nn.Module()
         self.model.embed_tokens = embedding(cfg.vocab_size, cfg.hidden_size)
@@ -73,7 +84,7 @@ class DecoderLM(nn.Module):
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
-        self.rotary = Rotary(cfg.rope, cfg.head_dim, cfg.max_position_embeddings)
+        self.rotary = Rotary(cfg.rope, rotary_dims(cfg), cfg.max_position_embeddings)
         self._shards = {
             "qkv_proj": [shape.n_heads * shape.head_dim] + [shape.n_kv_heads * shape.head_dim] * 2,
             "gate_up_proj": [cfg.intermediate_size] * 2,
@@ -87,7 +98,7 @@ class DecoderLM(nn.Module):
 
     def init_buffers(self, device: torch.device) -> None:
         """(Re)compute the buffers that are not in the checkpoint (rotary frequencies)."""
-        self.rotary = Rotary(self.cfg.rope, self.cfg.head_dim, self.cfg.max_position_embeddings).to(device)
+        self.rotary = Rotary(self.cfg.rope, rotary_dims(self.cfg), self.cfg.max_position_embeddings).to(device)
 
     # ---- memory ----------------------------------------------------------------
 
@@ -104,6 +115,9 @@ class DecoderLM(nn.Module):
     def rope_shift(self, layer: int, k: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
         """Re-rotate stored keys k: [N, KVH, D] by ``delta`` ([N]) positions."""
         cos, sin = self.rotary.cos_sin(delta, scaled=False)
+        r = rotary_dims(self.cfg)
+        if r < k.shape[-1]:  # the rotated part only
+            return torch.cat([rotate(k[..., :r].float().contiguous(), cos, sin).to(k.dtype), k[..., r:]], dim=-1)
         return rotate(k.float(), cos, sin).to(k.dtype)
 
     # ---- forward ---------------------------------------------------------------
@@ -115,18 +129,29 @@ class DecoderLM(nn.Module):
         return self.project(self.hidden(input_ids, positions, view, logit_rows))
 
     def hidden(
-        self, input_ids: torch.Tensor, positions: torch.Tensor, view: ForwardView, rows: torch.Tensor, media=None
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        view: ForwardView,
+        rows: torch.Tensor,
+        media=None,
+        rope_long: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """input_ids, positions: [T]; rows: [S] -> the final hidden states of those rows
         [S, hidden], after the final norm (transformers' ``last_hidden_state``). ``media``:
-        (rows [M], image tokens [M, hidden]) that replace those rows' embeddings."""
+        (rows [M], image tokens [M, hidden]) that replace those rows' embeddings.
+        ``rope_long`` [T] bool (LongRoPE): the rows turned by the long factors."""
         x = self.model.embed_tokens(input_ids)  # [T, hidden]
         if media is not None:
             x = x.index_copy(0, media[0], media[1].to(x.dtype))
-        cos, sin = self.rotary.cos_sin(positions)  # [T, 1, D]
-        for layer in self.model.layers:
-            x = layer(x, cos, sin, view)
+        cos, sin = self.rotary.cos_sin(positions, long=rope_long)  # [T, 1, D]
+        for layer, rope in zip(self.model.layers, self.layer_ropes(cos, sin)):
+            x = layer(x, *rope, view)
         return self.model.norm(x[rows])  # [S, hidden]
+
+    def layer_ropes(self, cos: torch.Tensor, sin: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Each layer's rotation (the same for all; SmolLM3's position-free layers none)."""
+        return [(cos, sin)] * len(self.model.layers)
 
     def project(self, x: torch.Tensor) -> torch.Tensor:
         """Final hidden states [S, hidden] -> logits [S, vocab] float32."""
@@ -179,6 +204,9 @@ class DecoderLM(nn.Module):
                     f"{file}: tensor '{name}' has shape {tuple(tensor.shape)}, expected {tuple(dst.shape)}"
                 )
             dst.copy_(tensor)
+            fused = target.split(".")[-2] if "." in target else ""
+            if shard is None and fused in self._shards:  # the fused tensor as a checkpoint writes it (Phi-3)
+                filled.update((target, s) for s in range(len(self._shards[fused])))
             filled.add((target, shard))
         self._check_filled(params, filled)
 

@@ -16,7 +16,7 @@ from typing import Any
 
 from engine.errors import CheckpointError
 
-ROPE_TYPES = ("default", "linear", "llama3", "yarn", "proportional")
+ROPE_TYPES = ("default", "linear", "llama3", "yarn", "proportional", "longrope")
 
 
 @dataclass(frozen=True)
@@ -33,7 +33,9 @@ class RopeConfig:
     mscale: float | None = None
     mscale_all_dim: float | None = None
     truncate: bool = True
-    partial_rotary_factor: float = 1.0  # "proportional" (Gemma 4): the rotated share of each head
+    partial_rotary_factor: float = 1.0  # the rotated share of each head ("proportional": of its angles)
+    short_factor: tuple[float, ...] | None = None  # "longrope" (Phi-3): per-frequency divisors up to the
+    long_factor: tuple[float, ...] | None = None  # original context, and past it
 
 
 @dataclass(frozen=True)
@@ -102,6 +104,12 @@ def _rope(raw: dict, path: Path) -> RopeConfig:
         params = dict(params["full_attention"])
     if "rope_theta" in raw and "rope_theta" not in params:
         params["rope_theta"] = raw["rope_theta"]
+    if raw.get("partial_rotary_factor") is not None and "partial_rotary_factor" not in params:  # older: top level
+        params["partial_rotary_factor"] = raw["partial_rotary_factor"]
+    if (params.get("rope_type") or params.get("type")) in ("longrope", "su"):  # Phi-3: its original context
+        old = params.setdefault("original_max_position_embeddings", raw.get("original_max_position_embeddings"))
+        if params.get("factor") is None and old:  # transformers' default: the context's growth
+            params["factor"] = raw.get("max_position_embeddings", old) / old
     return _rope_of(params, path)
 
 
@@ -121,12 +129,17 @@ def _rope_of(params: dict, path: Path) -> RopeConfig:
     rope_type = params.get("rope_type") or params.get("type") or "default"
     if rope_type == "mrope":  # transformers 4's Qwen2-VL: default frequencies, split by mrope_section
         rope_type = "default"
+    if rope_type == "su":  # Phi-3's first configs' name for LongRoPE
+        rope_type = "longrope"
     if rope_type not in ROPE_TYPES:
         raise CheckpointError(
             f"{path}: field 'rope_scaling.rope_type' is '{rope_type}'; supported: {', '.join(ROPE_TYPES)}"
         )
     known = {f for f in RopeConfig.__dataclass_fields__ if f not in ("rope_type", "theta")}
     kwargs = {k: params[k] for k in known if params.get(k) is not None}
+    for key in ("short_factor", "long_factor"):
+        if key in kwargs:
+            kwargs[key] = tuple(float(x) for x in kwargs[key])
     return RopeConfig(rope_type=rope_type, theta=float(params.get("rope_theta", 10000.0)), **kwargs)
 
 

@@ -27,6 +27,7 @@ class AttentionShape:
     o_bias: bool = False
     qk_norm: bool = False
     eps: float = 1e-6
+    rotary_dim: int = 0  # the rotated first part of each head (Phi-4-mini, GLM-4 MoE); 0: the whole head
 
 
 def embedding(n_rows: int, dim: int) -> nn.Embedding:
@@ -132,7 +133,12 @@ class Attention(nn.Module):
         if s.qk_norm:
             q, k = qk.split([s.n_heads, s.n_kv_heads], dim=1)
             qk = torch.cat([self.q_norm(q), self.k_norm(k)], dim=1)
-        q, k = rotate(qk, cos, sin).split([s.n_heads, s.n_kv_heads], dim=1)  # one rotation for q and k
+        if s.rotary_dim and s.rotary_dim < s.head_dim:  # rotate-half over the first rotary_dim of each head
+            turned = rotate(qk[..., : s.rotary_dim].contiguous(), cos, sin)  # [T, H + KVH, R]
+            qk = torch.cat([turned, qk[..., s.rotary_dim :]], dim=-1)
+        else:
+            qk = rotate(qk, cos, sin)
+        q, k = qk.split([s.n_heads, s.n_kv_heads], dim=1)  # one rotation for q and k
         out = view.attend(self.layer, q, k, v)  # [T, H, D]
         return self.o_proj(out.reshape(n_tok, self.q_size))  # [T, hidden]
 

@@ -4,8 +4,9 @@ MLP, and their outputs are summed with the router's weights.
 ``SparseMoE`` (Granite): the softmax of the chosen logits as weights; experts stored
 fused 3-D as in Granite checkpoints: ``input_linear.weight`` [E, 2 * ffn, hidden] (gate
 rows, then up rows) and ``output_linear.weight`` [E, hidden, ffn]; the router is
-``router.layer.weight`` [E, hidden]. ``SharedExpertMoE`` (Qwen3-Next, Qwen3.5-MoE):
-experts one by one, plus a gated shared expert. Tokens are grouped by expert, so each
+``router.layer.weight`` [E, hidden]. ``SharedExpertMoE`` (Qwen2-MoE, Qwen3-Next,
+Qwen3.5-MoE; Qwen3-MoE without its shared part): experts one by one, plus a gated
+shared expert. Tokens are grouped by expert, so each
 expert runs one matmul over the tokens that chose it.
 """
 
@@ -90,8 +91,8 @@ def split_fused_experts(name: str, tensor: torch.Tensor):
     ``experts.down_proj`` [E, H, F], as Qwen3.5-MoE checkpoints are published) -> the
     (name, tensor) pairs of experts stored one by one; any other tensor as it is."""
     for kind in ("gate_up_proj", "down_proj"):
-        if name.endswith(f"experts.{kind}") or name.endswith(f"experts.{kind}.weight"):
-            base = name[: name.index(f"experts.{kind}")] + "experts"
+        if name.endswith((f".experts.{kind}", f".experts.{kind}.weight")):  # (not shared_experts.<kind>)
+            base = name[: name.rindex(f".experts.{kind}")] + ".experts"
             for e, w in enumerate(tensor):
                 if kind == "down_proj":
                     yield f"{base}.{e}.down_proj.weight", w
@@ -114,8 +115,9 @@ class SharedExpertMoE(nn.Module):
         self.top_k, self.norm_topk = top_k, norm_topk
         self.gate = rowwise.Linear(hidden, n_experts, bias=False)
         self.experts = nn.ModuleList(GatedMLP(hidden, ffn) for _ in range(n_experts))
-        self.shared_expert = GatedMLP(hidden, shared_ffn)
-        self.shared_expert_gate = rowwise.Linear(hidden, 1, bias=False)
+        if shared_ffn:  # none: Qwen3-MoE's routed experts alone
+            self.shared_expert = GatedMLP(hidden, shared_ffn)
+            self.shared_expert_gate = rowwise.Linear(hidden, 1, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x: [T, hidden] -> [T, hidden]."""
@@ -124,4 +126,38 @@ class SharedExpertMoE(nn.Module):
         if self.norm_topk:
             weights = weights / weights.sum(-1, keepdim=True)
         out = run_experts(x, self.experts, weights.to(x.dtype), idx)
+        if not hasattr(self, "shared_expert"):
+            return out
         return out + rowwise.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
+
+
+class SigmoidRouter(nn.Module):
+    """DeepSeek-V3's router (Nemotron-H, GLM-4 MoE): sigmoid scores; experts chosen by
+    the scores plus ``e_score_correction_bias``, within the ``topk_group`` best of
+    ``n_group`` groups (a group scored by its two best); the chosen scores renormalized
+    where ``norm_topk_prob`` and scaled by ``routed_scaling_factor``. Names as the
+    checkpoints': ``weight``, ``e_score_correction_bias``."""
+
+    def __init__(self, raw: dict, hidden: int):
+        super().__init__()
+        n = int(raw["n_routed_experts"])
+        self.weight = nn.Parameter(torch.zeros(n, hidden))
+        self.e_score_correction_bias = nn.Parameter(torch.zeros(n))
+        self.top_k, self.groups = int(raw["num_experts_per_tok"]), int(raw.get("n_group") or 1)
+        self.top_groups = int(raw.get("topk_group") or 1)
+        self.norm, self.scale = bool(raw.get("norm_topk_prob", True)), float(raw.get("routed_scaling_factor") or 1.0)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """x: [T, hidden] -> (weights [T, k] float32, expert ids [T, k])."""
+        scores = rowwise.sigmoid(rowwise.linear(x.float(), self.weight.float()))  # [T, E]
+        steer = scores + self.e_score_correction_bias.float()
+        if self.groups > 1:
+            grouped = steer.view(len(x), self.groups, -1)  # [T, G, E / G]
+            best = grouped.topk(2, dim=-1).values.sum(-1).topk(self.top_groups, dim=-1).indices  # [T, topk_group]
+            keep = torch.zeros_like(grouped[..., 0], dtype=torch.bool).scatter_(1, best, True)  # [T, G]
+            steer = steer.masked_fill(~keep.repeat_interleave(grouped.shape[-1], dim=1), float("-inf"))
+        idx = steer.topk(self.top_k, dim=-1).indices
+        weights = scores.gather(1, idx)
+        if self.norm:
+            weights = weights / (weights.sum(-1, keepdim=True) + 1e-20)
+        return weights * self.scale, idx

@@ -20,12 +20,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine.models import rowwise
 from engine.models.base import DecoderLM
 from engine.models.config import NEMOTRON_PATTERN, ModelConfig
 from engine.models.layers import NoPositionAttention, RMSNorm, embedding
 from engine.models.mamba2 import Mamba2Mixer, SSMShape
-from engine.models.moe import run_experts
+from engine.models.moe import SigmoidRouter, run_experts
 from memory import ForwardView, FullAttentionSpec, LayerSpec
 
 
@@ -39,38 +38,12 @@ class Relu2MLP(nn.Module):
         return self.down_proj(F.relu(self.up_proj(x)).square())
 
 
-class NemotronRouter(nn.Module):
-    def __init__(self, raw: dict, hidden: int):
-        super().__init__()
-        n = int(raw["n_routed_experts"])
-        self.weight = nn.Parameter(torch.zeros(n, hidden))
-        self.e_score_correction_bias = nn.Parameter(torch.zeros(n))
-        self.top_k, self.groups = int(raw["num_experts_per_tok"]), int(raw.get("n_group") or 1)
-        self.top_groups = int(raw.get("topk_group") or 1)
-        self.norm, self.scale = bool(raw.get("norm_topk_prob", True)), float(raw.get("routed_scaling_factor") or 1.0)
-
-    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """x: [T, hidden] -> (weights [T, k] float32, expert ids [T, k])."""
-        scores = rowwise.sigmoid(rowwise.linear(x.float(), self.weight.float()))  # [T, E]
-        steer = scores + self.e_score_correction_bias.float()
-        if self.groups > 1:
-            grouped = steer.view(len(x), self.groups, -1)  # [T, G, E / G]
-            best = grouped.topk(2, dim=-1).values.sum(-1).topk(self.top_groups, dim=-1).indices  # [T, topk_group]
-            keep = torch.zeros_like(grouped[..., 0], dtype=torch.bool).scatter_(1, best, True)  # [T, G]
-            steer = steer.masked_fill(~keep.repeat_interleave(grouped.shape[-1], dim=1), float("-inf"))
-        idx = steer.topk(self.top_k, dim=-1).indices
-        weights = scores.gather(1, idx)
-        if self.norm:
-            weights = weights / (weights.sum(-1, keepdim=True) + 1e-20)
-        return weights * self.scale, idx
-
-
 class NemotronMoE(nn.Module):
     def __init__(self, raw: dict, hidden: int, bias: bool):
         super().__init__()
         latent = raw.get("moe_latent_size")
         width = int(latent) if latent else hidden
-        self.gate = NemotronRouter(raw, hidden)
+        self.gate = SigmoidRouter(raw, hidden)
         ffn = int(raw["moe_intermediate_size"])
         self.experts = nn.ModuleList(Relu2MLP(width, ffn, bias) for _ in range(int(raw["n_routed_experts"])))
         self.shared_experts = Relu2MLP(hidden, int(raw["moe_shared_expert_intermediate_size"]), bias)

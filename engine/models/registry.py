@@ -9,6 +9,7 @@ from engine.models.gemma import Gemma2ForCausalLM, Gemma3ForCausalLM
 from engine.models.gemma3_vision import Gemma3ForConditionalGeneration
 from engine.models.gemma3n import Gemma3nForCausalLM
 from engine.models.gemma4 import Gemma4ForCausalLM, Gemma4ForConditionalGeneration
+from engine.models.glm4_moe import Glm4MoeForCausalLM
 from engine.models.granite_hybrid import GraniteMoeHybridForCausalLM
 from engine.models.jamba import JambaForCausalLM
 from engine.models.lfm2 import Lfm2ForCausalLM, Lfm2MoeForCausalLM
@@ -16,12 +17,15 @@ from engine.models.llama import LlamaForCausalLM
 from engine.models.mamba2 import Mamba2ForCausalLM
 from engine.models.mistral import MistralForCausalLM
 from engine.models.nemotron_h import NemotronHForCausalLM
+from engine.models.phi3 import Phi3ForCausalLM
 from engine.models.qwen2 import Qwen2ForCausalLM
 from engine.models.qwen2_5_vl import Qwen2_5_VLForConditionalGeneration
 from engine.models.qwen3 import Qwen3ForCausalLM
 from engine.models.qwen3_5 import Qwen3_5ForCausalLM
 from engine.models.qwen3_5_vl import Qwen3_5ForConditionalGeneration, Qwen3_5MoeForConditionalGeneration
 from engine.models.qwen3_next import Qwen3_5MoeForCausalLM, Qwen3NextForCausalLM
+from engine.models.qwen_moe import Qwen2MoeForCausalLM, Qwen3MoeForCausalLM
+from engine.models.smollm3 import SmolLM3ForCausalLM
 from engine.models.smolvlm import Idefics3ForConditionalGeneration, SmolVLMForConditionalGeneration
 
 MODELS: dict[str, type[DecoderLM]] = {
@@ -30,6 +34,11 @@ MODELS: dict[str, type[DecoderLM]] = {
         LlamaForCausalLM,
         Qwen2ForCausalLM,
         Qwen3ForCausalLM,
+        Qwen2MoeForCausalLM,
+        Qwen3MoeForCausalLM,
+        SmolLM3ForCausalLM,
+        Phi3ForCausalLM,
+        Glm4MoeForCausalLM,
         Qwen3_5ForCausalLM,
         Qwen3_5ForConditionalGeneration,
         Qwen3_5MoeForCausalLM,
@@ -58,6 +67,11 @@ MODEL_TYPES = {  # config.json's model_type -> the class name
     "llama": "LlamaForCausalLM",
     "qwen2": "Qwen2ForCausalLM",
     "qwen3": "Qwen3ForCausalLM",
+    "qwen2_moe": "Qwen2MoeForCausalLM",
+    "qwen3_moe": "Qwen3MoeForCausalLM",
+    "smollm3": "SmolLM3ForCausalLM",
+    "phi3": "Phi3ForCausalLM",
+    "glm4_moe": "Glm4MoeForCausalLM",
     "mistral": "MistralForCausalLM",
     "gemma2": "Gemma2ForCausalLM",
     "gemma3_text": "Gemma3ForCausalLM",

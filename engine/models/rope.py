@@ -74,16 +74,31 @@ class Rotary(torch.nn.Module):
             inv_freq = _llama3(inv_freq, rope, max_position_embeddings)
         elif rope.rope_type == "yarn":
             inv_freq, self.attention_scaling = _yarn(rope, head_dim, max_position_embeddings)
+        elif rope.rope_type == "longrope":  # Phi-3: short factors up to the original context, long past it
+            shape = torch.arange(0, head_dim, 2, dtype=torch.int64, device=CPU).float() / head_dim
+            inv_freq = 1.0 / (torch.tensor(rope.short_factor, device=CPU) * rope.theta**shape)
+            long = 1.0 / (torch.tensor(rope.long_factor, device=CPU) * rope.theta**shape)
+            self.register_buffer("long_inv_freq", long, persistent=False)  # [D/2]
+            old = rope.original_max_position_embeddings or max_position_embeddings
+            self.switch_at = old  # a row past it (or of a prompt longer than it) turns by the long factors
+            self.attention_scaling = rope.attention_factor or (
+                math.sqrt(1 + math.log(rope.factor) / math.log(old)) if rope.factor > 1.0 else 1.0
+            )
         elif rope.rope_type == "proportional":  # Gemma 4: the first angles rotate (over the whole head), the rest stay
             angles = int(rope.partial_rotary_factor * head_dim // 2)
             rotated = 1.0 / (rope.theta ** (torch.arange(0, 2 * angles, 2, device=CPU).float() / head_dim))
             inv_freq = torch.cat([rotated, torch.zeros(head_dim // 2 - angles, device=CPU)]) / rope.factor
         self.register_buffer("inv_freq", inv_freq, persistent=False)  # [D/2] float32
 
-    def cos_sin(self, positions: torch.Tensor, scaled: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    def cos_sin(
+        self, positions: torch.Tensor, scaled: bool = True, long: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """positions: [T] -> cos, sin: [T, 1, D] float32 (broadcast over heads), for
-        ``rotate``. ``sin`` carries rotate-half's sign: its first half is negated."""
+        ``rotate``. ``sin`` carries rotate-half's sign: its first half is negated.
+        ``long`` [T] bool (LongRoPE): the rows turned by the long factors."""
         freqs = positions.float()[:, None] * self.inv_freq[None, :]  # [T, D/2]
+        if long is not None and hasattr(self, "long_inv_freq"):
+            freqs = torch.where(long[:, None], positions.float()[:, None] * self.long_inv_freq, freqs)
         scale = self.attention_scaling if scaled else 1.0
         cos, sin = freqs.cos() * scale, freqs.sin() * scale  # [T, D/2]
         return torch.cat((cos, cos), dim=-1)[:, None, :], torch.cat((-sin, sin), dim=-1)[:, None, :]

@@ -6,6 +6,7 @@ import time
 from dataclasses import dataclass, field
 
 from engine.core.media import media_keys
+from engine.core.rope_switch import tagged
 from engine.core.sequence import TokenLogprob
 from engine.sampling.params import SamplingParams
 
@@ -27,13 +28,14 @@ class Request:
     lora: tuple[float, ...] = ()  # each loaded LoRA adapter's scale (missing: 0)
     media: list = field(default_factory=list)  # the prompt's images (engine/core/media.py MediaItem), in order
     turn_start: int | None = None  # where a chat prompt's generation prompt begins (Engine.add_sequence)
+    rope_long: bool = False  # its prompt is past a LongRoPE model's switch (set on submit)
     t_arrival: float = field(default_factory=time.monotonic)
     id: int = -1  # set by the scheduler
 
     @property
     def keys(self) -> list[int]:
         """The prompt as prompts are compared: images by their digest (engine/core/media.py)."""
-        return media_keys(self.prompt_ids, self.media)
+        return tagged(media_keys(self.prompt_ids, self.media), self.rope_long)
 
 
 @dataclass

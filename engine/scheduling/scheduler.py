@@ -23,6 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from engine.core.engine import Engine
+from engine.core.rope_switch import switch_of
 from engine.errors import EngineStopped, QueueFull, RequestError, SlotBusy, StepFailed, check_token_ids
 from engine.prompt_cache.ram_tier import PromptCache
 from engine.sampling.params import SamplingParams
@@ -141,6 +142,8 @@ class Scheduler:
     def submit(self, req: Request, sink: Sink) -> int:
         """Queue ``req``; returns its id. Raises RequestError or QueueFull."""
         self.validate(req)
+        switch = switch_of(self.engine.model)
+        req.rope_long = switch is not None and len(req.prompt_ids) > switch
         with self._cv:
             if self._stop or not self._thread.is_alive():
                 raise EngineStopped("the engine thread is not running")

@@ -4,6 +4,7 @@ a step boundary and restore/erase run while the slot is idle."""
 
 from __future__ import annotations
 
+from engine.core.rope_switch import restored_keys, untagged
 from engine.errors import SlotBusy
 from engine.scheduling.task_board import TaskBoard
 from memory import CacheFull, SeqState
@@ -21,7 +22,7 @@ def snapshot(board: TaskBoard, slot_id: int) -> tuple[list[int], SeqState, tuple
     memory = board.engine.memory
     if memory.seq_pos_max(slot_id) + 1 != len(tokens):
         raise SlotNotReady(f"slot {slot_id} is being set up for a request; retry")
-    return tokens, memory.save_seq(slot_id), slot.lora
+    return untagged(tokens), memory.save_seq(slot_id), slot.lora
 
 
 def restore(board: TaskBoard, slot_id: int, tokens: list[int], state: SeqState, lora: tuple[float, ...] = ()) -> None:
@@ -44,7 +45,7 @@ def restore(board: TaskBoard, slot_id: int, tokens: list[int], state: SeqState, 
                 raise
             memory.seq_rm(others[0].id)
             others[0].cached = []
-    slot.cached, slot.lora = list(tokens), lora
+    slot.cached, slot.lora = restored_keys(list(tokens), board.engine.rope_switch), lora
 
 
 def erase(board: TaskBoard, slot_id: int) -> int:

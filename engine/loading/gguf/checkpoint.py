@@ -24,7 +24,7 @@ from engine.errors import CheckpointError
 from engine.kernels.blocks import KEPT, BlockWeight
 from engine.loading.gguf.archs import ARCHITECTURES, gguf_name
 from engine.loading.gguf.header import read_header
-from engine.loading.gguf.tensors import expert_source
+from engine.loading.gguf.tensors import expert_source, fused_rows
 
 SUPPORTED = KEPT | {gguf.GGMLQuantizationType.F32}
 
@@ -72,10 +72,15 @@ class GGUFCheckpoint:
 
     def hf_config(self) -> dict:
         """The config.json a Hugging Face folder of this model would carry."""
-        return ARCHITECTURES[self.arch].config(self)
+        arch = ARCHITECTURES[self.arch]
+        return {"architectures": [arch.hf_class]} | arch.config(self)
 
     def stored_type(self, names: Any, hf_name: str) -> tuple[gguf.GGMLQuantizationType, tuple[int, ...]] | None:
         """(type, row-major shape) of the GGUF tensor ``hf_name`` is read from, or None."""
+        fused = fused_rows(self, hf_name)
+        if fused is not None and fused[0] in self.tensors:  # its rows of a fused tensor (Phi-3)
+            qtype, shape = self.tensors[fused[0]][:2]
+            return qtype, (fused[2], *shape[1:])
         found = gguf_name(self, names, hf_name)
         if found not in self.tensors and expert_source(hf_name) is not None:
             found = expert_source(hf_name)[0]  # an expert's rows of the stacked tensor

@@ -133,6 +133,39 @@ def lfm2_tensor(ck: GGUFMetadata, hf_name: str, found: str, read: Read) -> torch
     return expert_tensor(ck, hf_name, read)
 
 
+def fused_rows(ck: GGUFMetadata, hf_name: str) -> tuple[str, int, int] | None:
+    """(the fused GGUF tensor, first row, rows) a projection is read from where the file
+    keeps it fused: Phi-3's ``attn_qkv`` (q, k, v rows) and ``ffn_up`` (gate rows, then
+    up); None elsewhere."""
+    part = re.search(r"\.(\d+)\.\w+\.(q|k|v|gate|up)_proj\.weight$", hf_name)
+    a = ck.arch
+    if part is None or a != "phi3":
+        return None
+    i, kind = int(part.group(1)), part.group(2)
+    if kind in ("gate", "up"):
+        name = f"blk.{i}.ffn_up.weight"
+        half = ck.tensors[name][1][0] // 2
+        return name, 0 if kind == "gate" else half, half
+    heads = ck.get(f"{a}.attention.head_count")
+    d = ck.get(f"{a}.embedding_length") // heads
+    q, kv = heads * d, (kv_heads(ck)[i] or heads) * d
+    return f"blk.{i}.attn_qkv.weight", {"q": 0, "k": q, "v": q + kv}[kind], q if kind == "q" else kv
+
+
+def phi3_tensor(ck: GGUFMetadata, hf_name: str, found: str, read: Read) -> torch.Tensor | None:
+    """Phi-3's fused projections: each one's rows (in blocks, kept as blocks)."""
+    source = fused_rows(ck, hf_name)
+    if source is None:
+        return None
+    name, first, n = source
+    return read(name)[torch.arange(first, first + n)]
+
+
+def expert_hook(ck: GGUFMetadata, hf_name: str, found: str, read: Read) -> torch.Tensor | None:
+    """Stacked experts (Qwen3-MoE, Qwen2-MoE); the rest as renamed."""
+    return expert_tensor(ck, hf_name, read)
+
+
 def expert_source(hf_name: str) -> tuple[str, int] | None:
     """(the layer's stacked GGUF tensor, the expert) an expert's matrix
     (``....<layer>.<mlp>.experts.<e>.<kind>_proj.weight``) is read from, or None."""

@@ -1,0 +1,115 @@
+"""Issue 53's attention families against transformers on tiny random checkpoints:
+Qwen3-MoE (a dense first layer, renormalized top-k), Qwen2-MoE (q/k/v biases, a gated
+shared expert), GLM-4 MoE (DeepSeek-V3's grouped sigmoid router, a shared expert, q/k
+norms, half of each head rotated), SmolLM3 (a layer without rotary positions) and Phi-3
+(fused q/k/v and gate/up, partial rotary, LongRoPE switching past its original context).
+Greedy tokens identical and logits within 1e-4 in float32, two prompts batched, one of
+them growing past Phi-3's switch while it generates; Phi-3's long and short caches never
+stand in for each other through the server's prefix reuse."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from checkpoints import (
+    GLM4_MOE_TINY,
+    PHI3_TINY,
+    QWEN2_MOE_TINY,
+    QWEN3_MOE_TINY,
+    SMOLLM3_TINY,
+    greedy_reference,
+    load_reference,
+    make_checkpoint,
+)
+
+from engine import Engine, SamplingParams
+
+N_NEW = 12
+FAMILIES = {
+    "qwen3_moe": QWEN3_MOE_TINY,
+    "qwen2_moe": QWEN2_MOE_TINY,
+    "glm4_moe": GLM4_MOE_TINY,
+    "smollm3": SMOLLM3_TINY,
+    "phi3": PHI3_TINY,
+}
+
+
+@pytest.fixture(scope="module", params=list(FAMILIES))
+def family(tmp_path_factory, request):
+    folder = make_checkpoint(tmp_path_factory.mktemp("f") / request.param, request.param, **FAMILIES[request.param])
+    return request.param, folder, load_reference(folder)
+
+
+def prompts() -> list[list[int]]:
+    """10 tokens (Phi-3's switch, 16, passed while generating) and 30 (past it from the start)."""
+    gen = torch.Generator().manual_seed(3)
+    return [torch.randint(1, 300, (n,), generator=gen).tolist() for n in (10, 30)]
+
+
+def test_batched_greedy_matches_transformers(family):
+    arch, folder, ref = family
+    engine = Engine.from_pretrained(str(folder), n_ctx=256, n_seq_max=2, max_batch_tokens=16)
+    assert engine.model_config.architecture == type(ref).__name__
+    params = SamplingParams(temperature=0.0, max_tokens=N_NEW, ignore_eos=True)
+    seqs = [engine.add_sequence(p, params, seq_id=i) for i, p in enumerate(prompts())]
+    logits = {s.seq_id: [] for s in seqs}
+    while engine.has_work:
+        for ev in engine.step(keep_logits=True):
+            if ev.logits is not None:
+                logits[ev.seq.seq_id].append(ev.logits)
+    for seq, prompt in zip(seqs, prompts()):
+        tokens, ref_logits = greedy_reference(ref, prompt, N_NEW)
+        assert seq.output_ids == tokens
+        torch.testing.assert_close(torch.stack(logits[seq.seq_id]), ref_logits.float(), atol=1e-4, rtol=0)
+
+
+def test_smollm3s_position_free_layer_is_not_rotated_nor_shifted(tmp_path):
+    """The 4th layer takes no rotary positions (transformers' ``no_rope_layers``): its
+    stored keys stay as they are when a context shift moves them."""
+    folder = make_checkpoint(tmp_path / "s", "smollm3", **SMOLLM3_TINY)
+    model = Engine.from_pretrained(str(folder), n_ctx=64, n_seq_max=1).model
+    assert model.turns == [True, True, True, False]
+    k = torch.randn(5, 2, 16)
+    delta = torch.full((5,), -3)
+    assert torch.equal(model.rope_shift(3, k, delta), k)
+    assert not torch.allclose(model.rope_shift(0, k, delta), k)
+
+
+@pytest.fixture(scope="module")
+def phi3_server(tmp_path_factory):
+    from server_proc import ServerProcess
+
+    folder = make_checkpoint(tmp_path_factory.mktemp("phi") / "phi3", "phi3", **PHI3_TINY)
+    slots = str(tmp_path_factory.mktemp("slots"))
+    with ServerProcess("-m", str(folder), "-np", "1", "-c", "256", "--slot-save-path", slots) as srv:
+        srv.wait_ready()
+        yield srv, load_reference(folder)
+
+
+def test_a_long_prompt_does_not_reuse_a_short_cache_and_answers_as_transformers(phi3_server):
+    """A 10-token prompt runs short (its slot keeps those rows); the same 10 tokens then
+    20 more (30: past the switch) must not reuse them: transformers turns all 30 by the
+    long factors. It computes all 30 and answers as transformers does; asked again, it
+    reuses its own long cache, also after the slot is saved, erased and restored."""
+    import httpx
+
+    srv, ref = phi3_server
+    short, long = prompts()[0], prompts()[0] + prompts()[1][:20]
+
+    def complete(prompt: list[int]) -> dict:
+        body = {"prompt": prompt, "n_predict": 4, "temperature": 0, "cache_prompt": True, "id_slot": 0,
+                "return_tokens": True}  # fmt: skip
+        return httpx.post(srv.url + "/completion", json=body, timeout=60).json()
+
+    assert complete(short)["tokens"] == greedy_reference(ref, short, 4)[0]
+    answer = complete(long)
+    assert answer["timings"]["prompt_n"] == len(long)  # nothing of the short cache reused
+    assert answer["tokens"] == greedy_reference(ref, long, 4)[0]
+    again = complete(long)
+    assert again["timings"]["prompt_n"] == 1 and again["tokens"] == answer["tokens"]
+    slot = lambda action, **body: httpx.post(f"{srv.url}/slots/0", params={"action": action}, json=body)  # noqa: E731
+    assert slot("save", filename="long.slot").status_code == 200
+    assert slot("erase").status_code == 200
+    assert slot("restore", filename="long.slot").status_code == 200  # plain token ids in the file
+    restored = complete(long)
+    assert restored["timings"]["prompt_n"] == 1 and restored["tokens"] == answer["tokens"]
