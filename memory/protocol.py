@@ -151,6 +151,7 @@ class ForwardView(ABC):
         v: torch.Tensor,
         scale: float | None = None,
         softcap: float | None = None,
+        sinks: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Store this batch's ``k``/``v`` of ``layer``, then attend.
 
@@ -159,7 +160,9 @@ class ForwardView(ABC):
         Returns [T, heads, head_dim]. Each row attends to its own sequence's cells whose
         position is <= the row's position (causal by position), and for a layer with a
         sliding window only to those within it. ``scale``: score scale (default
-        1/sqrt(head_dim)); ``softcap``: scores become ``tanh(s / cap) * cap`` (Gemma 2).
+        1/sqrt(head_dim)); ``softcap``: scores become ``tanh(s / cap) * cap`` (Gemma 2);
+        ``sinks`` [heads] float32: a logit per query head in every row's softmax that takes
+        weight but has no value (gpt-oss's attention sinks).
         """
 
     def states(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -164,6 +164,16 @@ GLM4_MOE_TINY = dict(  # a dense first layer, then 8 experts in 2 groups (top 2 
     use_qk_norm=True,
 )
 
+GPT_OSS_TINY = dict(  # sliding (window 4) and full layers alternating; 4 experts, top 2; biases everywhere
+    num_hidden_layers=4,
+    num_local_experts=4,
+    num_experts_per_tok=2,
+    intermediate_size=32,
+    sliding_window=4,
+    layer_types=["sliding_attention", "full_attention"] * 2,
+    swiglu_limit=1.5,  # small enough that the random activations reach the clamps
+)
+
 NEMOTRON_H_TINY = dict(  # Mamba2, MoE, attention, MLP, Mamba2, MoE; 2 groups of 2 experts, latent MoE
     num_hidden_layers=None,
     layers_block_type=["linear_attention", "moe", "full_attention", "mlp", "linear_attention", "moe"],

@@ -24,6 +24,7 @@ from checkpoints import (
     GEMMA3N_TINY,
     GEMMA4_TINY,
     GLM4_MOE_TINY,
+    GPT_OSS_TINY,
     GRANITE_HYBRID_TINY,
     JAMBA_TINY,
     LFM2_MOE_TINY,
@@ -62,7 +63,7 @@ def folder(tmp_path_factory) -> Path:
 
 ARCHS = ["gemma2", "gemma3", "gemma3n", "mamba2", "granitemoehybrid", "falconh1", "jamba", "lfm2", "lfm2_moe",
          "qwen3_5", "qwen3_5_moe", "qwen3_next", "nemotron_h", "gemma4", "qwen3_moe", "qwen2_moe", "glm4_moe",
-         "smollm3", "phi3"]  # fmt: skip
+         "smollm3", "phi3", "gpt_oss"]  # fmt: skip
 # the converter expects multi-token-prediction layers unless told there are none
 NO_MTP = ("qwen3_5", "qwen3_5_moe", "qwen3_next")
 
@@ -236,7 +237,9 @@ def _tiny(folder: Path, arch: str) -> Path:
              "gemma3n": {**GEMMA3N_TINY, "vocab_size_per_layer_input": 1000},
              "qwen3_moe": {**QWEN3_MOE_TINY, "mlp_only_layers": []},  # llama.cpp's: experts in every layer
              "qwen2_moe": QWEN2_MOE_TINY, "glm4_moe": GLM4_MOE_TINY, "smollm3": SMOLLM3_TINY,
-             "phi3": PHI3_TINY}.get(arch, {})  # fmt: skip
+             "phi3": PHI3_TINY,
+             # llama.cpp fixes the clamped SwiGLU's limit at 7
+             "gpt_oss": {k: v for k, v in GPT_OSS_TINY.items() if k != "swiglu_limit"}}.get(arch, {})  # fmt: skip
     spm = arch.startswith("gemma") or arch in ("jamba", "phi3")  # Phi-3's converter wants tokenizer.model
     if spm:
         extra = {**extra, "vocab_size": 1000}
@@ -317,7 +320,9 @@ def test_architectures_with_rebuilt_tensors_keep_the_rest_in_blocks(converted, f
     assert ours == _greedy(path, ARCH_PROMPTS)
 
 
-@pytest.mark.parametrize("arch", ["qwen3_5", "qwen3_5_moe", "lfm2_moe", "nemotron_h", "qwen3_moe", "glm4_moe", "phi3"])
+@pytest.mark.parametrize(
+    "arch", ["qwen3_5", "qwen3_5_moe", "lfm2_moe", "nemotron_h", "qwen3_moe", "glm4_moe", "phi3", "gpt_oss"]
+)
 def test_stacked_experts_and_tiled_heads_stay_in_blocks(converted, folder, monkeypatch, arch):
     """A Q8_0 file (experts quantized too, as llama-quantize writes them): each expert's
     matrices are its rows of the layer's stacked tensor, in blocks; Qwen3.5's value

@@ -2,7 +2,9 @@
 Qwen3-MoE (a dense first layer, renormalized top-k), Qwen2-MoE (q/k/v biases, a gated
 shared expert), GLM-4 MoE (DeepSeek-V3's grouped sigmoid router, a shared expert, q/k
 norms, half of each head rotated), SmolLM3 (a layer without rotary positions) and Phi-3
-(fused q/k/v and gate/up, partial rotary, LongRoPE switching past its original context).
+(fused q/k/v and gate/up, partial rotary, LongRoPE switching past its original context)
+and gpt-oss (a sink logit per head in attention, sliding and full layers alternating,
+YaRN, a biased router, interleaved gate/up with biases through a clamped SwiGLU).
 Greedy tokens identical and logits within 1e-4 in float32, two prompts batched, one of
 them growing past Phi-3's switch while it generates; Phi-3's long and short caches never
 stand in for each other through the server's prefix reuse."""
@@ -13,6 +15,7 @@ import pytest
 import torch
 from checkpoints import (
     GLM4_MOE_TINY,
+    GPT_OSS_TINY,
     PHI3_TINY,
     QWEN2_MOE_TINY,
     QWEN3_MOE_TINY,
@@ -31,6 +34,7 @@ FAMILIES = {
     "glm4_moe": GLM4_MOE_TINY,
     "smollm3": SMOLLM3_TINY,
     "phi3": PHI3_TINY,
+    "gpt_oss": GPT_OSS_TINY,
 }
 
 
@@ -61,6 +65,33 @@ def test_batched_greedy_matches_transformers(family):
         tokens, ref_logits = greedy_reference(ref, prompt, N_NEW)
         assert seq.output_ids == tokens
         torch.testing.assert_close(torch.stack(logits[seq.seq_id]), ref_logits.float(), atol=1e-4, rtol=0)
+
+
+def test_gpt_oss_sinks_take_weight_in_prefill_and_decode(tmp_path):
+    """Without its sinks (the memory's ``sinks=`` ignored) the model answers otherwise:
+    they are in both the prompt's attention and the compiled decode kernel's."""
+    from engine.models import gpt_oss
+
+    folder = make_checkpoint(tmp_path / "o", "gpt_oss", **GPT_OSS_TINY)
+    engine = Engine.from_pretrained(str(folder), n_ctx=64, n_seq_max=1)
+    layer = engine.model.model.layers[0].self_attn
+    assert isinstance(layer, gpt_oss.SinkAttention) and layer.sinks.abs().sum() > 0
+    with_sinks = logits_of(engine, prompts()[0])
+    for layer in engine.model.model.layers:
+        layer.self_attn.sinks.data.fill_(-1e4)  # e^-10000: as if there were none
+    without = logits_of(engine, prompts()[0])
+    assert (with_sinks[0] - without[0]).abs().max() > 1e-2  # the prompt's last row
+    assert (with_sinks[1:] - without[1:]).abs().max() > 1e-2  # decode steps (the compiled kernel)
+
+
+def logits_of(engine: Engine, prompt: list[int], n: int = 3) -> torch.Tensor:
+    """The logits of ``n`` greedy steps after ``prompt`` [n, V], from an empty slot 0."""
+    engine.memory.seq_rm(0)
+    engine.add_sequence(prompt, SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True), seq_id=0)
+    logits = []
+    while engine.has_work:
+        logits += [ev.logits for ev in engine.step(keep_logits=True) if ev.logits is not None]
+    return torch.stack(logits)
 
 
 def test_smollm3s_position_free_layer_is_not_rotated_nor_shifted(tmp_path):

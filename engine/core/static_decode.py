@@ -71,8 +71,8 @@ class StaticDecodeView(ForwardView):
         self.rows = (buf[:, 3:4] + heads).flatten()  # [B * KVH] flat rows of the new keys
         self.n_kv_heads, self.lay = n_kv_heads, lay
 
-    def attend(self, layer, q, k, v, scale=None, softcap=None) -> torch.Tensor:
-        if softcap is not None or k is None:
+    def attend(self, layer, q, k, v, scale=None, softcap=None, sinks=None) -> torch.Tensor:
+        if softcap is not None or k is None or sinks is not None:
             raise NotImplementedError("static decode serves plain full attention")
         k_rows, v_rows = self.k[layer], self.v[layer]
         head_dim = q.shape[-1]

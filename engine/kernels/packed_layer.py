@@ -41,7 +41,7 @@ def run_packed_layer(layer, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tenso
         return None
     s, norm1, norm2 = attn.s, layer.input_layernorm, layer.post_attention_layernorm
     q, k, v = _blocks.layer_qkv(x, norm1.weight, norm1.eps, *attn.qkv_proj._args, s.n_heads, s.n_kv_heads, cos, sin)
-    out = view.attend(attn.layer, q, k, v)  # [T, H, D]
+    out = attn.attend(view, q, k, v)  # [T, H, D]
     return _blocks.layer_out(
         x, out, *attn.o_proj._args, norm2.weight, norm2.eps, *mlp.gate_up_proj._args, *mlp.down_proj._args
     )  # [T, hidden]

@@ -139,8 +139,12 @@ class Attention(nn.Module):
         else:
             qk = rotate(qk, cos, sin)
         q, k = qk.split([s.n_heads, s.n_kv_heads], dim=1)  # one rotation for q and k
-        out = view.attend(self.layer, q, k, v)  # [T, H, D]
+        out = self.attend(view, q, k, v)  # [T, H, D]
         return self.o_proj(out.reshape(n_tok, self.q_size))  # [T, hidden]
+
+    def attend(self, view: ForwardView, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """q [T, H, D], k, v [T, KVH, D] (rotated) -> [T, H, D] through the memory."""
+        return view.attend(self.layer, q, k, v)
 
 
 class DecoderLayer(nn.Module):

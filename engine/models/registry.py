@@ -10,6 +10,7 @@ from engine.models.gemma3_vision import Gemma3ForConditionalGeneration
 from engine.models.gemma3n import Gemma3nForCausalLM
 from engine.models.gemma4 import Gemma4ForCausalLM, Gemma4ForConditionalGeneration
 from engine.models.glm4_moe import Glm4MoeForCausalLM
+from engine.models.gpt_oss import GptOssForCausalLM
 from engine.models.granite_hybrid import GraniteMoeHybridForCausalLM
 from engine.models.jamba import JambaForCausalLM
 from engine.models.lfm2 import Lfm2ForCausalLM, Lfm2MoeForCausalLM
@@ -39,6 +40,7 @@ MODELS: dict[str, type[DecoderLM]] = {
         SmolLM3ForCausalLM,
         Phi3ForCausalLM,
         Glm4MoeForCausalLM,
+        GptOssForCausalLM,
         Qwen3_5ForCausalLM,
         Qwen3_5ForConditionalGeneration,
         Qwen3_5MoeForCausalLM,
@@ -72,6 +74,7 @@ MODEL_TYPES = {  # config.json's model_type -> the class name
     "smollm3": "SmolLM3ForCausalLM",
     "phi3": "Phi3ForCausalLM",
     "glm4_moe": "Glm4MoeForCausalLM",
+    "gpt_oss": "GptOssForCausalLM",
     "mistral": "MistralForCausalLM",
     "gemma2": "Gemma2ForCausalLM",
     "gemma3_text": "Gemma3ForCausalLM",

@@ -159,7 +159,7 @@ class GroupedKVView(ForwardView):
     def _keys(self, seqs: list[int]) -> tuple[torch.Tensor | slice, torch.Tensor]:
         """(keys index, kv positions [B, L] on the CPU: FAR + 1 where no key is)."""
 
-    def _store_and_attend(self, layer, q, k, v, scale, softcap) -> torch.Tensor | None:
+    def _store_and_attend(self, layer, q, k, v, scale, softcap, sinks=None) -> torch.Tensor | None:
         """Store and attend in one call where a kind can (q [T, H, D], k, v [T, KVH, D]);
         None: the general path (``_write``, then the groups)."""
         return None
@@ -217,23 +217,30 @@ class GroupedKVView(ForwardView):
         v: torch.Tensor | None,
         scale: float | None = None,
         softcap: float | None = None,
+        sinks: torch.Tensor | None = None,
     ) -> torch.Tensor:
         if k is not None:  # None: a layer reading this layer's cache (stored earlier in the step)
-            fused = self._store_and_attend(layer, q, k, v, scale, softcap)
+            fused = self._store_and_attend(layer, q, k, v, scale, softcap, sinks)
             if fused is not None:
                 return fused
             self._write(layer, k, v)
         layouts = self.layouts
         if len(layouts) == 1 and layouts[0].tokens is None:
-            return self._attend_group(layer, layouts[0], q, scale, softcap)
+            return self._attend_group(layer, layouts[0], q, scale, softcap, sinks)
         out = q.new_empty(q.shape)  # [T, H, D]
         for lay in layouts:
-            part = self._attend_group(layer, lay, q.index_select(0, lay.tokens), scale, softcap)
+            part = self._attend_group(layer, lay, q.index_select(0, lay.tokens), scale, softcap, sinks)
             out.index_copy_(0, lay.tokens, part)
         return out
 
     def _attend_group(
-        self, layer: int, lay: AttentionLayout, q: torch.Tensor, scale: float | None, softcap: float | None
+        self,
+        layer: int,
+        lay: AttentionLayout,
+        q: torch.Tensor,
+        scale: float | None,
+        softcap: float | None,
+        sinks: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """q: [T_g, H, D] -> attention output [T_g, H, D] for one group."""
         n_seqs, n_q, n_kv = lay.shape
@@ -249,12 +256,13 @@ class GroupedKVView(ForwardView):
             window = self.windows.get(layer) or 0
             scale = head_dim**-0.5 if scale is None else scale
             # the stored rows as they are: the kernel reads f32/f16/bf16 and q8_0 itself
-            if n_q == 1:
-                return kernel(q, keys, values, lay.kv_pos, lay.decode_pos, window, scale, softcap or 0.0)  # [B, H, D]
+            sunk = sinks.float().contiguous() if sinks is not None else None
+            if n_q == 1:  # [B, H, D]
+                return kernel(q, keys, values, lay.kv_pos, lay.decode_pos, window, scale, softcap or 0.0, False, None, sunk)
             # a verify step: each row against its sequence's keys up to its own position
             rows = lay.q_rows.cpu()  # [T_g] rows of the flat [B * Q]: each token's sequence and position
             q_pos = lay.q_pos.flatten()[rows]
-            return kernel(q, keys, values, lay.kv_pos, q_pos, window, scale, softcap or 0.0, False, rows // n_q)
+            return kernel(q, keys, values, lay.kv_pos, q_pos, window, scale, softcap or 0.0, False, rows // n_q, sunk)
         if lay.q_rows is None:
             qp = q.reshape(n_seqs, 1, n_heads, head_dim)  # [B, 1, H, D]
         else:
@@ -265,7 +273,9 @@ class GroupedKVView(ForwardView):
         keys, values = k_codec.decode(keys, q.dtype), v_codec.decode(values, q.dtype)  # [B, KVH, L, D]
         q4, k4, v4 = qp.transpose(1, 2), keys, values  # [B, H, Q, D], [B, KVH, L, D]
         mask = lay.mask(self.windows.get(layer), q.dtype)  # [B, 1, Q, L]
-        if softcap is None and n_q == 1:  # decode: a KV head's query heads are its G query rows
+        if sinks is not None:
+            out = _explicit_attention(q4, k4, v4, mask, scale or head_dim**-0.5, softcap, sinks)  # [B, H, Q, D]
+        elif softcap is None and n_q == 1:  # decode: a KV head's query heads are its G query rows
             n_kv_heads = k4.shape[1]
             qg = q4.reshape(n_seqs, n_kv_heads, n_heads // n_kv_heads, head_dim)  # [B, KVH, G, D]
             out = F.scaled_dot_product_attention(qg, k4, v4, attn_mask=mask, scale=scale)  # [B, KVH, G, D]
@@ -273,23 +283,35 @@ class GroupedKVView(ForwardView):
         elif softcap is None:
             out = F.scaled_dot_product_attention(q4, k4, v4, attn_mask=mask, scale=scale, enable_gqa=True)
         else:
-            out = _capped_attention(q4, k4, v4, mask, scale or head_dim**-0.5, softcap)  # [B, H, Q, D]
+            out = _explicit_attention(q4, k4, v4, mask, scale or head_dim**-0.5, softcap)  # [B, H, Q, D]
         out = out.transpose(1, 2).reshape(n_seqs * n_q, n_heads, head_dim)
         return out if lay.q_rows is None else out[lay.q_rows]  # [T_g, H, D]
 
 
-def _capped_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float, softcap: float
+def _explicit_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    mask: torch.Tensor,
+    scale: float,
+    softcap: float | None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Attention with soft-capped scores (Gemma 2), which SDPA cannot do.
+    """Attention SDPA cannot do: soft-capped scores (Gemma 2), a sink logit per head
+    (gpt-oss: one more column in the softmax, dropped after it).
     q: [B, H, Q, D]; k, v: [B, KVH, L, D]; mask: [B, 1, Q, L] additive -> [B, H, Q, D]."""
     groups = q.shape[1] // k.shape[1]
     k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)  # [B, H, L, D]
     scores = torch.matmul(q, k.transpose(-1, -2)) * scale  # [B, H, Q, L]
-    scores = torch.tanh(scores / softcap) * softcap
-    scores = scores + mask
-    probs = torch.softmax(scores.float(), dim=-1).to(q.dtype)
-    return torch.matmul(probs, v)
+    if softcap is not None:
+        scores = torch.tanh(scores / softcap) * softcap
+    scores = (scores + mask).float()
+    if sinks is not None:
+        sink = sinks.float().view(1, -1, 1, 1).expand(*scores.shape[:3], 1)  # [B, H, Q, 1]
+        probs = torch.softmax(torch.cat([scores, sink], dim=-1), dim=-1)[..., :-1]
+    else:
+        probs = torch.softmax(scores, dim=-1)
+    return torch.matmul(probs.to(q.dtype), v)
 
 
 class PagedKVView(GroupedKVView):

@@ -225,13 +225,14 @@ class StreamKVView(GroupedKVView):
         self.n_cells = next(iter(cache.k.values())).shape[2] if cache.k else 1
         self._flat: dict[int, torch.Tensor] = {}  # KV heads -> [T * KVH] rows of the flat [S * KVH * C, D] cache
 
-    def _store_and_attend(self, layer, q, k, v, scale, softcap) -> torch.Tensor | None:
+    def _store_and_attend(self, layer, q, k, v, scale, softcap, sinks=None) -> torch.Tensor | None:
         """A decode step over a run of streams stores and attends in one compiled call
         (``set_stream_decode_kernel``), where installed."""
         kernel, lays = stream_decode_kernel(), self.layouts
         lay = lays[0]
         if (
             kernel is None
+            or sinks is not None  # the general path's kernel takes them
             or len(lays) != 1
             or lay.tokens is not None
             or lay.q_rows is not None  # a prefill chunk

@@ -23,8 +23,8 @@ class HybridView(ForwardView):
     def __init__(self, attn: ForwardView, rec: ForwardView, batch: MemoryBatch):
         self.attn, self.rec, self.batch = attn, rec, batch
 
-    def attend(self, layer, q, k, v, scale=None, softcap=None) -> torch.Tensor:
-        return self.attn.attend(layer, q, k, v, scale, softcap)
+    def attend(self, layer, q, k, v, scale=None, softcap=None, sinks=None) -> torch.Tensor:
+        return self.attn.attend(layer, q, k, v, scale, softcap, sinks)
 
     def states(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
         return self.rec.states(layer)

@@ -30,9 +30,10 @@ class ISWAView(ForwardView):
         v: torch.Tensor,
         scale: float | None = None,
         softcap: float | None = None,
+        sinks: torch.Tensor | None = None,
     ) -> torch.Tensor:
         view = self.swa if layer in self.swa_layers else self.full
-        return view.attend(layer, q, k, v, scale, softcap)
+        return view.attend(layer, q, k, v, scale, softcap, sinks)
 
 
 class ISWAMemory(MemoryPair):

@@ -27,11 +27,12 @@ class ReuseView(ForwardView):
         v: torch.Tensor | None,
         scale: float | None = None,
         softcap: float | None = None,
+        sinks: torch.Tensor | None = None,
     ) -> torch.Tensor:
         target = self.targets.get(layer)
         if target is None:
-            return self.inner.attend(layer, q, k, v, scale, softcap)
-        return self.inner.attend(target, q, None, None, scale, softcap)  # read only: nothing stored
+            return self.inner.attend(layer, q, k, v, scale, softcap, sinks)
+        return self.inner.attend(target, q, None, None, scale, softcap, sinks)  # read only: nothing stored
 
     def states(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
         return self.inner.states(layer)

@@ -286,7 +286,7 @@ class RecurrentView(ForwardView):
         first, ids = batch.seq_ids[0], batch.seq_ids
         self.run = slice(first, first + len(ids)) if ids == list(range(first, first + len(ids))) else None
 
-    def attend(self, layer, q, k, v, scale=None, softcap=None):
+    def attend(self, layer, q, k, v, scale=None, softcap=None, sinks=None):
         raise NotImplementedError("a recurrent memory has no attention layers")
 
     def states(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:

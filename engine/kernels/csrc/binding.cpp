@@ -15,7 +15,9 @@
 //   int64, window, scale, softcap, portable=False) -> [B, H, D] float32: one query row per
 //   sequence (see attention_impl.inc; window and softcap <= 0: none; portable: the any-CPU
 //   kernel). k and v are read as stored: float32/float16/bfloat16 rows of D, or uint8 rows
-//   of D + D/16 bytes holding q8_0 (memory/kv_codec.py's layout).
+//   of D + D/16 bytes holding q8_0 (memory/kv_codec.py's layout). q_seq [R] int64: the key
+//   set each row reads (default: its own); sinks [H] float32: a logit per query head in the
+//   softmax without a value (gpt-oss's attention sinks).
 // rope(x [T, N, D], cos [T, 1, D], sin [T, 1, D], portable=False) -> [T, N, D]: rotate-half rotary embedding
 //   (rope_impl.inc); x's rows may be strided (a view of a fused q/k/v output).
 // silu_mul(gu [T, 2F], portable=False) -> [T, F]: silu(gu[:, :F]) * gu[:, F:] (mlp_impl.inc).
@@ -221,7 +223,7 @@ int kv_row(const at::Tensor& t, int64_t D) {
 
 at::Tensor decode_attention(at::Tensor q, at::Tensor k, at::Tensor v, at::Tensor kv_pos,
                                at::Tensor q_pos, int64_t window, double scale, double softcap, bool any_cpu,
-                               c10::optional<at::Tensor> q_seq) {
+                               c10::optional<at::Tensor> q_seq, c10::optional<at::Tensor> sinks) {
   TORCH_CHECK(q.dim() == 3 && k.dim() == 4 && v.dim() == 4, "q: [R, H, D]; k, v: [B, KVH, L, stored row]");
   TORCH_CHECK(q.scalar_type() == at::kFloat && q.device().is_cpu(), "q: float32 on the CPU");
   for (const auto* t : {&k, &v})
@@ -248,6 +250,13 @@ at::Tensor decode_attention(at::Tensor q, at::Tensor k, at::Tensor v, at::Tensor
   } else {
     TORCH_CHECK(S == B, "k, v: one key set per query row (or q_seq)");
   }
+  const float* sink = nullptr;
+  at::Tensor sinks_t;
+  if (sinks.has_value()) {
+    sinks_t = sinks->contiguous();
+    TORCH_CHECK(sinks_t.scalar_type() == at::kFloat && sinks_t.numel() == H, "sinks: [H] float32");
+    sink = sinks_t.data_ptr<float>();
+  }
   auto out = at::empty({B, H, D}, q.options());
   const int64_t ke = k.element_size(), ve = v.element_size();
   DecodeAttention a{q.data_ptr<float>(),
@@ -259,7 +268,7 @@ at::Tensor decode_attention(at::Tensor q, at::Tensor k, at::Tensor v, at::Tensor
                     v.stride(0) * ve, v.stride(1) * ve, v.stride(2) * ve,
                     kv_pos.data_ptr<int64_t>(), kv_pos.stride(0), kv_pos.stride(1), q_pos.data_ptr<int64_t>(),
                     seq, B, H, KVH, L, D, window, static_cast<float>(scale), static_cast<float>(softcap),
-                    out.data_ptr<float>()};
+                    sink, out.data_ptr<float>()};
   const int64_t grain = std::max<int64_t>(1, 32768 / std::max<int64_t>(1, (H / KVH) * L * D));
   at::parallel_for(0, B * KVH, grain, [&](int64_t t0, int64_t t1) {
     ON(any_cpu ? Isa::portable : kIsa, decode_attention)(a, t0, t1);
@@ -502,7 +511,7 @@ at::Tensor stream_decode(at::Tensor q, at::Tensor k, at::Tensor v, at::Tensor k_
   kv_store(k_cache.view({-1, k_cache.size(3)}), rows, k, false);
   kv_store(v_cache.view({-1, v_cache.size(3)}), rows, v, false);
   return decode_attention(q, k_cache.narrow(0, first, B).narrow(2, 0, n_kv), v_cache.narrow(0, first, B).narrow(2, 0, n_kv),
-                          kv_pos, q_pos, window, scale, softcap, false, c10::nullopt);
+                          kv_pos, q_pos, window, scale, softcap, false, c10::nullopt, c10::nullopt);
 }
 
 // The attention half's way in, for rows x [T, hidden] of a Llama-family layer whose
@@ -556,7 +565,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("decode_attention", &slotserve::decode_attention,
         "query rows, each against its sequence's stored keys up to its own position",
         py::arg("q"), py::arg("k"), py::arg("v"), py::arg("kv_pos"), py::arg("q_pos"), py::arg("window"),
-        py::arg("scale"), py::arg("softcap"), py::arg("portable") = false, py::arg("q_seq") = py::none(), free_gil);
+        py::arg("scale"), py::arg("softcap"), py::arg("portable") = false, py::arg("q_seq") = py::none(),
+        py::arg("sinks") = py::none(), free_gil);
   m.def("rope", &slotserve::rope, "rotate-half rotary embedding in one pass, float32", py::arg("x"), py::arg("cos"),
         py::arg("sin"), py::arg("portable") = false);
   m.def("delta_step", &slotserve::delta_step, "the gated delta rule's decode step, the state in place",

@@ -108,6 +108,7 @@ struct DecodeAttention {
   int64_t window;  // <= 0: none
   float scale;
   float softcap;  // <= 0: none
+  const float* sinks;  // [H] a logit per query head in the softmax, without a value (gpt-oss); nullptr: none
   float* out;
 };
 // The per-instruction-set entry points (same arithmetic, same results up to float rounding).

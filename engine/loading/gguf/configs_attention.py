@@ -238,3 +238,32 @@ def glm4_moe_config(ck: GGUFMetadata) -> dict:
         use_qk_norm="blk.0.attn_q_norm.weight" in ck.tensors,
     )
     return cfg
+
+
+def gpt_oss_config(ck: GGUFMetadata) -> dict:
+    """gpt-oss: YaRN as written (its ramp not truncated, transformers' reading of the
+    release), the experts' sizes, every other layer sliding from the first (llama.cpp's
+    rule: the file names the window, not the layers) and the clamped SwiGLU's constants
+    llama.cpp fixes (alpha 1.702, limit 7)."""
+    a = ck.arch
+    cfg = base_config(ck, "gpt_oss")
+    n = cfg["num_hidden_layers"]
+    cfg["rope_parameters"] = {
+        "rope_type": "yarn",
+        "rope_theta": cfg["rope_theta"],
+        "factor": ck.get(f"{a}.rope.scaling.factor", 1.0),
+        "original_max_position_embeddings": ck.get(f"{a}.rope.scaling.original_context_length"),
+        "beta_fast": ck.get(f"{a}.rope.scaling.yarn_beta_fast", 32.0),
+        "beta_slow": ck.get(f"{a}.rope.scaling.yarn_beta_slow", 1.0),
+        "truncate": False,
+    }
+    cfg.update(
+        num_local_experts=ck.get(f"{a}.expert_count"),
+        num_experts_per_tok=ck.get(f"{a}.expert_used_count"),
+        intermediate_size=ck.get(f"{a}.expert_feed_forward_length"),
+        sliding_window=ck.get(f"{a}.attention.sliding_window"),
+        layer_types=["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(n)],
+        swiglu_alpha=1.702,
+        swiglu_limit=7.0,
+    )
+    return cfg

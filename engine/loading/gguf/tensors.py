@@ -161,6 +161,15 @@ def phi3_tensor(ck: GGUFMetadata, hf_name: str, found: str, read: Read) -> torch
     return read(name)[torch.arange(first, first + n)]
 
 
+def gpt_oss_tensor(ck: GGUFMetadata, hf_name: str, found: str, read: Read) -> torch.Tensor | None:
+    """The experts' matrices and biases: each expert's rows of the stacked tensors."""
+    bias = re.search(r"\.(\d+)\.mlp\.experts\.(\d+)\.(gate|up|down)_proj\.bias$", hf_name)
+    if bias is not None:
+        layer, e, kind = bias.groups()
+        return read(f"blk.{layer}.ffn_{kind}_exps.bias")[int(e)]
+    return expert_tensor(ck, hf_name, read)
+
+
 def expert_hook(ck: GGUFMetadata, hf_name: str, found: str, read: Read) -> torch.Tensor | None:
     """Stacked experts (Qwen3-MoE, Qwen2-MoE); the rest as renamed."""
     return expert_tensor(ck, hf_name, read)
