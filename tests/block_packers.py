@@ -12,7 +12,7 @@ import numpy as np
 
 T = gguf.GGMLQuantizationType
 IQ4 = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113], dtype=np.float32)
-GGUF_QUANTIZES = {T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.F16, T.BF16}
+GGUF_QUANTIZES = {T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.F16, T.BF16, T.MXFP4}
 
 
 def _half(x: np.ndarray) -> np.ndarray:

@@ -40,7 +40,7 @@ from checkpoints import (
     make_checkpoint,
     write_byte_tokenizer,
 )
-from gguf_tools import convert_many, converter_tree, requantize
+from gguf_tools import convert_many, converter_tree, reader_of, requantize, write_gguf
 from safetensors.torch import load_file, save_file
 from unavailable import unavailable
 
@@ -350,6 +350,57 @@ def test_stacked_experts_and_tiled_heads_stay_in_blocks(converted, folder, monke
     key = GGUFCheckpoint(path).arch
     monkeypatch.setitem(archs.ARCHITECTURES, key, dataclasses.replace(archs.ARCHITECTURES[key], keeps_blocks=False))
     assert ours == _greedy(path, ARCH_PROMPTS)
+
+
+def test_mxfp4_experts_stay_in_blocks_and_answer_as_transformers_on_their_values(converted, folder, monkeypatch):
+    """gpt-oss as its GGUFs ship: the experts in MXFP4 (an e8m0 scale and 32 e2m1 values
+    a block), the rest as converted. The experts stay in their blocks; with float
+    activations the tokens and logits are transformers' on the folder whose experts hold
+    the MXFP4 values (the file's, dequantized by gguf-py), and the default 8-bit
+    activations give the same tokens."""
+    from safetensors.torch import load_file, save_file
+
+    from engine.kernels import blocks
+    from engine.kernels.blocks import BlockLinear
+
+    ckpt, f32 = converted["gpt_oss"]
+    mx = gguf.GGMLQuantizationType.MXFP4
+
+    def tensors():
+        for t in reader_of(f32).tensors:
+            data = np.asarray(t.data)
+            if t.name.endswith("_exps.weight"):
+                rows = data.reshape(-1, data.shape[-1]).astype(np.float32)
+                yield t.name, gguf.quants.quantize(rows, mx).reshape(*data.shape[:-1], -1), mx
+            else:
+                yield t.name, data, None
+
+    path = write_gguf(f32, folder / "gpt_oss-mxfp4.gguf", list(tensors()))
+    rounded = folder / "tiny-gpt_oss-mxfp4"  # the folder with the file's expert values
+    shutil.copytree(ckpt, rounded, dirs_exist_ok=True)
+    weights = load_file(str(ckpt / "model.safetensors"))
+    file = {t.name: t for t in reader_of(path).tensors}
+    for i in range(GPT_OSS_TINY["num_hidden_layers"]):
+
+        def values(kind: str, i: int = i) -> torch.Tensor:  # [E, out, in] as the file holds them, dequantized
+            t = file[f"blk.{i}.ffn_{kind}_exps.weight"]
+            return torch.from_numpy(gguf.quants.dequantize(np.asarray(t.data), mx)).float()
+
+        gate, up = values("gate"), values("up")  # [E, F, H]
+        gate_up = torch.empty(gate.shape[0], gate.shape[2], 2 * gate.shape[1])  # [E, H, 2F], x @ W
+        gate_up[..., 0::2], gate_up[..., 1::2] = gate.transpose(1, 2), up.transpose(1, 2)
+        weights[f"model.layers.{i}.mlp.experts.gate_up_proj"] = gate_up
+        weights[f"model.layers.{i}.mlp.experts.down_proj"] = values("down").transpose(1, 2).contiguous()  # [E, F, H]
+    save_file(weights, str(rounded / "model.safetensors"), metadata={"format": "pt"})
+
+    kept = Engine.from_pretrained(str(path), n_seq_max=1).model.model.layers[1].mlp.experts[0]
+    assert isinstance(kept.gate_up_proj, BlockLinear) and isinstance(kept.down_proj, BlockLinear)
+    assert not torch.equal(weights["model.layers.1.mlp.experts.down_proj"], load_file(str(ckpt / "model.safetensors"))[
+        "model.layers.1.mlp.experts.down_proj"])  # MXFP4 really rounded  # fmt: skip
+    expect = transformers_greedy(rounded, ARCH_PROMPTS)
+    assert _greedy(path, ARCH_PROMPTS) == expect  # the default 8-bit activations
+    monkeypatch.setattr(blocks, "ACTIVATIONS", "float")
+    assert _greedy(path, ARCH_PROMPTS, cache_type_k="f32", cache_type_v="f32") == expect
 
 
 @pytest.mark.parametrize("name,kind,leading", [("llama-spm", "llama", b" "), ("gemma4", "gemma4", b"")])

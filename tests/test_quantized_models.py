@@ -75,7 +75,7 @@ def _agreement(ours: Engine, reference: Engine, ids: list[int]) -> float:
 
 # llama.cpp's activation rounding per weight type (its vec_dot_type): int8 blocks of 32 for
 # the legacy types, of 256 for the K-quants and IQ4_XS, float16 / bfloat16 for those types
-ACT_BLOCK = {T.Q4_0: 32, T.Q4_1: 32, T.Q5_0: 32, T.Q5_1: 32, T.Q8_0: 32, T.IQ4_NL: 32}
+ACT_BLOCK = {T.Q4_0: 32, T.Q4_1: 32, T.Q5_0: 32, T.Q5_1: 32, T.Q8_0: 32, T.IQ4_NL: 32, T.MXFP4: 32}
 ACT_BLOCK |= {T.Q2_K: 256, T.Q3_K: 256, T.Q4_K: 256, T.Q5_K: 256, T.Q6_K: 256, T.IQ4_XS: 256}
 
 

@@ -1,8 +1,9 @@
 """Weights kept in GGUF's block types (issue 25): ``BlockWeight`` holds a tensor's bytes
 as the file stores them, ``BlockLinear`` and ``BlockEmbedding`` compute with them.
 
-The types kept: F16 and BF16 (16-bit floats), Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL
-(blocks of 32 values) and Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS (super-blocks of 256).
+The types kept: F16 and BF16 (16-bit floats), Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL,
+MXFP4 (blocks of 32 values; MXFP4 decodes as IQ4_NL does, through its e2m1 grid and an
+e8m0 scale) and Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS (super-blocks of 256).
 A weight of N rows of K values is ``data`` [N, K / values per block * bytes per block]
 uint8: row-major blocks, byte for byte the file's, so rows can be permuted and selected
 without decoding anything.
@@ -45,6 +46,7 @@ from torch import nn
 T = gguf.GGMLQuantizationType
 KEPT = frozenset(
     {T.F16, T.BF16, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.IQ4_NL, T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K, T.IQ4_XS}
+    | {T.MXFP4}
 )
 TILE = 256  # weight rows decoded at a time off the compiled path
 # 2-core AMD EPYC, AVX2, 16-bit activations against decoded tiles through oneDNN's float32

@@ -23,6 +23,7 @@ enum BlockType : int {
   IQ4_NL = 20,
   IQ4_XS = 23,
   BF16 = 30,
+  MXFP4 = 39,  // OCP microscaling FP4 (gpt-oss's experts): an e8m0 scale, 32 e2m1 values
 };
 
 struct BlockInfo {
@@ -46,6 +47,7 @@ inline BlockInfo block_info(int type) {
     case Q5_K: return {256, 176};
     case Q6_K: return {256, 210};
     case IQ4_XS: return {256, 136};
+    case MXFP4: return {32, 17};
     default: return {0, 0};
   }
 }
