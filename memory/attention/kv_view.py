@@ -258,7 +258,8 @@ class GroupedKVView(ForwardView):
             # the stored rows as they are: the kernel reads f32/f16/bf16 and q8_0 itself
             sunk = sinks.float().contiguous() if sinks is not None else None
             if n_q == 1:  # [B, H, D]
-                return kernel(q, keys, values, lay.kv_pos, lay.decode_pos, window, scale, softcap or 0.0, False, None, sunk)
+                pos = (lay.kv_pos, lay.decode_pos)
+                return kernel(q, keys, values, *pos, window, scale, softcap or 0.0, False, None, sunk)
             # a verify step: each row against its sequence's keys up to its own position
             rows = lay.q_rows.cpu()  # [T_g] rows of the flat [B * Q]: each token's sequence and position
             q_pos = lay.q_pos.flatten()[rows]
