@@ -144,3 +144,59 @@ def test_a_long_prompt_does_not_reuse_a_short_cache_and_answers_as_transformers(
     assert slot("restore", filename="long.slot").status_code == 200  # plain token ids in the file
     restored = complete(long)
     assert restored["timings"]["prompt_n"] == 1 and restored["tokens"] == answer["tokens"]
+
+
+HARMONY = ["<|start|>", "<|end|>", "<|message|>", "<|channel|>", "<|return|>", "<|call|>", "<|constrain|>"]
+
+
+@pytest.fixture(scope="module")
+def gpt_oss_server(tmp_path_factory):
+    """A gpt-oss checkpoint with gpt-oss's own chat template (llama.cpp's copy of the
+    release's) and a byte tokenizer that knows the harmony tokens; its server."""
+    from gguf_tools import converter_tree
+    from server_proc import ServerProcess
+    from tokenizers import Tokenizer
+
+    folder = make_checkpoint(tmp_path_factory.mktemp("oss") / "gpt_oss", "gpt_oss", **GPT_OSS_TINY)
+    tok = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    tok.add_special_tokens(HARMONY)
+    tok.save(str(folder / "tokenizer.json"))
+    template = (converter_tree() / "models" / "templates" / "openai-gpt-oss-120b.jinja").read_text()
+    (folder / "chat_template.jinja").write_text(template)
+    with ServerProcess("-m", str(folder), "-np", "1", "-c", "512") as srv:
+        srv.wait_ready()
+        yield srv, folder, template, load_reference(folder), tok
+
+
+def test_gpt_oss_chats_in_harmony_as_transformers_does(gpt_oss_server):
+    """Through the openai client: the prompt is gpt-oss's template as transformers renders
+    it (system header, date, reasoning effort, the harmony turns), the answer's tokens are
+    transformers' greedy ones; the next turn reuses the first's cache across the
+    alternating sliding and full layers and answers as transformers does on it."""
+    from openai import OpenAI
+    from transformers import PreTrainedTokenizerFast
+
+    srv, folder, template, ref, tok = gpt_oss_server
+    hf = PreTrainedTokenizerFast(tokenizer_file=str(folder / "tokenizer.json"))
+    client = OpenAI(base_url=srv.url + "/v1", api_key="none")
+
+    def ids_of(messages: list[dict]) -> list[int]:
+        text = hf.apply_chat_template(messages, chat_template=template, add_generation_prompt=True, tokenize=False)
+        return tok.encode(text).ids
+
+    first = [{"role": "user", "content": "Name a prime number."}]
+    answer = client.chat.completions.create(model="m", messages=first, max_tokens=N_NEW, temperature=0, logprobs=True)
+    ids = ids_of(first)
+    assert answer.usage.prompt_tokens == len(ids)
+    expect, expect_logits = greedy_reference(ref, ids, N_NEW)
+    got = [t.logprob for t in answer.choices[0].logprobs.content]
+    want = expect_logits.log_softmax(-1).gather(1, torch.tensor(expect)[:, None])[:, 0].tolist()
+    assert got == pytest.approx(want[: len(got)], abs=1e-4)
+    second = first + [{"role": "assistant", "content": "7"}, {"role": "user", "content": "And another?"}]
+    again = client.chat.completions.create(model="m", messages=second, max_tokens=4, temperature=0, logprobs=True)
+    ids2 = ids_of(second)
+    assert again.usage.prompt_tokens == len(ids2)
+    assert again.usage.prompt_tokens_details.cached_tokens > len(ids) // 2  # the first turn's, behind the window too
+    expect2, logits2 = greedy_reference(ref, ids2, 4)
+    want2 = logits2.log_softmax(-1).gather(1, torch.tensor(expect2)[:, None])[:, 0].tolist()
+    assert [t.logprob for t in again.choices[0].logprobs.content] == pytest.approx(want2, abs=1e-4)
