@@ -21,6 +21,7 @@ from collections.abc import Iterable
 import torch
 from torch import nn
 
+from engine.kernels import moe_kernel
 from engine.models import rowwise
 from engine.models.base import DecoderLM
 from engine.models.config import ModelConfig
@@ -46,6 +47,7 @@ class ClampedExpert(nn.Module):
     def __init__(self, hidden: int, ffn: int, alpha: float, limit: float):
         super().__init__()
         self.ffn, self.alpha, self.limit = ffn, alpha, limit
+        self.fused_act = (1, alpha, limit)  # engine/kernels/moe_kernel.py's clamped SwiGLU
         self.gate_up_proj = nn.Linear(hidden, 2 * ffn)  # gate rows, then up rows
         self.down_proj = nn.Linear(ffn, hidden)
 
@@ -67,6 +69,9 @@ class GptOssMoE(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x: [T, hidden] -> [T, hidden]: each token's top-k experts, weighted by the
         softmax of their router logits."""
+        fused = moe_kernel.route(x, self.router, self.top_k, "topk_softmax")
+        if fused is not None:
+            return run_experts(x, self.experts, *fused)
         top, idx = self.router(x).float().topk(self.top_k, dim=-1)  # [T, k]
         return run_experts(x, self.experts, torch.softmax(top, dim=-1).to(x.dtype), idx)
 

@@ -97,6 +97,8 @@ class NoPositionAttention(nn.Module):
 class GatedMLP(nn.Module):
     """down(silu(gate(x)) * up(x)), with gate and up fused into one matmul."""
 
+    fused_act = (0, 1.0, 0.0)  # as an expert: engine/kernels/moe_kernel.py's silu(gate) * up
+
     def __init__(self, hidden: int, ffn: int, bias: bool = False):
         super().__init__()
         self.ffn = ffn

@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from engine.kernels import moe_kernel
 from engine.models import rowwise
 from engine.models.layers import GatedMLP
 
@@ -28,6 +29,9 @@ class TopKRouter(nn.Module):
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """x: [T, hidden] -> (weights [T, k] in x's dtype, expert ids [T, k])."""
+        fused = moe_kernel.route(x, self.layer, self.top_k, "topk_softmax")
+        if fused is not None:
+            return fused
         logits = self.layer(x).float()  # [T, E]
         top, idx = logits.topk(self.top_k, dim=-1)
         return torch.softmax(top, dim=-1).type_as(x), idx
@@ -67,7 +71,11 @@ def run_experts(x: torch.Tensor, experts: nn.ModuleList, weights: torch.Tensor, 
     [T, hidden]. Grouped by expert: the (token, expert) pairs sorted by expert once, each
     chosen expert runs over its run of them, and one ``index_add_`` sums each token's in
     expert order (one token: its experts in turn, nothing gathered, summed in the same
-    order, so a token's bits do not depend on the batch)."""
+    order, so a token's bits do not depend on the batch). Packed experts: the compiled
+    call of engine/kernels/moe_kernel.py, the same grouping and order."""
+    fused = moe_kernel.experts(x, experts, weights, idx)
+    if fused is not None:
+        return fused
     out = torch.zeros_like(x)
     if x.shape[0] == 1:
         for e, w in sorted(zip(idx[0].tolist(), weights[0].tolist())):
@@ -121,10 +129,14 @@ class SharedExpertMoE(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x: [T, hidden] -> [T, hidden]."""
-        probs = torch.softmax(self.gate(x).float(), dim=-1)  # [T, E]
-        weights, idx = probs.topk(self.top_k, dim=-1)  # [T, k]
-        if self.norm_topk:
-            weights = weights / weights.sum(-1, keepdim=True)
+        fused = moe_kernel.route(x, self.gate, self.top_k, "softmax_topk_norm" if self.norm_topk else "softmax_topk")
+        if fused is not None:
+            weights, idx = fused
+        else:
+            probs = torch.softmax(self.gate(x).float(), dim=-1)  # [T, E]
+            weights, idx = probs.topk(self.top_k, dim=-1)  # [T, k]
+            if self.norm_topk:
+                weights = weights / weights.sum(-1, keepdim=True)
         out = run_experts(x, self.experts, weights.to(x.dtype), idx)
         if not hasattr(self, "shared_expert"):
             return out

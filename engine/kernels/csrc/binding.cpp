@@ -27,6 +27,8 @@
 //   the short causal convolution's decode step, the window shifted in place (conv_impl.inc).
 // float_linear(x [T, K], w [N, K], bias [N] or None, portable=False) -> [T, N]: x @ w.T, each output
 //   one dot product in a fixed order whatever T (float_impl.inc).
+// moe_route, moe_experts: a mixture-of-experts layer's router and routed packed experts
+//   (moe_op.inc).
 
 // ATen and torch's pybind11 casters only, not <torch/extension.h> (all of libtorch's C++
 // API): the unit parses in about half the time, the largest part of the install's build.
@@ -37,6 +39,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <cstring>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -476,6 +479,8 @@ at::Tensor packed_linear_on(at::Tensor x, std::vector<at::Tensor> packs, std::ve
   return packed_linear_isa(x, packs, types, isa);
 }
 
+#include "moe_op.inc"
+
 // ---- the decode step's pieces, stored and chained in C++ -------------------------------
 
 // x [n, D] (or [..., D]) float32 encoded as ``cache`` stores rows (kv_row) into rows
@@ -591,6 +596,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("packed_linear", &slotserve::packed_linear, "x @ W.T for packed weights, side by side (int8 activations)",
         free_gil);
   m.def("packed_linear_on", &slotserve::packed_linear_on, "packed_linear on the named kernel unit", free_gil);
+  m.def("moe_route", &slotserve::moe_route, "a router's top-k experts and their weights", py::arg("x"),
+        py::arg("w"), py::arg("bias"), py::arg("k"), py::arg("mode"), free_gil);
+  m.def("moe_experts", &slotserve::moe_experts, "each token's packed experts, weighted and summed", free_gil);
   m.def("wide", &slotserve::wide, "whether the packed kernels take 16 rows in 512-bit vectors here");
   m.def("isa", &slotserve::isa, "the instruction set the kernels run on this CPU");
   m.def("isas", &slotserve::isas, "every kernel unit this CPU runs, least demanding first");
