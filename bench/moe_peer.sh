@@ -9,7 +9,8 @@
 #   FILES="gpt_oss-mxfp4" ROWS=ours bash bench/moe_peer.sh
 #
 # Per file and row, into $CACHE/moe/<file>-<row>.json (one JSON object):
-#   decode:  bench/serve_bench.py, 128-token prompts, 64 new tokens, c = 1, 8 and 32
+#   decode:  bench/serve_bench.py, 128-token prompts, 64 new tokens, c = 1, 8 and 32 ($ROUNDS requests
+#            a worker), after a warm-up of 8 requests at once on other prompts (both alike)
 #   ttft512: bench/serve_bench.py, 512-token prompts, 4 new tokens, c = 1
 #   rss:     the server's VmRSS after the runs, and its peak (VmHWM)
 set -euo pipefail
@@ -20,6 +21,7 @@ OUT=$CACHE/moe
 FILES=${FILES:-gpt_oss-q8_0 gpt_oss-mxfp4 qwen3_moe-q8_0}
 ROWS=${ROWS:-llama ours}
 CONC=${CONC:-1,8,32}
+ROUNDS=${ROUNDS:-2}  # requests per worker
 ARGS=(-np 32 -c 32768 -t 2)
 mkdir -p "$OUT"
 "$PY" "$ROOT/bench/moe_models.py" "$OUT" > /dev/null
@@ -31,8 +33,8 @@ measure() {  # file row port -- command...
   shift 4
   start_server "$OUT/$file-$row.log" "$port" -- "$@"
   echo "== $file $row" >&2
-  parts+=("\"decode\": $("$PY" "$ROOT/bench/serve_bench.py" "$url" --concurrency "$CONC" --rounds 1 --prompt 128 \
-    --new 64 | tail -1)")
+  parts+=("\"decode\": $("$PY" "$ROOT/bench/serve_bench.py" "$url" --concurrency "$CONC" --rounds "$ROUNDS" --prompt 128 \
+    --new 64 --warmup 8 | tail -1)")
   parts+=("\"ttft512\": $("$PY" "$ROOT/bench/serve_bench.py" "$url" --concurrency 1 --rounds 3 --prompt 512 --new 4 \
     | tail -1)")
   parts+=("\"rss_bytes\": $(awk '/^VmRSS:/ {print $2 * 1024}' "/proc/$SERVER_PID/status")")

@@ -68,8 +68,8 @@ async def one_request(client: httpx.AsyncClient, model: str, prompt: list[int], 
     return {"ttft": stamps[0] - t0 if stamps else float("nan"), "itl": gaps, "tokens": n_tokens}
 
 
-async def run_level(url, model, concurrency, rounds, n_prompt, n_new, vocab, headers=None) -> dict:
-    rng = random.Random(concurrency)
+async def run_level(url, model, concurrency, rounds, n_prompt, n_new, vocab, headers=None, seed=0) -> dict:
+    rng = random.Random(concurrency + 1000 * seed)  # seed 0: the measured prompts; others: warm-up ones
     prompts = [[rng.randrange(1, vocab) for _ in range(n_prompt)] for _ in range(concurrency * rounds)]
     results: list[dict] = []
     limits = httpx.Limits(max_connections=concurrency + 4)
@@ -143,10 +143,21 @@ def main() -> None:
     ap.add_argument("--vocab", type=int, default=250, help="prompt token ids are drawn from [1, vocab)")
     ap.add_argument("--model", default=None, help="model name to send (default: the server's first)")
     ap.add_argument("--api-key", default=None)
+    ap.add_argument(
+        "--warmup",
+        type=int,
+        default=0,
+        metavar="C",
+        help="first, C requests at once of the measured prompt length and 16 new tokens, other prompts "
+        "(weights paged in, every batch shape met; default: one 8-token request)",
+    )
     args = ap.parse_args()
     headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
     model = args.model or httpx.get(args.url + "/v1/models", headers=headers).json()["data"][0]["id"]
-    asyncio.run(run_level(args.url, model, 1, 1, 8, 4, args.vocab, headers))  # warm-up
+    if args.warmup:
+        asyncio.run(run_level(args.url, model, args.warmup, 1, args.prompt, 16, args.vocab, headers, seed=1))
+    else:
+        asyncio.run(run_level(args.url, model, 1, 1, 8, 4, args.vocab, headers))
     levels = []
     for c in [int(x) for x in args.concurrency.split(",")]:
         level = run_level(args.url, model, c, args.rounds, args.prompt, args.new, args.vocab, headers)
