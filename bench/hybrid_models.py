@@ -18,11 +18,8 @@ requires; the rest of the vocabulary is padding the converter names).
 from __future__ import annotations
 
 import argparse
-import shutil
 import sys
 from pathlib import Path
-
-import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -57,32 +54,18 @@ def build(name: str, out: Path) -> Path:
     """The folder and its Q8_0 GGUF under ``out`` (kept when already there) -> the GGUF."""
     import transformers
     from gguf_tools import convert
-
-    from engine import DEMO_MODEL
+    from random_folder import write_random_folder
 
     arch, shape = SHAPES[name]
     folder, gguf = out / name, out / f"{name}-q8_0.gguf"
     if gguf.exists():
         return gguf
     if not (folder / "config.json").exists():
-        config_cls, model_cls = {
+        classes = {
             "qwen3_5": (transformers.Qwen3_5TextConfig, transformers.Qwen3_5ForCausalLM),
             "qwen3_5_moe": (transformers.Qwen3_5MoeTextConfig, transformers.Qwen3_5MoeForCausalLM),
         }[arch]
-        torch.manual_seed(0)
-        with torch.device("meta"):
-            model = model_cls(config_cls(**shape))
-        model = model.to_empty(device="cpu")
-        with torch.no_grad():  # random, scaled as an initializer would (no slow init pass)
-            for n, p in model.named_parameters():
-                p.normal_(0, 0.02) if p.dim() > 1 else p.fill_(0.0 if n.endswith(("norm.weight", "A_log")) else 1.0)
-        folder.mkdir(parents=True, exist_ok=True)
-        model.save_pretrained(folder)
-        n = sum(p.numel() for p in model.parameters())
-        print(f"{name}: {n / 1e9:.2f}B parameters", file=sys.stderr)
-        del model
-    for name in ("tokenizer.json", "tokenizer_config.json"):
-        shutil.copy(DEMO_MODEL / name, folder / name)
+        write_random_folder(folder, *classes, shape, lambda n: 0.0 if n.endswith(("norm.weight", "A_log")) else 1.0)
     convert(folder, gguf, outtype="q8_0", flags=("--no-mtp",))
     return gguf
 

@@ -1,8 +1,8 @@
 """The issue-53 bench models: random weights at mixture-of-experts shapes that fit 2 cores,
 as Hugging Face folders and as the GGUF files llama.cpp's pinned converter writes from
-them (Q8_0), plus, where llama-quantize is at hand, gpt-oss's MXFP4 experts (its
-MXFP4_MOE preset: experts MXFP4, the rest Q8_0) — for bench/moe_peer.sh (both servers
-load the same file).
+them (Q8_0), plus, where llama-quantize is at hand, its Q4_K_M preset for both and
+gpt-oss's MXFP4 experts (its MXFP4_MOE preset: experts MXFP4, the rest Q8_0) — for
+bench/moe_peer.sh (both servers load the same file).
 
     python bench/moe_models.py OUT_DIR                   # both
     python bench/moe_models.py OUT_DIR --only gpt_oss
@@ -23,12 +23,9 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
-
-import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -58,36 +55,27 @@ def build(name: str, out: Path) -> list[Path]:
     """The folder and its GGUFs under ``out`` (kept when already there) -> the GGUFs."""
     import transformers
     from gguf_tools import convert
-
-    from engine import DEMO_MODEL
+    from random_folder import write_random_folder
 
     folder, q8 = out / name, out / f"{name}-q8_0.gguf"
     if not (folder / "config.json").exists():
-        config_cls, model_cls = (getattr(transformers, c) for c in CLASSES[name])
-        torch.manual_seed(0)
-        with torch.device("meta"):
-            model = model_cls(config_cls(**SHAPES[name]))
-        model = model.to_empty(device="cpu")
-        with torch.no_grad():  # random, scaled as an initializer would (no slow init pass)
-            for n, p in model.named_parameters():
-                p.normal_(0, 0.02) if p.dim() > 1 or n.endswith("sinks") else p.fill_(1.0 if "norm" in n else 0.0)
-        folder.mkdir(parents=True, exist_ok=True)
-        model.save_pretrained(folder)
-        print(f"{name}: {sum(p.numel() for p in model.parameters()) / 1e9:.2f}B parameters", file=sys.stderr)
-        del model
-        for file in ("tokenizer.json", "tokenizer_config.json"):
-            shutil.copy(DEMO_MODEL / file, folder / file)
+        classes = (getattr(transformers, c) for c in CLASSES[name])
+        vector = lambda n: None if n.endswith("sinks") else 1.0 if "norm" in n else 0.0  # noqa: E731
+        write_random_folder(folder, *classes, SHAPES[name], vector)
     if not q8.exists():
         convert(folder, q8, outtype="q8_0")
     made = [q8]
     quantize = Path(os.environ.get("SLOTSERVE_PEER_CACHE", Path.home() / ".cache/slotserve-peer")) / "llama-quantize"
-    mx = out / f"{name}-mxfp4.gguf"
-    if name == "gpt_oss" and quantize.exists():
-        if not mx.exists():
+    presets = {"q4_k_m": "Q4_K_M"} | ({"mxfp4": "MXFP4_MOE"} if name == "gpt_oss" else {})
+    if quantize.exists():  # llama-quantize's presets, from the F16 file
+        todo = {kind: preset for kind, preset in presets.items() if not (out / f"{name}-{kind}.gguf").exists()}
+        if todo:
             f16 = convert(folder, out / f"{name}-f16.gguf", outtype="f16")
-            subprocess.run([str(quantize), str(f16), str(mx), "MXFP4_MOE"], check=True, capture_output=True)
+            for kind, preset in todo.items():
+                cmd = [str(quantize), str(f16), str(out / f"{name}-{kind}.gguf"), preset]
+                subprocess.run(cmd, check=True, capture_output=True)
             f16.unlink()
-        made.append(mx)
+        made += [out / f"{name}-{kind}.gguf" for kind in presets]
     return made
 
 

@@ -11,6 +11,7 @@ stand in for each other through the server's prefix reuse."""
 
 from __future__ import annotations
 
+import httpx
 import pytest
 import torch
 from checkpoints import (
@@ -200,3 +201,62 @@ def test_gpt_oss_chats_in_harmony_as_transformers_does(gpt_oss_server):
     expect2, logits2 = greedy_reference(ref, ids2, 4)
     want2 = logits2.log_softmax(-1).gather(1, torch.tensor(expect2)[:, None])[:, 0].tolist()
     assert [t.logprob for t in again.choices[0].logprobs.content] == pytest.approx(want2, abs=1e-4)
+
+
+WEATHER = {
+    "name": "get_weather",
+    "description": "The weather of a city.",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+}
+
+
+def test_gpt_oss_renders_tools_reasoning_and_calls_as_transformers_on_every_route(gpt_oss_server):
+    """gpt-oss's template through the chat route with tools, an earlier turn's reasoning
+    and a tool call with its result: the prompt is transformers' render of the same
+    conversation (reasoning as ``thinking``, the call's arguments an object). The
+    Anthropic Messages and Responses routes render the same conversation (system,
+    tools) to the same prompt and answer what the chat route answers."""
+    from openai import OpenAI
+    from transformers import PreTrainedTokenizerFast
+
+    srv, folder, template, ref, tok = gpt_oss_server
+    hf = PreTrainedTokenizerFast(tokenizer_file=str(folder / "tokenizer.json"))
+    client = OpenAI(base_url=srv.url + "/v1", api_key="none")
+    tools = [{"type": "function", "function": WEATHER}]
+
+    def n_ids(messages: list[dict], **kw) -> int:
+        text = hf.apply_chat_template(
+            messages, chat_template=template, add_generation_prompt=True, tokenize=False, **kw
+        )
+        return len(tok.encode(text).ids)
+
+    call = {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
+    sent = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Weather in Paris?"},
+        {"role": "assistant", "content": "", "tool_calls": [call], "reasoning_content": "I should call the tool."},
+        {"role": "tool", "tool_call_id": "c1", "content": "sunny"},
+    ]
+    rendered = [dict(m) for m in sent]
+    as_object = {**call, "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}
+    rendered[2] = {"role": "assistant", "content": "", "thinking": "I should call the tool.", "tool_calls": [as_object]}
+    answer = client.chat.completions.create(model="m", messages=sent, tools=tools, max_tokens=4, temperature=0)
+    assert answer.usage.prompt_tokens == n_ids(rendered, tools=tools)
+    assert n_ids(rendered, tools=tools) != n_ids(rendered[:2] + rendered[3:], tools=tools)  # the call is in it
+
+    first = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Weather in Paris?"}]
+    chat = client.chat.completions.create(model="m", messages=first, tools=tools, max_tokens=6, temperature=0)
+    assert chat.usage.prompt_tokens == n_ids(first, tools=tools)
+    anthropic = httpx.post(srv.url + "/v1/messages", json={
+        "model": "m", "max_tokens": 6, "temperature": 0, "system": "Be brief.", "messages": first[1:],
+        "tools": [{"name": WEATHER["name"], "description": WEATHER["description"],
+                   "input_schema": WEATHER["parameters"]}]}, timeout=60).json()  # fmt: skip
+    assert anthropic["usage"]["input_tokens"] == chat.usage.prompt_tokens
+    text = "".join(b["text"] for b in anthropic["content"] if b["type"] == "text")
+    assert text == (chat.choices[0].message.content or "")
+    responses = httpx.post(srv.url + "/v1/responses", json={
+        "model": "m", "max_output_tokens": 6, "temperature": 0, "instructions": "Be brief.",
+        "input": "Weather in Paris?", "tools": [{"type": "function", **WEATHER}]}, timeout=60).json()  # fmt: skip
+    assert responses["usage"]["input_tokens"] == chat.usage.prompt_tokens
+    out = "".join(c["text"] for o in responses["output"] if o["type"] == "message" for c in o["content"])
+    assert out == (chat.choices[0].message.content or "")
