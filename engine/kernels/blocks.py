@@ -80,7 +80,7 @@ def compiled_rows(parts: list[BlockWeight]) -> int:
 
 # Types whose rows are repacked at load into 8-row groups (csrc/packed_impl.inc): their
 # matmuls take 8-bit activations and run one integer kernel for every row count.
-PACKED = frozenset({T.Q4_0, T.Q8_0, T.Q4_K, T.Q5_K, T.Q6_K, T.IQ4_XS, T.MXFP4})
+PACKED = frozenset({T.Q4_0, T.Q5_0, T.Q8_0, T.Q4_K, T.Q5_K, T.Q6_K, T.IQ4_XS, T.MXFP4})
 
 ACT_MODES = {"float": 0, "int8": 1, "int16": 2}  # how the compiled kernels round activations
 ACTIVATIONS = "int8"  # the default (see above)
