@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from memory.attention.decode_tables import DecodeTables
+from memory.attention.explicit_attention import explicit_attention
 from memory.attention.kv_state import FAR
 from memory.attention.paged_store import PagedStore
 from memory.kv_codec import KVCodec
@@ -275,7 +276,7 @@ class GroupedKVView(ForwardView):
         q4, k4, v4 = qp.transpose(1, 2), keys, values  # [B, H, Q, D], [B, KVH, L, D]
         mask = lay.mask(self.windows.get(layer), q.dtype)  # [B, 1, Q, L]
         if sinks is not None:
-            out = _explicit_attention(q4, k4, v4, mask, scale or head_dim**-0.5, softcap, sinks)  # [B, H, Q, D]
+            out = explicit_attention(q4, k4, v4, mask, scale or head_dim**-0.5, softcap, sinks)  # [B, H, Q, D]
         elif softcap is None and n_q == 1:  # decode: a KV head's query heads are its G query rows
             n_kv_heads = k4.shape[1]
             qg = q4.reshape(n_seqs, n_kv_heads, n_heads // n_kv_heads, head_dim)  # [B, KVH, G, D]
@@ -284,35 +285,9 @@ class GroupedKVView(ForwardView):
         elif softcap is None:
             out = F.scaled_dot_product_attention(q4, k4, v4, attn_mask=mask, scale=scale, enable_gqa=True)
         else:
-            out = _explicit_attention(q4, k4, v4, mask, scale or head_dim**-0.5, softcap)  # [B, H, Q, D]
+            out = explicit_attention(q4, k4, v4, mask, scale or head_dim**-0.5, softcap)  # [B, H, Q, D]
         out = out.transpose(1, 2).reshape(n_seqs * n_q, n_heads, head_dim)
         return out if lay.q_rows is None else out[lay.q_rows]  # [T_g, H, D]
-
-
-def _explicit_attention(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    mask: torch.Tensor,
-    scale: float,
-    softcap: float | None,
-    sinks: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """Attention SDPA cannot do: soft-capped scores (Gemma 2), a sink logit per head
-    (gpt-oss: one more column in the softmax, dropped after it).
-    q: [B, H, Q, D]; k, v: [B, KVH, L, D]; mask: [B, 1, Q, L] additive -> [B, H, Q, D]."""
-    groups = q.shape[1] // k.shape[1]
-    k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)  # [B, H, L, D]
-    scores = torch.matmul(q, k.transpose(-1, -2)) * scale  # [B, H, Q, L]
-    if softcap is not None:
-        scores = torch.tanh(scores / softcap) * softcap
-    scores = (scores + mask).float()
-    if sinks is not None:
-        sink = sinks.float().view(1, -1, 1, 1).expand(*scores.shape[:3], 1)  # [B, H, Q, 1]
-        probs = torch.softmax(torch.cat([scores, sink], dim=-1), dim=-1)[..., :-1]
-    else:
-        probs = torch.softmax(scores, dim=-1)
-    return torch.matmul(probs.to(q.dtype), v)
 
 
 class PagedKVView(GroupedKVView):
