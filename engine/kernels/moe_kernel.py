@@ -74,7 +74,11 @@ def _build(modules: nn.ModuleList) -> tuple | None:
         gu, dn = getattr(m, "gate_up_proj", None), getattr(m, "down_proj", None)
         if not (isinstance(gu, BlockLinear) and isinstance(dn, BlockLinear) and gu.packed and dn.packed):
             return None
-        if len(dn.parts) != 1 or (gu.bias is None) != (dn.bias is None):
+        if (
+            len(dn.parts) != 1
+            or len(gu.parts) != len(modules[0].gate_up_proj.parts)
+            or (gu.bias is None) != (dn.bias is None)
+        ):
             return None
         gate_up += gu._args[0]
         gate_up_types += gu._args[1]
@@ -84,8 +88,6 @@ def _build(modules: nn.ModuleList) -> tuple | None:
             gate_up_bias.append(gu.bias.detach().float())
             down_bias.append(dn.bias.detach().float())
         max_rows = min(max_rows, gu._max_rows, dn._max_rows)
-    if len({len(m.gate_up_proj.parts) for m in modules}) != 1:
-        return None
     gub = torch.stack(gate_up_bias).contiguous() if gate_up_bias else None  # [E, 2F]
     db = torch.stack(down_bias).contiguous() if down_bias else None  # [E, hidden]
     act, alpha, limit = acts.pop()
