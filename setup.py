@@ -45,6 +45,7 @@ if os.environ.get("SLOTSERVE_NO_EXT") != "1":
             "float_impl.inc",
             "packed_impl.inc",
             "moe_op.inc",
+            "pick_impl.inc",
         )
         UNITS = ("binding", "blocks_avx512", "blocks_avx2", "blocks_portable")
         ext_modules = [

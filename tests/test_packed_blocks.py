@@ -232,3 +232,64 @@ def test_a_packed_layer_is_two_compiled_calls_and_the_eager_layer_bit_for_bit(ex
     for a, b in zip(fused, eager):
         assert len(a) == len(b) == 8
         assert torch.equal(torch.stack(a), torch.stack(b))
+
+
+BIASED_FAMILIES = {
+    "qwen2": {},  # q/k/v biases, a dense MLP: layer_out
+    "qwen2_moe": "QWEN2_MOE_TINY",  # q/k/v biases, experts and a gated shared expert after layer_attn_out
+    "gpt_oss": "GPT_OSS_TINY",  # biases everywhere, sinks, sliding and full layers, clamped experts
+}
+
+
+@pytest.mark.parametrize("arch", list(BIASED_FAMILIES))
+def test_layers_with_biases_sinks_or_experts_take_the_compiled_calls_bit_for_bit(ext, monkeypatch, tmp_path, arch):
+    """The attention half of a layer with projection biases (Qwen2, gpt-oss) and sink
+    logits (gpt-oss) runs as layer_qkv + attention; a gated MLP follows as layer_out, any
+    other MLP (a mixture of experts) as layer_attn_out + the MLP module: the logits of a
+    mixed batch are the eager layer's exactly, and the biases count."""
+    import checkpoints
+
+    from engine import Engine, SamplingParams
+    from engine.kernels import packed_layer
+
+    extra = BIASED_FAMILIES[arch]
+    folder = checkpoints.make_checkpoint(tmp_path / arch, arch, **(getattr(checkpoints, extra) if extra else {}))
+    calls: dict[str, list[int]] = {"layer_qkv": [], "layer_out": [], "layer_attn_out": []}
+    for name, seen in calls.items():
+        original = getattr(ext, name)
+        monkeypatch.setattr(ext, name, lambda *a, _f=original, _s=seen, **k: _s.append(a[0].shape[0]) or _f(*a, **k))
+
+    def run(engine) -> list[torch.Tensor]:
+        params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
+        prompts = [[5, 9, 100, 7, 3], list(range(40, 70))]
+        seqs = [engine.add_sequence(p, params, seq_id=i) for i, p in enumerate(prompts)]
+        logits: list[list[torch.Tensor]] = [[], []]
+        while engine.has_work:
+            for ev in engine.step(keep_logits=True):
+                if ev.logits is not None:
+                    logits[seqs.index(ev.seq)].append(ev.logits)
+        return [torch.stack(rows) for rows in logits]
+
+    def engine():
+        return Engine.from_pretrained(str(folder), n_ctx=256, n_seq_max=2, quantization="q8_0", max_batch_tokens=16)
+
+    built = engine()
+    layer = built.model.model.layers[0]
+    assert layer.self_attn.qkv_proj.packed and layer.self_attn.qkv_proj.bias is not None
+    fused = run(built)
+    tail = "layer_out" if arch == "qwen2" else "layer_attn_out"
+    n_layers = len(built.model.model.layers)
+    assert len(calls["layer_qkv"]) == len(calls[tail]) >= 6 * n_layers  # every layer, every step
+    assert 1 in calls[tail] and max(calls[tail]) > 1  # decode rows and prefill chunks
+    monkeypatch.setattr(packed_layer, "enabled", False)
+    for seen in calls.values():
+        seen.clear()
+    eager = run(engine())
+    assert not any(calls.values())
+    for a, b in zip(fused, eager):
+        assert a.shape[0] == 6 and torch.equal(a, b)
+    monkeypatch.setattr(packed_layer, "enabled", True)
+    unbiased = engine()
+    for layer in unbiased.model.model.layers:
+        layer.self_attn.qkv_proj.bias.data.zero_()
+    assert not torch.equal(run(unbiased)[0], fused[0])  # the fused path adds the biases

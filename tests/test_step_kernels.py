@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from checkpoints import greedy_reference, load_reference, make_checkpoint
+from checkpoints import GPT_OSS_TINY, greedy_reference, load_reference, make_checkpoint
 from unavailable import unavailable
 
 import memory
@@ -222,10 +222,15 @@ def _greedy(folder, kv_unified: bool, prompts: list[list[int]], n: int) -> tuple
 
 
 @pytest.mark.parametrize("layout", ["stream", "unified"])
-@pytest.mark.parametrize("arch,overrides", [("llama", {}), ("gemma2", {"num_hidden_layers": 4, "sliding_window": 8})])
+@pytest.mark.parametrize(
+    "arch,overrides",
+    [("llama", {}), ("gemma2", {"num_hidden_layers": 4, "sliding_window": 8}), ("gpt_oss", GPT_OSS_TINY)],
+    ids=["llama", "gemma2", "gpt_oss"],
+)
 def test_decode_rows_attend_through_the_kernel_and_sdpa_alike(compiled, tmp_path, monkeypatch, arch, overrides, layout):
     """Both paths equal transformers; the default one calls the kernel once per layer
-    per decode step (Gemma 2: soft-capped scores and windowed layers)."""
+    per decode step (Gemma 2: soft-capped scores and windowed layers; gpt-oss: sink
+    logits, in the store-and-attend call of per-stream caches too)."""
     folder = make_checkpoint(tmp_path / arch, arch, **overrides)
     gen = torch.Generator().manual_seed(3)
     prompts = [torch.randint(0, 300, (n,), generator=gen).tolist() for n in (5, 23)]
@@ -234,7 +239,7 @@ def test_decode_rows_attend_through_the_kernel_and_sdpa_alike(compiled, tmp_path
     calls = []
 
     def counting(kernel):
-        return lambda *args: calls.append(args[0].shape[0]) or kernel(*args)
+        return lambda *args, **kw: calls.append(args[0].shape[0]) or kernel(*args, **kw)
 
     monkeypatch.setattr(compiled, "decode_attention", counting(compiled.decode_attention))
     monkeypatch.setattr(compiled, "stream_decode", counting(compiled.stream_decode))  # store + attend, streams
@@ -326,3 +331,66 @@ def test_the_fixed_order_float_product_is_the_matrix_product(compiled, any_cpu):
     out = compiled.float_linear(x, w, b, portable=any_cpu)
     torch.testing.assert_close(out.double(), x.double() @ w.double().T + b.double(), atol=1e-5, rtol=1e-5)
     assert torch.equal(out[5:6], compiled.float_linear(x[5:6], w, b, portable=any_cpu))
+
+
+@pytest.mark.parametrize("window", [0, 3])
+def test_prompt_attention_with_sinks_through_flash_is_the_explicit_softmax(monkeypatch, window):
+    """Prompt rows with sink logits (gpt-oss) take torch's CPU flash kernel, the output
+    scaled by sigmoid(lse - sink): the explicit softmax with a sink column, padded rows
+    aside; grouped heads, a window and two sequences of different lengths."""
+    from memory.attention import explicit_attention as ea
+
+    assert ea._FLASH is not None  # torch 2.13 has it: the fast path is taken
+    gen = torch.Generator().manual_seed(window)
+    B, H, KVH, Q, L, D = 2, 8, 2, 9, 14, 32
+    q, k, v = (
+        torch.randn(B, H, Q, D, generator=gen),
+        torch.randn(B, KVH, L, D, generator=gen),
+        torch.randn(B, KVH, L, D, generator=gen),
+    )
+    sinks = torch.randn(H, generator=gen) * 2
+    q_pos = torch.stack([torch.arange(5, 5 + Q), torch.arange(2, 2 + Q)])  # [B, Q]
+    kv_pos = torch.arange(L).expand(B, L)
+    seen = kv_pos[:, None, :] <= q_pos[:, :, None]  # [B, Q, L]
+    if window:
+        seen &= kv_pos[:, None, :] > q_pos[:, :, None] - window
+    mask = torch.zeros(B, 1, Q, L).masked_fill(~seen[:, None], float("-inf"))
+    calls = []
+    flash = ea._FLASH
+    monkeypatch.setattr(ea, "_FLASH", lambda *a, **kw: calls.append(1) or flash(*a, **kw))
+    fast = ea.explicit_attention(q, k, v, mask, D**-0.5, None, sinks)
+    assert calls
+    monkeypatch.setattr(ea, "_FLASH", None)
+    slow = ea.explicit_attention(q, k, v, mask, D**-0.5, None, sinks)
+    torch.testing.assert_close(fast, slow, atol=2e-6, rtol=1e-5)
+    plain = ea.explicit_attention(q, k, v, mask, D**-0.5, None, None)
+    assert (fast - plain).abs().max() > 1e-2  # the sinks take weight
+
+
+@pytest.mark.parametrize("vocab", [1, 7, 8, 29, 1000])
+def test_the_greedy_pass_is_torchs_clamp_and_argmax_in_one_call(compiled, monkeypatch, vocab):
+    """Sampling's pass before the greedy pick in one call: NaN to -bound, clamped to
+    +-bound in place, the first of equal maxima (ties, +-0, infinities, NaN rows, the
+    tail past whole vectors): what torch's three ops give; ``sample`` takes it."""
+    from engine.kernels import pick
+    from engine.sampling import sampler
+
+    gen = torch.Generator().manual_seed(vocab)
+    x = torch.randn(6, vocab, generator=gen)
+    x[1, -1] = float("inf")
+    x[2] = float("nan")
+    x[3] = 0.0
+    x[3, vocab // 2 :] = -0.0
+    x[4, vocab // 3] = x[4, -1] = x[4].max() + 1  # a tie: the first wins
+    x[5, 0] = float("-inf")
+    x[5, -1] = float("nan")
+    bound = sampler._FINITE
+    expected = x.clone().nan_to_num_(nan=-bound).clamp_(-bound, bound)
+    got = x.clone()
+    tokens = pick.finite_argmax(got, bound)
+    assert tokens.tolist() == expected.argmax(-1).tolist()
+    assert torch.equal(got, expected)
+    calls, original = [], compiled.finite_argmax
+    monkeypatch.setattr(compiled, "finite_argmax", lambda *a: calls.append(1) or original(*a))
+    rows = [sampler.SampleRow(SamplingParams(temperature=0.0), 0, [], []) for _ in range(6)]
+    assert sampler.sample(x.clone(), rows).tokens == tokens.tolist() and calls

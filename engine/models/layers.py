@@ -156,10 +156,23 @@ class DecoderLayer(nn.Module):
         self.self_attn = Attention(shape, layer)
         self.post_attention_layernorm = RMSNorm(shape.hidden, shape.eps)
         self.mlp = GatedMLP(shape.hidden, ffn, mlp_bias)
+        self._shape: int | None = None  # _structure(), once the model has set its modules
+
+    def _structure(self) -> int:
+        """What the compiled layer (engine/kernels/packed_layer.py) may reproduce: 0
+        nothing (a norm or an attention forward of another kind), 1 the attention half
+        with any MLP after it (a mixture of experts), 2 the whole layer (a GatedMLP)."""
+        norms = (self.input_layernorm, self.post_attention_layernorm)
+        if not all(type(n) is RMSNorm for n in norms) or type(self.self_attn).forward is not Attention.forward:
+            return 0
+        return 2 if type(self.mlp) is GatedMLP else 1
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, view: ForwardView) -> torch.Tensor:
-        fused = run_packed_layer(self, x, cos, sin, view)  # packed projections: two compiled calls
-        if fused is not None:
-            return fused
+        if self._shape is None:
+            self._shape = self._structure()
+        if self._shape:  # packed projections: compiled calls around attention
+            fused = run_packed_layer(self, x, cos, sin, view, dense=self._shape == 2)
+            if fused is not None:
+                return fused
         x = x + self.self_attn(self.input_layernorm(x), cos, sin, view)
         return x + self.mlp(self.post_attention_layernorm(x))  # [T, hidden]

@@ -18,6 +18,7 @@ from typing import NamedTuple
 
 import torch
 
+from engine.kernels.pick import finite_argmax
 from engine.sampling.chain import run_chain
 from engine.sampling.dry import dry_penalties
 from engine.sampling.params import SamplingParams
@@ -130,8 +131,10 @@ def sample(logits: torch.Tensor, rows: list[SampleRow]) -> SampleOutput:
     _apply_bias(logits, rows)
     _apply_penalties(logits, rows)
     _apply_dry(logits, rows)
-    logits.nan_to_num_(nan=-_FINITE).clamp_(-_FINITE, _FINITE)  # a tiny penalty divides to inf: keep it finite
-    tokens = logits.argmax(dim=-1)  # [S]
+    tokens = finite_argmax(logits, _FINITE)  # one compiled pass where built
+    if tokens is None:
+        logits.nan_to_num_(nan=-_FINITE).clamp_(-_FINITE, _FINITE)  # a tiny penalty divides to inf: keep it finite
+        tokens = logits.argmax(dim=-1)  # [S]
     out = SampleOutput(tokens=[])
     n_top = max((r.params.logprobs for r in rows if r.params.logprobs is not None), default=None)
     if n_top is not None:

@@ -57,7 +57,8 @@ def set_decode_kernel(kernel: DecodeKernel | None) -> DecodeKernel | None:
 
 StreamDecodeKernel = Callable[..., torch.Tensor]
 """(q [B, H, D], k, v [B, KVH, D], k_cache, v_cache [S, KVH, C, stored row], flat rows [B * KVH],
-first stream, n_kv cells, kv_pos [B, n_kv], q_pos [B], window, scale, softcap) -> [B, H, D]:
+first stream, n_kv cells, kv_pos [B, n_kv], q_pos [B], window, scale, softcap, sinks [H] float32 or
+None) -> [B, H, D]:
 the store kernel and the decode kernel in one call, over streams first .. first + B - 1 of
 per-stream caches (memory/attention/stream_kv.py's decode steps). Installed by the engine."""
 

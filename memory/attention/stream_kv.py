@@ -232,7 +232,6 @@ class StreamKVView(GroupedKVView):
         lay = lays[0]
         if (
             kernel is None
-            or sinks is not None  # the general path's kernel takes them
             or len(lays) != 1
             or lay.tokens is not None
             or lay.q_rows is not None  # a prefill chunk
@@ -247,7 +246,8 @@ class StreamKVView(GroupedKVView):
         rows = self._flat_rows(k_cache.shape[1])
         first, n_kv = lay.keys.start, lay.kv_pos.shape[1]
         pos = (lay.kv_pos, lay.decode_pos)
-        return kernel(q, k, v, k_cache, v_cache, rows, first, n_kv, *pos, window, scale, softcap or 0.0)  # [B, H, D]
+        sunk = sinks.float().contiguous() if sinks is not None else None  # [H]
+        return kernel(q, k, v, k_cache, v_cache, rows, first, n_kv, *pos, window, scale, softcap or 0.0, sunk)
 
     def _flat_rows(self, n_kv_heads: int) -> torch.Tensor:
         """Row of each (token, KV head) in a layer's cache seen as [S * KVH * C, D]: one

@@ -29,6 +29,8 @@
 //   one dot product in a fixed order whatever T (float_impl.inc).
 // moe_route, moe_experts: a mixture-of-experts layer's router and routed packed experts
 //   (moe_op.inc).
+// finite_argmax(logits [S, V] float32, bound) -> [S] int64: each row made finite in place
+//   (NaN -> -bound, clamped to +-bound), then its first maximum's index.
 
 // ATen and torch's pybind11 casters only, not <torch/extension.h> (all of libtorch's C++
 // API): the unit parses in about half the time, the largest part of the install's build.
@@ -507,7 +509,8 @@ void kv_store(at::Tensor cache, at::Tensor rows, at::Tensor x, bool any_cpu) {
 // attends over streams first .. first + B - 1, their first n_kv cells (decode_attention).
 at::Tensor stream_decode(at::Tensor q, at::Tensor k, at::Tensor v, at::Tensor k_cache,
                             at::Tensor v_cache, at::Tensor rows, int64_t first, int64_t n_kv,
-                            at::Tensor kv_pos, at::Tensor q_pos, int64_t window, double scale, double softcap) {
+                            at::Tensor kv_pos, at::Tensor q_pos, int64_t window, double scale, double softcap,
+                            c10::optional<at::Tensor> sinks) {
   TORCH_CHECK(k_cache.dim() == 4 && v_cache.dim() == 4 && k_cache.is_contiguous() && v_cache.is_contiguous(),
               "caches: contiguous [S, KVH, C, stored row]");
   const int64_t B = q.size(0);
@@ -516,32 +519,65 @@ at::Tensor stream_decode(at::Tensor q, at::Tensor k, at::Tensor v, at::Tensor k_
   kv_store(k_cache.view({-1, k_cache.size(3)}), rows, k, false);
   kv_store(v_cache.view({-1, v_cache.size(3)}), rows, v, false);
   return decode_attention(q, k_cache.narrow(0, first, B).narrow(2, 0, n_kv), v_cache.narrow(0, first, B).narrow(2, 0, n_kv),
-                          kv_pos, q_pos, window, scale, softcap, false, c10::nullopt, c10::nullopt);
+                          kv_pos, q_pos, window, scale, softcap, false, c10::nullopt, sinks);
 }
 
 // The attention half's way in, for rows x [T, hidden] of a Llama-family layer whose
-// projections are packed: RMSNorm, the fused q/k/v projection, rotary on q and k.
-// -> q [T, H, D], k [T, KVH, D] (rotated), v [T, KVH, D].
+// projections are packed: RMSNorm, the fused q/k/v projection (+ its bias [(H + 2 KVH) D]
+// where given), rotary on q and k. -> q [T, H, D], k [T, KVH, D] (rotated), v [T, KVH, D].
 std::vector<at::Tensor> layer_qkv(at::Tensor x, at::Tensor norm, double eps, std::vector<at::Tensor> packs,
                                      std::vector<int64_t> types, int64_t H, int64_t KVH, at::Tensor cos,
-                                     at::Tensor sin) {
+                                     at::Tensor sin, c10::optional<at::Tensor> bias) {
   auto qkv = packed_linear(rms_norm(x, norm, eps), std::move(packs), std::move(types));  // [T, (H + 2 KVH) D]
+  if (bias.has_value()) qkv.add_(*bias);
   const int64_t T = x.size(0), D = qkv.size(1) / (H + 2 * KVH);
   TORCH_CHECK(D * (H + 2 * KVH) == qkv.size(1), "the q/k/v projection's rows are not (H + 2 KVH) heads");
   auto qk = rope(qkv.narrow(1, 0, (H + KVH) * D).view({T, H + KVH, D}), cos, sin, false);  // [T, H + KVH, D]
   return {qk.narrow(1, 0, H), qk.narrow(1, H, KVH), qkv.narrow(1, (H + KVH) * D, KVH * D).view({T, KVH, D})};
 }
 
-// The rest of the layer after attention: x + o(att), then + down(silu(gate) * up) of its
-// RMSNorm. x [T, hidden], att [T, H * D] -> [T, hidden].
-at::Tensor layer_out(at::Tensor x, at::Tensor att, std::vector<at::Tensor> o, std::vector<int64_t> o_types,
-                        at::Tensor norm, double eps, std::vector<at::Tensor> gate_up,
-                        std::vector<int64_t> gate_up_types, std::vector<at::Tensor> down,
-                        std::vector<int64_t> down_types) {
+// The attention's output projection and the residual: h = x + (o(att) + o_bias); then
+// h's RMSNorm for whatever MLP follows. x [T, hidden], att [T, H * D] -> h, norm(h) [T, hidden].
+std::vector<at::Tensor> layer_attn_out(at::Tensor x, at::Tensor att, std::vector<at::Tensor> o,
+                                          std::vector<int64_t> o_types, c10::optional<at::Tensor> o_bias,
+                                          at::Tensor norm, double eps) {
   auto h = packed_linear(att.reshape({att.size(0), -1}), std::move(o), std::move(o_types));  // [T, hidden]
+  if (o_bias.has_value()) h.add_(*o_bias);
   h.add_(x);
-  auto gu = packed_linear(rms_norm(h, norm, eps), std::move(gate_up), std::move(gate_up_types));  // [T, 2F]
-  return packed_linear(silu_mul(gu, false), std::move(down), std::move(down_types)).add_(h);
+  return {h, rms_norm(h, norm, eps)};
+}
+
+// The rest of the layer after attention: h = x + o(att), then h + down(silu(gate) * up) of
+// h's RMSNorm, each projection's bias added where given (the eager layer's order: a
+// projection's bias, then the residual). x [T, hidden], att [T, H * D] -> [T, hidden].
+at::Tensor layer_out(at::Tensor x, at::Tensor att, std::vector<at::Tensor> o, std::vector<int64_t> o_types,
+                        c10::optional<at::Tensor> o_bias, at::Tensor norm, double eps,
+                        std::vector<at::Tensor> gate_up, std::vector<int64_t> gate_up_types,
+                        c10::optional<at::Tensor> gate_up_bias, std::vector<at::Tensor> down,
+                        std::vector<int64_t> down_types, c10::optional<at::Tensor> down_bias) {
+  auto hn = layer_attn_out(x, att, std::move(o), std::move(o_types), o_bias, norm, eps);
+  auto gu = packed_linear(hn[1], std::move(gate_up), std::move(gate_up_types));  // [T, 2F]
+  if (gate_up_bias.has_value()) gu.add_(*gate_up_bias);
+  auto y = packed_linear(silu_mul(gu, false), std::move(down), std::move(down_types));  // [T, hidden]
+  if (down_bias.has_value()) y.add_(*down_bias);
+  return y.add_(hn[0]);
+}
+
+// Each row of logits [S, V] float32 kept finite in place (NaN -> -bound, then clamped to
+// +-bound), and its argmax (the first of equal maxima, as torch.argmax) -> [S] int64: what
+// sampling does to every row before the greedy pick, one pass instead of three ops.
+at::Tensor finite_argmax(at::Tensor logits, double bound) {
+  TORCH_CHECK(logits.dim() == 2 && logits.scalar_type() == at::kFloat && logits.device().is_cpu() &&
+                  logits.is_contiguous() && logits.size(1) > 0,
+              "logits: contiguous [S, V > 0] float32 on the CPU");
+  const int64_t S = logits.size(0), V = logits.size(1);
+  auto out = at::empty({S}, logits.options().dtype(at::kLong));
+  float* lp = logits.data_ptr<float>();
+  int64_t* op = out.data_ptr<int64_t>();
+  at::parallel_for(0, S, 1, [&](int64_t s0, int64_t s1) {
+    ON(kIsa, finite_argmax_rows)(lp, V, s0, s1, static_cast<float>(bound), op);
+  });
+  return out;
 }
 
 std::string isa() { return kIsaNames[static_cast<int>(kIsa)]; }
@@ -587,9 +623,16 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("kv_store", &slotserve::kv_store, "rows of x encoded as the cache stores them, written at rows",
         py::arg("cache"), py::arg("rows"), py::arg("x"), py::arg("portable") = false);
   m.def("stream_decode", &slotserve::stream_decode, "store decode rows' keys and values, then attend, per stream",
+        py::arg("q"), py::arg("k"), py::arg("v"), py::arg("k_cache"), py::arg("v_cache"), py::arg("rows"),
+        py::arg("first"), py::arg("n_kv"), py::arg("kv_pos"), py::arg("q_pos"), py::arg("window"), py::arg("scale"),
+        py::arg("softcap"), py::arg("sinks") = py::none(), free_gil);
+  m.def("layer_qkv", &slotserve::layer_qkv, "RMSNorm, packed q/k/v projection (+ bias), rotary: q, k, v",
+        py::arg("x"), py::arg("norm"), py::arg("eps"), py::arg("packs"), py::arg("types"), py::arg("H"),
+        py::arg("KVH"), py::arg("cos"), py::arg("sin"), py::arg("bias") = py::none(), free_gil);
+  m.def("layer_attn_out", &slotserve::layer_attn_out, "o projection (+ bias) + residual, and its RMSNorm",
         free_gil);
-  m.def("layer_qkv", &slotserve::layer_qkv, "RMSNorm, packed q/k/v projection, rotary: q, k, v", free_gil);
-  m.def("layer_out", &slotserve::layer_out, "o projection + residual, RMSNorm, packed gated MLP + residual", free_gil);
+  m.def("layer_out", &slotserve::layer_out, "o projection + residual, RMSNorm, packed gated MLP + residual",
+        free_gil);
   m.def("packed_bytes", &slotserve::packed_bytes, "bytes of 8 packed rows of K values (0: no packed layout)");
   m.def("block_pack", &slotserve::block_pack, "weights in GGUF blocks [N, row_bytes] -> 8-row groups", free_gil);
   m.def("packed_dequant", &slotserve::packed_dequant, "the float32 values [N, K] of packed weights", free_gil);
@@ -599,6 +642,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("moe_route", &slotserve::moe_route, "a router's top-k experts and their weights", py::arg("x"),
         py::arg("w"), py::arg("bias"), py::arg("k"), py::arg("mode"), free_gil);
   m.def("moe_experts", &slotserve::moe_experts, "each token's packed experts, weighted and summed", free_gil);
+  m.def("finite_argmax", &slotserve::finite_argmax, "rows kept finite in place (NaN -> -bound, clamped), argmax",
+        py::arg("logits"), py::arg("bound"));
   m.def("wide", &slotserve::wide, "whether the packed kernels take 16 rows in 512-bit vectors here");
   m.def("isa", &slotserve::isa, "the instruction set the kernels run on this CPU");
   m.def("isas", &slotserve::isas, "every kernel unit this CPU runs, least demanding first");

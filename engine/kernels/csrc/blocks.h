@@ -128,6 +128,7 @@ struct DecodeAttention {
   void rope_rows(const float* x, int64_t x_st, int64_t N, int64_t D, const float* cos, const float* sin,  \
                  int64_t t0, int64_t t1, float* out);                                                    \
   void silu_mul_rows(const float* gu, int64_t ld, int64_t F, int64_t t0, int64_t t1, float* out);        \
+  void finite_argmax_rows(float* x, int64_t V, int64_t s0, int64_t s1, float bound, int64_t* out);     \
   void delta_step_rows(const float* q, const float* k, const float* v, const float* g, const float* beta,  \
                        float* state, int64_t Dk, int64_t Dv, int64_t t0, int64_t t1, float* y);          \
   void conv_step_rows(const float* x, int64_t ldx, float* window, const float* w, const float* bias,       \
