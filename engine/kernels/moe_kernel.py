@@ -49,13 +49,14 @@ def experts(x: torch.Tensor, modules: nn.ModuleList, weights: torch.Tensor, idx:
     if not _usable(x):
         return None
     args = _args(modules)
-    if args is None or idx.numel() >= args[-1]:
+    if args is None or idx.numel() >= args[1]:
         return None
-    return _blocks.moe_experts(x, idx, weights, *args[:-1])
+    return _blocks.moe_experts(x, idx, weights, args[0])
 
 
 def _args(modules: nn.ModuleList) -> tuple | None:
-    """What the compiled call takes for these experts, built once (None: not fusable)."""
+    """What the compiled call takes for these experts, built and checked once: (the
+    extension's ExpertSet, the most pairs a call takes); None: not fusable."""
     key = id(modules[0].gate_up_proj) if hasattr(modules[0], "gate_up_proj") else None
     cached = getattr(modules, "_fused", None)
     if cached is not None and cached[0] == key:
@@ -91,4 +92,5 @@ def _build(modules: nn.ModuleList) -> tuple | None:
     gub = torch.stack(gate_up_bias).contiguous() if gate_up_bias else None  # [E, 2F]
     db = torch.stack(down_bias).contiguous() if down_bias else None  # [E, hidden]
     act, alpha, limit = acts.pop()
-    return gate_up, gate_up_types, down, down_types, gub, db, act, float(alpha), float(limit), max_rows
+    checked = _blocks.ExpertSet(gate_up, gate_up_types, down, down_types, gub, db, act, float(alpha), float(limit))
+    return checked, max_rows

@@ -40,6 +40,7 @@
 #include <ATen/Parallel.h>
 
 #include <algorithm>
+#include <memory>
 #include <cstdlib>
 #include <cstring>
 #include <string>
@@ -641,6 +642,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("packed_linear_on", &slotserve::packed_linear_on, "packed_linear on the named kernel unit", free_gil);
   m.def("moe_route", &slotserve::moe_route, "a router's top-k experts and their weights", py::arg("x"),
         py::arg("w"), py::arg("bias"), py::arg("k"), py::arg("mode"), free_gil);
+  py::class_<slotserve::ExpertSet, std::shared_ptr<slotserve::ExpertSet>>(m, "ExpertSet")
+      .def(py::init(&slotserve::expert_set), py::arg("gate_up"), py::arg("gate_up_types"), py::arg("down"),
+           py::arg("down_types"), py::arg("gate_up_bias"), py::arg("down_bias"), py::arg("act"), py::arg("alpha"),
+           py::arg("limit"));
   m.def("moe_experts", &slotserve::moe_experts, "each token's packed experts, weighted and summed", free_gil);
   m.def("finite_argmax", &slotserve::finite_argmax, "rows kept finite in place (NaN -> -bound, clamped), argmax",
         py::arg("logits"), py::arg("bound"));
