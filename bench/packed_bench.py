@@ -12,25 +12,12 @@ from __future__ import annotations
 
 import argparse
 import functools
-import statistics
-import time
 
 import gguf
 import torch
-from quant_bench import random_blocks
+from quant_bench import median_ms, random_blocks
 
 from engine.kernels import blocks
-
-
-def median_ms(fn, repeat: int) -> float:
-    for _ in range(3):
-        fn()
-    times = []
-    for _ in range(repeat):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return 1000 * statistics.median(times)
 
 
 def main() -> None:

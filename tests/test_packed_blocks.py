@@ -194,33 +194,41 @@ def test_the_avx512_unit_in_256_and_512_bit_tiles(ext, wide):
     assert done.stdout.split()[0] == ("True" if wide == "1" else "False")
 
 
+def mixed_batch_logits(engine, n: int) -> list[torch.Tensor]:
+    """Greedy logits [n, V] of a 5- and a 30-token prompt decoded together from slots 0
+    and 1 (prefill chunks beside decode rows, with a small ``max_batch_tokens``)."""
+    from engine import SamplingParams
+
+    params = SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True)
+    prompts = [[5, 9, 100, 7, 3], list(range(40, 70))]
+    seqs = [engine.add_sequence(p, params, seq_id=i) for i, p in enumerate(prompts)]
+    logits: list[list[torch.Tensor]] = [[], []]
+    while engine.has_work:
+        for ev in engine.step(keep_logits=True):
+            if ev.logits is not None:
+                logits[seqs.index(ev.seq)].append(ev.logits)
+    return [torch.stack(rows) for rows in logits]
+
+
 @pytest.mark.parametrize("layout", ["stream", "unified"])
 @pytest.mark.parametrize("cache", ["f16", "q8_0"])
 def test_a_packed_layer_is_two_compiled_calls_and_the_eager_layer_bit_for_bit(ext, monkeypatch, layout, cache):
     """Layers whose projections are all packed run as layer_qkv + attention + layer_out:
     the same kernels in the same order as the eager layer, so the logits of a mixed batch
     (prefill chunks and decode rows, two sequences) are equal exactly."""
-    from engine import DEMO_MODEL, Engine, SamplingParams
+    from engine import DEMO_MODEL, Engine
     from engine.kernels import packed_layer
 
     calls = []
     qkv = ext.layer_qkv
     monkeypatch.setattr(ext, "layer_qkv", lambda *a: calls.append(a[0].shape[0]) or qkv(*a))
 
-    def run() -> list[list[torch.Tensor]]:
+    def run() -> list[torch.Tensor]:
         engine = Engine.from_pretrained(
             str(DEMO_MODEL), n_ctx=256, n_seq_max=2, quantization="q8_0", kv_unified=layout == "unified",
             cache_type_k=cache, cache_type_v=cache, max_batch_tokens=16,
         )  # fmt: skip
-        params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
-        prompts = [[5, 9, 100, 7, 3], list(range(40, 70))]
-        seqs = [engine.add_sequence(p, params, seq_id=i) for i, p in enumerate(prompts)]
-        logits: list[list[torch.Tensor]] = [[], []]
-        while engine.has_work:
-            for ev in engine.step(keep_logits=True):
-                if ev.logits is not None:
-                    logits[seqs.index(ev.seq)].append(ev.logits)
-        return logits
+        return mixed_batch_logits(engine, 8)
 
     fused = run()
     n_layers = Engine.from_pretrained(str(DEMO_MODEL), n_ctx=16, n_seq_max=1).model_config.n_layers
@@ -230,8 +238,7 @@ def test_a_packed_layer_is_two_compiled_calls_and_the_eager_layer_bit_for_bit(ex
     eager = run()
     assert not calls
     for a, b in zip(fused, eager):
-        assert len(a) == len(b) == 8
-        assert torch.equal(torch.stack(a), torch.stack(b))
+        assert a.shape[0] == b.shape[0] == 8 and torch.equal(a, b)
 
 
 BIASED_FAMILIES = {
@@ -249,7 +256,7 @@ def test_layers_with_biases_sinks_or_experts_take_the_compiled_calls_bit_for_bit
     mixed batch are the eager layer's exactly, and the biases count."""
     import checkpoints
 
-    from engine import Engine, SamplingParams
+    from engine import Engine
     from engine.kernels import packed_layer
 
     extra = BIASED_FAMILIES[arch]
@@ -259,24 +266,13 @@ def test_layers_with_biases_sinks_or_experts_take_the_compiled_calls_bit_for_bit
         original = getattr(ext, name)
         monkeypatch.setattr(ext, name, lambda *a, _f=original, _s=seen, **k: _s.append(a[0].shape[0]) or _f(*a, **k))
 
-    def run(engine) -> list[torch.Tensor]:
-        params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
-        prompts = [[5, 9, 100, 7, 3], list(range(40, 70))]
-        seqs = [engine.add_sequence(p, params, seq_id=i) for i, p in enumerate(prompts)]
-        logits: list[list[torch.Tensor]] = [[], []]
-        while engine.has_work:
-            for ev in engine.step(keep_logits=True):
-                if ev.logits is not None:
-                    logits[seqs.index(ev.seq)].append(ev.logits)
-        return [torch.stack(rows) for rows in logits]
-
     def engine():
         return Engine.from_pretrained(str(folder), n_ctx=256, n_seq_max=2, quantization="q8_0", max_batch_tokens=16)
 
     built = engine()
     layer = built.model.model.layers[0]
     assert layer.self_attn.qkv_proj.packed and layer.self_attn.qkv_proj.bias is not None
-    fused = run(built)
+    fused = mixed_batch_logits(built, 6)
     tail = "layer_out" if arch == "qwen2" else "layer_attn_out"
     n_layers = len(built.model.model.layers)
     assert len(calls["layer_qkv"]) == len(calls[tail]) >= 6 * n_layers  # every layer, every step
@@ -284,7 +280,7 @@ def test_layers_with_biases_sinks_or_experts_take_the_compiled_calls_bit_for_bit
     monkeypatch.setattr(packed_layer, "enabled", False)
     for seen in calls.values():
         seen.clear()
-    eager = run(engine())
+    eager = mixed_batch_logits(engine(), 6)
     assert not any(calls.values())
     for a, b in zip(fused, eager):
         assert a.shape[0] == 6 and torch.equal(a, b)
@@ -292,4 +288,4 @@ def test_layers_with_biases_sinks_or_experts_take_the_compiled_calls_bit_for_bit
     unbiased = engine()
     for layer in unbiased.model.model.layers:
         layer.self_attn.qkv_proj.bias.data.zero_()
-    assert not torch.equal(run(unbiased)[0], fused[0])  # the fused path adds the biases
+    assert not torch.equal(mixed_batch_logits(unbiased, 6)[0], fused[0])  # the fused path adds the biases
