@@ -7,6 +7,7 @@ for the fused projections, which ``FUSED`` maps (checkpoint name -> fused param,
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable
 
 import torch
@@ -17,6 +18,8 @@ from engine.models.config import ModelConfig
 from engine.models.layers import AttentionShape, DecoderLayer, RMSNorm, embedding
 from engine.models.rope import Rotary, rotate
 from memory import ForwardView, FullAttentionSpec, LayerSpec, SlidingWindowSpec
+
+log = logging.getLogger("slotserve")
 
 FUSED = {
     "q_proj": ("qkv_proj", 0),
@@ -186,11 +189,14 @@ class DecoderLM(nn.Module):
         """
         params = dict(self.named_parameters(remove_duplicate=False))
         filled: set[tuple[str, int | None]] = set()
+        bare = False  # tensors saved from the bare model (``Qwen3Model``: no ``model.`` prefix, no head)
         for file, name, tensor in self._renamed(tensors):
             if name.endswith(IGNORED_SUFFIXES) or (name == "lm_head.weight" and self.cfg.tie_word_embeddings):
                 continue
             target, shard = self._target(name)
             param = params.get(target)
+            if param is None and f"model.{target}" in params:
+                target, param, bare = f"model.{target}", params[f"model.{target}"], True
             if param is None:
                 raise CheckpointError(f"{file}: unexpected tensor '{name}' for {self.cfg.architecture}")
             dst = param.data
@@ -208,7 +214,17 @@ class DecoderLM(nn.Module):
             if shard is None and fused in self._shards:  # the fused tensor as a checkpoint writes it (Phi-3)
                 filled.update((target, s) for s in range(len(self._shards[fused])))
             filled.add((target, shard))
+        if bare and "lm_head.weight" in params and ("lm_head.weight", None) not in filled:
+            self._head_from_embeddings()
+            filled.add(("lm_head.weight", None))
         self._check_filled(params, filled)
+
+    def _head_from_embeddings(self) -> None:
+        """A bare model's checkpoint has no LM head (an embedding model published as
+        ``Qwen3Model`` tensors): the input embeddings stand in for it, as llama.cpp does
+        when a file has no output tensor. Embeddings do not use it; generation would."""
+        log.warning("%s: the checkpoint has no LM head; the input embeddings stand in for it", self.cfg.architecture)
+        self.lm_head.weight = self.model.embed_tokens.weight
 
     def checkpoint_names(self) -> list[str]:
         """Every tensor name a Hugging Face checkpoint of this model holds (unfused)."""

@@ -96,9 +96,17 @@ MODEL_TYPES = {  # config.json's model_type -> the class name
 }
 
 
+BARE_MODELS = {  # a bare model's class (no LM head; decoder embedding models) -> the class that loads it
+    "LlamaModel": "LlamaForCausalLM",
+    "MistralModel": "MistralForCausalLM",  # e5-mistral, SFR-Embedding-Mistral
+    "Qwen2Model": "Qwen2ForCausalLM",  # gte-Qwen2
+    "Qwen3Model": "Qwen3ForCausalLM",  # Qwen3-Embedding saved by AutoModel
+}
+
+
 def model_class(architecture: str, source: str = "config.json") -> type[DecoderLM]:
     """Raises UnsupportedArchitecture naming the supported ones."""
-    name = MODEL_TYPES.get(architecture, architecture)
+    name = BARE_MODELS.get(architecture) or MODEL_TYPES.get(architecture, architecture)
     if name not in MODELS:
         raise UnsupportedArchitecture(
             f"{source}: field 'architectures' names '{architecture}', which slotserve does not support; "

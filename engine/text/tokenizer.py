@@ -82,11 +82,16 @@ class Tokenizer:
         eos_ids: set[int] | frozenset[int] = frozenset(),
         template: str | None = None,
         fim_fields: dict | None = None,
+        add_eos: bool = False,
     ):
         """``eos_ids``: the ids that end generation (``eos_token``'s id is added);
-        ``fim_fields``: GGUF metadata that may name the fill-in-the-middle tokens."""
+        ``fim_fields``: GGUF metadata that may name the fill-in-the-middle tokens;
+        ``add_bos`` / ``add_eos``: encoding with special tokens puts BOS first / EOS last
+        where the tokenizer's own post-processor did not (llama.cpp's ``add_bos_token``,
+        ``add_eos_token``: Qwen3-Embedding's files append EOS, which its last-token
+        pooling reads)."""
         self.hf = hf
-        self.bos_token, self.eos_token, self.add_bos = bos_token, eos_token, add_bos
+        self.bos_token, self.eos_token, self.add_bos, self.add_eos = bos_token, eos_token, add_bos, add_eos
         self.bos_id = self.hf.token_to_id(self.bos_token) if self.bos_token else None
         eos = set(eos_ids)
         if self.eos_token and self.hf.token_to_id(self.eos_token) is not None:
@@ -112,8 +117,8 @@ class Tokenizer:
         gen_eos = gen_cfg.get("eos_token_id")
         eos.update([gen_eos] if isinstance(gen_eos, int) else (gen_eos or []))
         bos_token, eos_token = _token_text(tok_cfg.get("bos_token")), _token_text(tok_cfg.get("eos_token"))
-        add_bos = bool(tok_cfg.get("add_bos_token", False))
-        return cls(hf, bos_token, eos_token, add_bos, eos, _template_source(folder, tok_cfg))
+        add_bos, add_eos = bool(tok_cfg.get("add_bos_token", False)), bool(tok_cfg.get("add_eos_token", False))
+        return cls(hf, bos_token, eos_token, add_bos, eos, _template_source(folder, tok_cfg), add_eos=add_eos)
 
     @property
     def _specials(self) -> dict[str, str | None]:
@@ -145,7 +150,14 @@ class Tokenizer:
             raise TokenizeError(f"the text cannot be tokenized: {exc}") from exc
         if add_special and self.add_bos and self.bos_id is not None and (not ids or ids[0] != self.bos_id):
             ids = [self.bos_id] + ids
+        if add_special and self.add_eos and self.eos_id is not None and (not ids or ids[-1] != self.eos_id):
+            ids = ids + [self.eos_id]
         return ids
+
+    @functools.cached_property
+    def eos_id(self) -> int | None:
+        """``eos_token``'s id (what ``add_eos`` appends), or None."""
+        return self.hf.token_to_id(self.eos_token) if self.eos_token else None
 
     @functools.cached_property
     def adds_bos(self) -> bool:

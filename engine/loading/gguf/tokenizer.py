@@ -189,5 +189,7 @@ def gguf_tokenizer(checkpoint) -> Tokenizer:
     keys = ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id")
     eos = {fields[k] for k in keys if isinstance(fields.get(k), int)}
     add_bos = bool(fields.get("tokenizer.ggml.add_bos_token", False))
+    add_eos = bool(fields.get("tokenizer.ggml.add_eos_token", False))
     bos, eos_text = text("tokenizer.ggml.bos_token_id"), text("tokenizer.ggml.eos_token_id")
-    return Tokenizer(hf, bos, eos_text, add_bos, eos, fields.get("tokenizer.chat_template"), fim_fields=fields)
+    template = fields.get("tokenizer.chat_template")
+    return Tokenizer(hf, bos, eos_text, add_bos, eos, template, fim_fields=fields, add_eos=add_eos)
