@@ -1,5 +1,6 @@
 """The pooling a checkpoint asks for when it embeds: a sentence-transformers folder's
-``*_Pooling/config.json``, or a GGUF file's ``<arch>.pooling_type`` (llama.cpp's enum).
+``*_Pooling/config.json`` (flags ``pooling_mode_*`` as published models carry them, or
+sentence-transformers 6's ``pooling_mode`` by name), or a GGUF file's ``<arch>.pooling_type`` (llama.cpp's enum).
 None when the checkpoint says nothing (the server then pools the last token)."""
 
 from __future__ import annotations
@@ -20,5 +21,7 @@ def checkpoint_pooling(model: str, gguf_fields: dict | None = None) -> str | Non
             cfg = json.loads(path.read_text())
         except (OSError, ValueError):
             return None
+        if isinstance(cfg.get("pooling_mode"), str):  # sentence-transformers 6 writes the mode by name
+            return {"mean": "mean", "cls": "cls", "lasttoken": "last"}.get(cfg["pooling_mode"])
         return next((mode for key, mode in ST_POOLING.items() if cfg.get(key)), None)
     return None

@@ -1,0 +1,60 @@
+"""Tiny encoder checkpoints for the retrieval tests (issue 54), written as
+sentence-transformers saves them (modules.json, a pooling config, Normalize,
+sentence_bert_config.json), with a WordPiece tokenizer built by ``tokenizers``."""
+
+from __future__ import annotations
+
+import json
+import string
+from pathlib import Path
+
+import torch
+
+BERT_TINY = dict(vocab_size=120, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
+                 max_position_embeddings=64)  # fmt: skip
+WORDS = ["slot", "cache", "query", "window", "file", "the", "a", "of", "and", "retrieval"]
+
+
+def write_wordpiece(folder: Path) -> int:
+    """A lower-casing WordPiece tokenizer ([CLS] text [SEP]); returns its vocabulary size."""
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
+
+    specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+    pieces = specials + WORDS + list(string.ascii_lowercase) + [f"##{c}" for c in string.ascii_lowercase]
+    pieces += list(string.digits + string.punctuation)
+    vocab = {p: i for i, p in enumerate(dict.fromkeys(pieces))}
+    tok = Tokenizer(models.WordPiece(vocab, unk_token="[UNK]"))
+    tok.normalizer = normalizers.BertNormalizer(lowercase=True)
+    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tok.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1", special_tokens=[("[CLS]", 2), ("[SEP]", 3)]
+    )
+    tok.decoder = decoders.WordPiece()
+    tok.save(str(folder / "tokenizer.json"))
+    cfg = {"tokenizer_class": "BertTokenizer", "do_lower_case": True, "model_max_length": 512,
+           **{f"{k}_token": f"[{k.upper()}]" for k in ("pad", "unk", "cls", "sep", "mask")}}  # fmt: skip
+    (folder / "tokenizer_config.json").write_text(json.dumps(cfg))
+    return len(vocab)
+
+
+def make_bert_embedder(folder: Path, pooling: str = "mean", normalize: bool = True, seed: int = 0, **overrides) -> Path:
+    """A random tiny BERT saved by sentence-transformers with ``pooling`` (mean, cls,
+    lasttoken) and, with ``normalize``, a Normalize module."""
+    import transformers
+    from sentence_transformers import SentenceTransformer, models
+
+    base = folder.parent / f"{folder.name}-base"
+    base.mkdir(parents=True, exist_ok=True)
+    vocab = write_wordpiece(base)
+    torch.manual_seed(seed)
+    config = transformers.BertConfig(**{**BERT_TINY, "vocab_size": vocab, **overrides})
+    model = transformers.BertModel(config, add_pooling_layer=False)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.1)
+    model.save_pretrained(base)
+    modules = [models.Transformer(str(base), max_seq_length=48), models.Pooling(config.hidden_size, pooling)]
+    if normalize:
+        modules.append(models.Normalize())
+    SentenceTransformer(modules=modules, device="cpu").save(str(folder))
+    return folder

@@ -1,0 +1,47 @@
+"""Encoder models for embeddings (issue 54, item 1): a BERT folder saved by
+sentence-transformers gives sentence-transformers' own vectors (its tokenizer, its
+truncation, its pooling and normalization read from the folder), in float32 within
+1e-5 cosine, alone and batched with inputs of other lengths."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from encoders import make_bert_embedder
+
+from engine.core.encoder import EncoderEngine, is_encoder
+
+TEXTS = ["the slot and the cache", "a query", "retrieval of a file " * 20, "window", "Slot, cache; QUERY!"]
+
+
+@pytest.mark.parametrize(
+    "pooling,normalize,published", [("mean", True, True), ("cls", False, False), ("lasttoken", True, False)]
+)
+def test_a_bert_folder_embeds_as_sentence_transformers(tmp_path, pooling, normalize, published):
+    """``published``: the pooling config in the flags published models carry
+    (``pooling_mode_mean_tokens``: true), else as sentence-transformers 6 writes it."""
+    import json
+
+    from sentence_transformers import SentenceTransformer
+
+    folder = make_bert_embedder(tmp_path / "bert", pooling=pooling, normalize=normalize)
+    if published:
+        hint = folder / "1_Pooling" / "config.json"
+        mode = json.loads(hint.read_text())["pooling_mode"]
+        flags = {f"pooling_mode_{m}": m == mode for m in ("cls_token", "mean_tokens", "max_tokens", "lasttoken")}
+        flags["pooling_mode_mean_tokens"] = mode == "mean"
+        flags["pooling_mode_cls_token"] = mode == "cls"
+        hint.write_text(json.dumps({"word_embedding_dimension": 64, **flags}))
+    assert is_encoder(folder)
+    expected = SentenceTransformer(str(folder), device="cpu").encode(TEXTS, convert_to_tensor=True)
+    engine = EncoderEngine.from_pretrained(folder, batch_tokens=64)  # several padded batches
+    assert engine.config.pooling == {"lasttoken": "last"}.get(pooling, pooling)
+    assert engine.config.normalize is normalize
+    ids = engine.encode(TEXTS)
+    assert len(ids[2]) == 48  # cut at the folder's max_seq_length, [SEP] kept
+    got = torch.stack(engine.embed(ids))
+    alone = torch.stack([engine.embed([one])[0] for one in ids])
+    torch.testing.assert_close(got, alone, atol=1e-5, rtol=1e-5)  # a batch's padding changes nothing
+    cos = torch.nn.functional.cosine_similarity(got, expected, dim=-1)
+    assert (cos > 1 - 1e-5).all(), cos
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-4)  # the scale too: normalized or not
