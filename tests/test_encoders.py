@@ -1,5 +1,5 @@
-"""Encoder models for embeddings (issue 54, item 1): a BERT folder saved by
-sentence-transformers gives sentence-transformers' own vectors (its tokenizer, its
+"""Encoder models for embeddings (issue 54, item 1): a BERT (WordPiece) or XLM-RoBERTa
+(Unigram, positions after the padding id) folder saved by sentence-transformers gives sentence-transformers' own vectors (its tokenizer, its
 truncation, its pooling and normalization read from the folder), in float32 within
 1e-5 cosine, alone and batched with inputs of other lengths."""
 
@@ -15,16 +15,23 @@ TEXTS = ["the slot and the cache", "a query", "retrieval of a file " * 20, "wind
 
 
 @pytest.mark.parametrize(
-    "pooling,normalize,published", [("mean", True, True), ("cls", False, False), ("lasttoken", True, False)]
+    "kind,pooling,normalize,published",
+    [
+        ("bert", "mean", True, True),
+        ("bert", "cls", False, False),
+        ("bert", "lasttoken", True, False),
+        ("xlm-roberta", "mean", True, True),
+        ("xlm-roberta", "cls", False, False),
+    ],
 )
-def test_a_bert_folder_embeds_as_sentence_transformers(tmp_path, pooling, normalize, published):
+def test_an_encoder_folder_embeds_as_sentence_transformers(tmp_path, kind, pooling, normalize, published):
     """``published``: the pooling config in the flags published models carry
     (``pooling_mode_mean_tokens``: true), else as sentence-transformers 6 writes it."""
     import json
 
     from sentence_transformers import SentenceTransformer
 
-    folder = make_bert_embedder(tmp_path / "bert", pooling=pooling, normalize=normalize)
+    folder = make_bert_embedder(tmp_path / kind, pooling=pooling, normalize=normalize, kind=kind)
     if published:
         hint = folder / "1_Pooling" / "config.json"
         mode = json.loads(hint.read_text())["pooling_mode"]
