@@ -55,7 +55,8 @@ def write_unigram(folder: Path) -> int:
     tok.decoder = decoders.Metaspace(replacement="\u2581", prepend_scheme="always")
     tok.save(str(folder / "tokenizer.json"))
     cfg = {"tokenizer_class": "XLMRobertaTokenizer", "model_max_length": 512, "bos_token": "<s>", "eos_token": "</s>",
-           "sep_token": "</s>", "cls_token": "<s>", "unk_token": "<unk>", "pad_token": "<pad>", "mask_token": "<unk>"}  # fmt: skip
+           "sep_token": "</s>", "cls_token": "<s>", "unk_token": "<unk>", "pad_token": "<pad>",
+           "mask_token": "<unk>"}  # fmt: skip
     (folder / "tokenizer_config.json").write_text(json.dumps(cfg))
     return len(vocab)
 

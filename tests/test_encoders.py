@@ -1,7 +1,8 @@
 """Encoder models for embeddings (issue 54, item 1): a BERT (WordPiece) or XLM-RoBERTa
-(Unigram, positions after the padding id) folder saved by sentence-transformers gives sentence-transformers' own vectors (its tokenizer, its
-truncation, its pooling and normalization read from the folder), in float32 within
-1e-5 cosine, alone and batched with inputs of other lengths."""
+(Unigram, positions after the padding id) folder saved by sentence-transformers gives
+sentence-transformers' own vectors (its tokenizer, its truncation, its pooling and
+normalization read from the folder), in float32 within 1e-5, alone and batched with
+inputs of other lengths."""
 
 from __future__ import annotations
 
