@@ -151,6 +151,17 @@ class EngineService:
         return self._engine.model_config.hidden_size
 
     @property
+    def matryoshka_dimensions(self) -> tuple[int, ...] | None:
+        """The leading lengths an embedding may be cut to (Matryoshka models), from
+        config.json as vLLM reads it: ``matryoshka_dimensions`` (those), or
+        ``is_matryoshka`` (any length up to ``hidden_size``); None: only the whole."""
+        raw, hidden = self._engine.model_config.raw, self.hidden_size
+        listed = raw.get("matryoshka_dimensions")
+        if isinstance(listed, list) and listed and all(isinstance(d, int) and 0 < d <= hidden for d in listed):
+            return tuple(sorted(set(listed)))
+        return tuple(range(1, hidden + 1)) if raw.get("is_matryoshka") is True else None
+
+    @property
     def embedding_pooling(self) -> str | None:
         """The pooling the checkpoint names for embeddings (None: it names none)."""
         return self._engine.checkpoint_pooling

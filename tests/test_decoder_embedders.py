@@ -111,3 +111,36 @@ def test_a_gguf_files_add_eos_flag_appends_eos_and_the_served_vectors_are_transf
     assert tokens[-1] == 256  # EOS appended, as llama.cpp's tokenizer does with the flag
     cosines = (torch.nn.functional.normalize(got, dim=-1) * expected).sum(-1)
     assert (cosines > 1 - 1e-5).all(), cosines
+
+
+def test_dimensions_cut_a_matryoshka_models_vectors_and_other_models_refuse_them(published, tmp_path):
+    """``dimensions`` (OpenAI's, with vLLM's rule): a model whose config says
+    ``matryoshka_dimensions`` answers the leading values of its vector, normalized after
+    the cut, in the sizes it lists; a size it does not list, or any other size on a model
+    that is not Matryoshka, is a 400 in the OpenAI error shape."""
+    import shutil
+
+    folder = tmp_path / "mrl"
+    shutil.copytree(published[0], folder)
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "matryoshka_dimensions": [16, 32]}))
+    with ServerProcess("-m", str(folder), "-np", "1", "-c", "256", "--embeddings", "--pooling", "last") as srv:
+        srv.wait_ready()
+
+        def post(**body) -> httpx.Response:
+            return httpx.post(srv.url + "/v1/embeddings", json={"input": TEXTS[:2], **body}, timeout=60)
+
+        raw = torch.tensor([row["embedding"] for row in post(embd_normalize=-1).json()["data"]])  # [2, 64]
+        answer = post(dimensions=16)
+        assert answer.status_code == 200, answer.text
+        cut = torch.tensor([row["embedding"] for row in answer.json()["data"]])
+        assert cut.shape == (2, 16)
+        torch.testing.assert_close(cut, torch.nn.functional.normalize(raw[:, :16], dim=-1), atol=1e-6, rtol=1e-5)
+        assert post(dimensions=64).status_code == 200  # its own size, always
+        refused = post(dimensions=24)
+        assert refused.status_code == 400 and "16, 32" in refused.json()["error"]["message"]
+    shutil.rmtree(folder)
+    with ServerProcess("-m", str(published[0]), "-np", "1", "-c", "256", "--embeddings") as srv:
+        srv.wait_ready()
+        refused = httpx.post(srv.url + "/v1/embeddings", json={"input": "x", "dimensions": 16}, timeout=60)
+        assert refused.status_code == 400 and "not a Matryoshka model" in refused.json()["error"]["message"]

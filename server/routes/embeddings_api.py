@@ -8,7 +8,10 @@ size is served, and one that fails cancels the rest of itself.
 Pooling: ``--pooling``, else what the checkpoint names, else ``last`` (decoder models).
 OpenAI's route normalizes (``embd_normalize``, llama-server's: 2 Euclidean by default,
 -1 none, 0 max-abs to int16 range, 1 taxicab, p > 2 p-norm) and refuses pooling
-``none``; the native routes answer every token's vector for ``none``, unnormalized."""
+``none``; the native routes answer every token's vector for ``none``, unnormalized.
+``dimensions`` other than the model's size cuts a Matryoshka model's vectors to their
+leading values before normalizing (vLLM's rule: config.json's ``is_matryoshka`` or
+``matryoshka_dimensions``); other models refuse it."""
 
 from __future__ import annotations
 
@@ -60,7 +63,7 @@ class EmbeddingRequest(_Body):
     model: str | None = None
     encoding_format: Literal["float", "base64"] = "float"
     embd_normalize: Int(ge=-1, le=64) = 2
-    dimensions: EmbedSize | None = None  # OpenAI's: only the model's own size
+    dimensions: EmbedSize | None = None  # OpenAI's: the model's own size, or a Matryoshka model's cut
     user: str | None = None
 
     def entries(self) -> list[Entry]:
@@ -108,6 +111,22 @@ async def _ids(state, engine, entry: Entry, budget: ImageBudget, where: str = "i
     return ids, media
 
 
+def _dimensions(engine, wanted: int | None) -> int | None:
+    """The length to cut vectors to (None: the whole), or a 400: ``dimensions`` other
+    than the model's own size needs a Matryoshka model and one of its lengths."""
+    hidden = engine.hidden_size
+    if wanted is None or wanted == hidden:
+        return None
+    allowed = engine.matryoshka_dimensions
+    if allowed is None:
+        why = f"dimensions: this model's embeddings have {hidden} values and it is not a Matryoshka model"
+        raise APIError(400, why + " (config.json: is_matryoshka, matryoshka_dimensions)")
+    if wanted not in allowed:
+        shown = "any up to " + str(hidden) if len(allowed) == hidden else ", ".join(map(str, allowed))
+        raise APIError(400, f"dimensions: {wanted} is not one this model's embeddings take ({shown})")
+    return wanted
+
+
 async def _embed(http: HTTPRequest, body: EmbeddingRequest, oai: bool) -> tuple[list[list[list[float]]], int]:
     """Each input's vectors (pooled: one), and how many tokens were read. Every input
     is checked before any runs: a bad one refuses the whole request."""
@@ -119,8 +138,7 @@ async def _embed(http: HTTPRequest, body: EmbeddingRequest, oai: bool) -> tuple[
     pooling = state.embedding_pooling
     if oai and pooling == "none":
         raise APIError(400, "Pooling type 'none' is not OAI compatible. Please use a different pooling type")
-    if body.dimensions is not None and body.dimensions != engine.hidden_size:
-        raise APIError(400, f"dimensions: this model's embeddings have {engine.hidden_size}, not {body.dimensions}")
+    size = _dimensions(engine, body.dimensions)
     budget, entries = ImageBudget(), body.entries()  # one budget for the images of all the inputs
     prompts = [
         await _ids(state, engine, e, budget, f"input[{k}]" if len(entries) > 1 else "input")
@@ -136,6 +154,8 @@ async def _embed(http: HTTPRequest, body: EmbeddingRequest, oai: bool) -> tuple[
     finally:
         await batch.close()
     vectors = [run.choices[0].embedding for run in batch.runs]
+    if size is not None:  # a Matryoshka model's leading values, normalized after the cut
+        vectors = [[row[:size] for row in v] for v in vectors]
     if pooling != "none":
         vectors = [[normalize(v[0], body.embd_normalize)] for v in vectors]
     return vectors, sum(len(ids) for ids, _ in prompts)
