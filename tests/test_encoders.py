@@ -53,3 +53,21 @@ def test_an_encoder_folder_embeds_as_sentence_transformers(tmp_path, kind, pooli
     cos = torch.nn.functional.cosine_similarity(got, expected, dim=-1)
     assert (cos > 1 - 1e-5).all(), cos
     torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-4)  # the scale too: normalized or not
+
+
+def test_a_gguf_bert_file_gives_its_folders_tokens_and_vectors(tmp_path):
+    """The pinned converter's ``bert`` file (WordPiece with llama.cpp's phantom spaces,
+    lower-casing, [CLS]/[SEP] from its add_bos / add_eos flags, mean pooling from
+    ``bert.pooling_type``): the same token ids and, normalized, the same vectors as the
+    folder it was converted from."""
+    from gguf_tools import convert
+
+    folder = make_bert_embedder(tmp_path / "bert", pooling="mean", normalize=True)
+    gguf_file = convert(folder, tmp_path / "bert.gguf")
+    assert is_encoder(gguf_file)
+    ours, theirs = EncoderEngine.from_pretrained(gguf_file, normalize=True), EncoderEngine.from_pretrained(folder)
+    assert ours.config.pooling == "mean"
+    texts = [t for t in TEXTS if len(theirs.encode([t])[0]) < 48]  # the file's limit is the position table's
+    assert ours.encode(texts) == theirs.encode(texts)
+    got, expected = torch.stack(ours.embed(ours.encode(texts))), torch.stack(theirs.embed(theirs.encode(texts)))
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-4)

@@ -21,6 +21,7 @@ from tokenizers import Tokenizer as HFTokenizer
 
 from engine.errors import CheckpointError
 from engine.loading.checkpoint import iter_tensors, weight_files
+from engine.loading.gguf.encoder_file import EncoderFile
 from engine.loading.pooling_hint import checkpoint_pooling
 from engine.models.bert import ARCHITECTURES, MODEL_TYPES, BertEncoder
 
@@ -37,7 +38,14 @@ class EncoderConfig:
 
 
 def is_encoder(folder: Path) -> bool:
-    """Whether ``folder``'s config names an encoder this module serves."""
+    """Whether ``folder``'s config (or a GGUF file's architecture) names an encoder
+    this module serves."""
+    if Path(folder).is_file():
+        try:
+            EncoderFile(Path(folder))
+        except CheckpointError:
+            return False
+        return True
     try:
         raw = json.loads((Path(folder) / "config.json").read_text())
     except (OSError, ValueError):
@@ -81,8 +89,11 @@ class EncoderEngine:
     def from_pretrained(
         cls, folder: str | Path, pooling: str | None = None, normalize: bool | None = None, batch_tokens: int = 8192
     ) -> EncoderEngine:
-        """Raises CheckpointError for a folder that is not a supported encoder."""
+        """``folder``: a Hugging Face folder, or a GGUF ``bert`` file. Raises
+        CheckpointError for one that is not a supported encoder."""
         folder = Path(folder)
+        if folder.is_file():
+            return cls._from_gguf(folder, pooling, normalize, batch_tokens)
         try:
             raw = json.loads((folder / "config.json").read_text())
         except (OSError, ValueError) as exc:
@@ -110,6 +121,31 @@ class EncoderEngine:
             normalize=any(str(m.get("type", "")).endswith("Normalize") for m in modules)
             if normalize is None
             else normalize,
+        )
+        return cls(model, tokenizer, config, batch_tokens)
+
+    @classmethod
+    def _from_gguf(cls, path: Path, pooling: str | None, normalize: bool | None, batch_tokens: int) -> EncoderEngine:
+        """A GGUF ``bert`` file (engine/loading/gguf/encoder_file.py): pooling from its
+        ``bert.pooling_type``; not normalized unless asked (the file does not say: the
+        server's routes normalize, as llama-server's)."""
+        file = EncoderFile(path)
+        raw = file.config()
+        with torch.device("meta"):
+            model = BertEncoder(raw, "bert")
+        model = model.to_empty(device="cpu").float()
+        with torch.no_grad():
+            model.load_weights(file.iter_tensors())
+        model.eval().requires_grad_(False)
+        tokenizer = file.tokenizer()
+        tokenizer.enable_truncation(model.max_positions)
+        tokenizer.no_padding()
+        config = EncoderConfig(
+            architecture="BertModel",
+            hidden_size=int(raw["hidden_size"]),
+            max_tokens=model.max_positions,
+            pooling=pooling or checkpoint_pooling(str(path), file.fields) or "cls",
+            normalize=bool(normalize),
         )
         return cls(model, tokenizer, config, batch_tokens)
 

@@ -1,0 +1,132 @@
+"""A GGUF ``bert`` file as engine/core/encoder.py reads an encoder folder (issue 54):
+the config, the tensors under their Hugging Face names (dequantized to float32), and a
+WordPiece tokenizer rebuilt from the file's vocabulary.
+
+The converter writes BERT's WordPiece vocabulary with llama.cpp's phantom spaces: a
+word-initial piece ``w`` as ``▁w``, a continuation ``##w`` as ``w``, control tokens as
+they are; ``tokenizer.ggml.normalizer.lowercase`` says whether text is lower-cased, and
+``add_bos_token`` / ``add_eos_token`` put [CLS] first and [SEP] last."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import gguf
+import numpy as np
+import torch
+from tokenizers import Tokenizer as HFTokenizer
+from tokenizers import decoders, models, normalizers, pre_tokenizers, processors
+
+from engine.errors import CheckpointError
+from engine.loading.gguf.header import read_header
+
+PHANTOM = "\u2581"
+CONTROL = int(gguf.TokenType.CONTROL)
+NAMES = {  # GGUF tensor -> the Hugging Face name (blk.N.<x> -> encoder.layer.N.<y>)
+    "token_embd": "embeddings.word_embeddings",
+    "position_embd": "embeddings.position_embeddings",
+    "token_types": "embeddings.token_type_embeddings",
+    "token_embd_norm": "embeddings.LayerNorm",
+    "attn_q": "attention.self.query",
+    "attn_k": "attention.self.key",
+    "attn_v": "attention.self.value",
+    "attn_output": "attention.output.dense",
+    "attn_output_norm": "attention.output.LayerNorm",
+    "ffn_up": "intermediate.dense",
+    "ffn_down": "output.dense",
+    "layer_output_norm": "output.LayerNorm",
+}
+
+
+def hf_name(name: str) -> str | None:
+    """``blk.3.attn_q.weight`` -> ``encoder.layer.3.attention.self.query.weight``; None
+    for a tensor the encoder does not read (a classifier head)."""
+    parts = name.split(".")
+    if parts[0] == "blk" and len(parts) == 4 and parts[2] in NAMES:
+        return f"encoder.layer.{parts[1]}.{NAMES[parts[2]]}.{parts[3]}"
+    if len(parts) == 2 and parts[0] in NAMES:
+        return f"{NAMES[parts[0]]}.{parts[1]}"
+    return None
+
+
+class EncoderFile:
+    """Raises CheckpointError for a file that is not a GGUF ``bert`` encoder."""
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        try:
+            header = read_header(self.path)
+        except (ValueError, OSError) as exc:
+            raise CheckpointError(f"{path}: not a readable GGUF file: {exc}") from exc
+        self.fields, self.tensors = header.fields, header.tensors
+        arch, model = self.fields.get("general.architecture"), self.fields.get("tokenizer.ggml.model")
+        if arch != "bert":
+            raise CheckpointError(f"{path}: GGUF architecture '{arch}' is not an encoder slotserve serves (bert)")
+        if model != "bert":
+            raise CheckpointError(f"{path}: tokenizer model '{model}' (expected bert: WordPiece)")
+
+    def config(self) -> dict[str, Any]:
+        """config.json's fields for engine/models/bert.py."""
+        f = self.fields
+        types = self.tensors.get("token_types.weight")
+        return {
+            "architectures": ["BertModel"],
+            "vocab_size": len(f["tokenizer.ggml.tokens"]),
+            "hidden_size": int(f["bert.embedding_length"]),
+            "num_hidden_layers": int(f["bert.block_count"]),
+            "num_attention_heads": int(f["bert.attention.head_count"]),
+            "intermediate_size": int(f["bert.feed_forward_length"]),
+            "max_position_embeddings": int(f["bert.context_length"]),
+            "layer_norm_eps": float(f.get("bert.attention.layer_norm_epsilon", 1e-12)),
+            "type_vocab_size": types.shape[0] if types else 1,
+            "pad_token_id": int(f.get("tokenizer.ggml.padding_token_id", 0)),
+            "hidden_act": "gelu",
+        }
+
+    def iter_tensors(self) -> Iterator[tuple[str, str, torch.Tensor]]:
+        """(file, Hugging Face name, float32 tensor) for every tensor the encoder reads."""
+        fd = os.open(self.path, os.O_RDONLY)
+        try:
+            for name, (qtype, shape, offset, n_bytes) in self.tensors.items():
+                target = hf_name(name)
+                if target is None:
+                    continue
+                buf = bytearray(n_bytes)
+                if os.preadv(fd, [buf], offset) != n_bytes:
+                    raise CheckpointError(f"{self.path}: tensor '{name}' is cut short (file truncated?)")
+                rows = int(np.prod(shape[:-1])) if len(shape) > 1 else 1
+                raw = np.frombuffer(buf, dtype=np.uint8).reshape(rows, -1)
+                values = gguf.quants.dequantize(raw, qtype).astype(np.float32)  # [rows, n]
+                yield self.path.name, target, torch.from_numpy(values.reshape(shape).copy())
+        finally:
+            os.close(fd)
+
+    def tokenizer(self) -> HFTokenizer:
+        """The WordPiece tokenizer the file's vocabulary stands for."""
+        f = self.fields
+        tokens, kinds = f["tokenizer.ggml.tokens"], f.get("tokenizer.ggml.token_type") or []
+        pieces = []
+        for i, tok in enumerate(tokens):
+            if i < len(kinds) and kinds[i] == CONTROL:
+                pieces.append(tok)
+            elif tok.startswith(PHANTOM):
+                pieces.append(tok[len(PHANTOM) :])
+            else:
+                pieces.append("##" + tok)
+        vocab = {p: i for i, p in reversed(list(enumerate(pieces)))}  # a repeated piece: its first id
+        unk = tokens[int(f.get("tokenizer.ggml.unknown_token_id", 0))]
+        tok = HFTokenizer(models.WordPiece(vocab, unk_token=pieces[tokens.index(unk)]))
+        tok.normalizer = normalizers.BertNormalizer(lowercase=bool(f.get("tokenizer.ggml.normalizer.lowercase", True)))
+        tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+        tok.decoder = decoders.WordPiece()
+        first = [int(f["tokenizer.ggml.bos_token_id"])] if f.get("tokenizer.ggml.add_bos_token") else []
+        last = [int(f["tokenizer.ggml.eos_token_id"])] if f.get("tokenizer.ggml.add_eos_token") else []
+        specials = [(pieces[i], i) for i in first + last]
+        single = " ".join([pieces[i] for i in first] + ["$A"] + [pieces[i] for i in last])
+        if specials:
+            tok.post_processor = processors.TemplateProcessing(single=single, special_tokens=specials)
+        tok.add_special_tokens([p for p, k in zip(pieces, kinds) if k == CONTROL])
+        return tok
