@@ -144,3 +144,22 @@ def test_dimensions_cut_a_matryoshka_models_vectors_and_other_models_refuse_them
         srv.wait_ready()
         refused = httpx.post(srv.url + "/v1/embeddings", json={"input": "x", "dimensions": 16}, timeout=60)
         assert refused.status_code == 400 and "not a Matryoshka model" in refused.json()["error"]["message"]
+
+
+def test_the_servers_embd_normalize_is_the_default_a_request_overrides(published):
+    """``--embd-normalize -1``: vectors as pooled (no request field); a request's
+    ``embd_normalize`` 2 still gets unit vectors."""
+    folder, expected = published
+    with ServerProcess("-m", str(folder), "-np", "1", "-c", "256", "--embeddings", "--embd-normalize", "-1") as srv:
+        srv.wait_ready()
+
+        def vectors(**body) -> torch.Tensor:
+            answer = httpx.post(srv.url + "/v1/embeddings", json={"input": TEXTS, **body}, timeout=60)
+            assert answer.status_code == 200, answer.text
+            return torch.tensor([row["embedding"] for row in answer.json()["data"]])
+
+        raw, unit = vectors(), vectors(embd_normalize=2)
+    norms = raw.norm(dim=-1)
+    assert ((norms - 1).abs() > 1e-2).all()  # not normalized
+    torch.testing.assert_close(raw / norms[:, None], unit, atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(unit, expected, atol=1e-5, rtol=1e-4)

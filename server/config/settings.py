@@ -440,6 +440,14 @@ class ServerSettings(SamplerSettings, LoraSettings, RouterSettings, MediaSetting
         flags=("--pooling",),
         llama_env="LLAMA_ARG_POOLING",
     )
+    embd_normalize: int = setting(
+        2,
+        ge=-1,
+        le=64,
+        description="how embeddings are normalized where a request does not say (embd_normalize): "
+        "-1 none, 0 max absolute to int16, 1 taxicab, 2 Euclidean, >2 p-norm",
+        flags=("--embd-normalize",),
+    )
     slots_debug: bool = setting(
         False,
         description="GET /slots shows each running request's sampling params",

@@ -6,9 +6,10 @@ Inputs are admitted as slots free up (server/pipeline/run_batch.py): a batch of 
 size is served, and one that fails cancels the rest of itself.
 
 Pooling: ``--pooling``, else what the checkpoint names, else ``last`` (decoder models).
-OpenAI's route normalizes (``embd_normalize``, llama-server's: 2 Euclidean by default,
--1 none, 0 max-abs to int16 range, 1 taxicab, p > 2 p-norm) and refuses pooling
-``none``; the native routes answer every token's vector for ``none``, unnormalized.
+OpenAI's route normalizes (``embd_normalize``, llama-server's; its default is the
+server's ``--embd-normalize``, 2 Euclidean unless set: -1 none, 0 max-abs to int16
+range, 1 taxicab, p > 2 p-norm) and refuses pooling ``none``; the native routes
+answer every token's vector for ``none``, unnormalized.
 ``dimensions`` other than the model's size cuts a Matryoshka model's vectors to their
 leading values before normalizing (vLLM's rule: config.json's ``is_matryoshka`` or
 ``matryoshka_dimensions``); other models refuse it."""
@@ -62,7 +63,7 @@ class EmbeddingRequest(_Body):
     content: Inputs = None
     model: str | None = None
     encoding_format: Literal["float", "base64"] = "float"
-    embd_normalize: Int(ge=-1, le=64) = 2
+    embd_normalize: Int(ge=-1, le=64) | None = None  # None: the server's --embd-normalize (2)
     dimensions: EmbedSize | None = None  # OpenAI's: the model's own size, or a Matryoshka model's cut
     user: str | None = None
 
@@ -157,7 +158,8 @@ async def _embed(http: HTTPRequest, body: EmbeddingRequest, oai: bool) -> tuple[
     if size is not None:  # a Matryoshka model's leading values, normalized after the cut
         vectors = [[row[:size] for row in v] for v in vectors]
     if pooling != "none":
-        vectors = [[normalize(v[0], body.embd_normalize)] for v in vectors]
+        norm = state.settings.embd_normalize if body.embd_normalize is None else body.embd_normalize
+        vectors = [[normalize(v[0], norm)] for v in vectors]
     return vectors, sum(len(ids) for ids, _ in prompts)
 
 
