@@ -1,7 +1,8 @@
-"""Embeddings from encoder models (issue 54): BERT and XLM-RoBERTa folders
-(engine/models/bert.py). Encoders keep no cache and need no slot: many short inputs are
-sorted by length and run as padded one-shot batches of at most ``batch_tokens`` padded
-tokens, beside the generation engine rather than through it.
+"""Embeddings from encoder models (issue 54): BERT and XLM-RoBERTa folders, GGUF
+``bert`` files (engine/models/bert.py, engine/loading/gguf/encoder_file.py). Encoders
+keep no cache and need no slot: many short inputs are sorted by length and run as
+padded one-shot batches of at most ``batch_tokens`` padded tokens, beside the
+generation engine rather than through it.
 
 The folder's own tokenizer (``tokenizer.json``: WordPiece or SentencePiece/Unigram,
 through ``tokenizers``, its post-processor adding [CLS] / [SEP] or <s> / </s>) cuts an
