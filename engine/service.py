@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -151,7 +151,7 @@ class EngineService:
         return self._engine.model_config.hidden_size
 
     @property
-    def matryoshka_dimensions(self) -> tuple[int, ...] | None:
+    def matryoshka_dimensions(self) -> Sequence[int] | None:
         """The leading lengths an embedding may be cut to (Matryoshka models), from
         config.json as vLLM reads it: ``matryoshka_dimensions`` (those), or
         ``is_matryoshka`` (any length up to ``hidden_size``); None: only the whole."""
@@ -159,7 +159,7 @@ class EngineService:
         listed = raw.get("matryoshka_dimensions")
         if isinstance(listed, list) and listed and all(isinstance(d, int) and 0 < d <= hidden for d in listed):
             return tuple(sorted(set(listed)))
-        return tuple(range(1, hidden + 1)) if raw.get("is_matryoshka") is True else None
+        return range(1, hidden + 1) if raw.get("is_matryoshka") is True else None
 
     @property
     def embedding_pooling(self) -> str | None:

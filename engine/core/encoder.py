@@ -82,6 +82,17 @@ def _st_modules(folder: Path) -> list[dict]:
         return []
 
 
+def _loaded(raw: dict, kind: str, tensors) -> BertEncoder:
+    """The encoder ``raw`` describes, built on the meta device, then filled from
+    (file, name, tensor) triples; float32, for inference."""
+    with torch.device("meta"):
+        model = BertEncoder(raw, kind)
+    model = model.to_empty(device="cpu").float()
+    with torch.no_grad():
+        model.load_weights(tensors)
+    return model.eval().requires_grad_(False)
+
+
 class EncoderEngine:
     def __init__(self, model: BertEncoder, tokenizer: HFTokenizer, config: EncoderConfig, batch_tokens: int = 8192):
         self.model, self.tokenizer, self.config, self.batch_tokens = model, tokenizer, config, batch_tokens
@@ -103,12 +114,7 @@ class EncoderEngine:
         if arch is None:
             served = ", ".join(ARCHITECTURES)
             raise CheckpointError(f"{folder / 'config.json'}: not an encoder slotserve serves ({served})")
-        with torch.device("meta"):
-            model = BertEncoder(raw, ARCHITECTURES[arch])
-        model = model.to_empty(device="cpu").float()
-        with torch.no_grad():
-            model.load_weights(iter_tensors(weight_files(folder)))
-        model.eval().requires_grad_(False)
+        model = _loaded(raw, ARCHITECTURES[arch], iter_tensors(weight_files(folder)))
         tokenizer = HFTokenizer.from_file(str(folder / "tokenizer.json"))
         limit = min(model.max_positions, _max_seq_length(folder) or model.max_positions)
         tokenizer.enable_truncation(limit)
@@ -132,12 +138,7 @@ class EncoderEngine:
         server's routes normalize, as llama-server's)."""
         file = EncoderFile(path)
         raw = file.config()
-        with torch.device("meta"):
-            model = BertEncoder(raw, "bert")
-        model = model.to_empty(device="cpu").float()
-        with torch.no_grad():
-            model.load_weights(file.iter_tensors())
-        model.eval().requires_grad_(False)
+        model = _loaded(raw, "bert", file.iter_tensors())
         tokenizer = file.tokenizer()
         tokenizer.enable_truncation(model.max_positions)
         tokenizer.no_padding()
