@@ -8,8 +8,10 @@ plan, forward, sample), ``sampling/`` (sampler, parameters, grammars), ``text/``
 """
 
 from engine.config import DEMO_MODEL, EngineConfig
+from engine.core.encoder import is_encoder
 from engine.core.engine import Engine, Generation
 from engine.core.sequence import FinishReason, Sequence, StepEvent, TokenLogprob
+from engine.encoder_service import EncoderService, Ranked
 from engine.errors import (
     BadSlotFile,
     CheckpointError,
@@ -39,6 +41,9 @@ from engine.text.images import MAX_IMAGES, BadImage, ImageBudget
 from engine.text.tokenizer import TokenizeError
 
 __all__ = [
+    "EncoderService",
+    "Ranked",
+    "is_encoder",
     "BadImage",
     "ImageBudget",
     "MAX_IMAGES",

@@ -30,6 +30,7 @@ from server.routes import (
     lora_api,
     native_api,
     openai_api,
+    rerank_api,
     responses_api,
     slot_api,
     webui,
@@ -65,6 +66,7 @@ def create_app(settings: ServerSettings) -> FastAPI:
     app.include_router(anthropic_api.router)
     app.include_router(responses_api.router)
     app.include_router(embeddings_api.router)
+    app.include_router(rerank_api.router)
     app.include_router(lora_api.router)
     app.include_router(slot_api.router)
     app.include_router(cors_proxy.router)
@@ -118,14 +120,17 @@ def _add_openapi(app: FastAPI, state: ServerState, public: PublicPaths, sleep: I
     @app.get("/openapi.json", include_in_schema=False)
     async def openapi() -> JSONResponse:
         """The document, with the limits of the loaded model (503 while it loads; a
-        sleeping model is woken the first time only: the document is kept)."""
+        sleeping model is woken the first time only: the document is kept); /v1/rerank
+        only where a reranker is loaded."""
         if not document:
             if sleep is not None and state.sleeping:
                 await sleep.wake()
-            engine = state.require_ready()
+            engine = state.require_model()
             limits = {"vocab": engine.vocab_size, "n_slots": state.settings.parallel, "n_embd": engine.hidden_size}
             limits["n_lora"] = len(state.lora_scales)
             document.update(build_openapi(app, limits, bool(state.settings.api_keys), public.exact()))
+            if state.embedding_pooling != "rank" or state.encoder is None:  # only a reranker documents /v1/rerank
+                document["paths"].pop("/v1/rerank", None)
         return JSONResponse(document)
 
 

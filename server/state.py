@@ -8,8 +8,9 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import NoReturn
 
-from engine import CheckpointError, EngineConfig, EngineService, SlotFiles
+from engine import CheckpointError, EncoderService, EngineConfig, EngineService, SlotFiles, is_encoder
 from server.config.settings import ServerSettings
 from server.errors import APIError
 from server.telemetry.gateway_metrics import GatewayCollector
@@ -29,6 +30,7 @@ class ServerState:
         self.status = "loading"
         self.error: str | None = None
         self.engine: EngineService | None = None  # set once loaded and started (None again while asleep)
+        self.encoder: EncoderService | None = None  # instead, for an encoder model (embeddings, rerank)
         self.sleeping = False  # --sleep-idle-seconds: the model is freed until a request wakes it
         self.default_constraint = None  # --grammar / --json-schema, compiled once loaded
         self._lora_scales: list[float] | None = None
@@ -72,17 +74,34 @@ class ServerState:
             return
         if engine is None:  # shut down while loading
             return
+        if isinstance(engine, EncoderService):
+            self.metrics.describe_weights(engine.weight_bytes)
+            self.status = "ready" if self.status == "loading" else self.status
+            serves = (
+                "reranking"
+                if engine.embedding_pooling == "rank"
+                else f"embeddings (pooling {engine.embedding_pooling})"
+            )
+            log.info("model %s ready: an encoder (%s), %d tokens an input", s.model_name, serves, engine.n_ctx)
+            return
         self.metrics.describe_cache(engine.cache_config())
         self.metrics.describe_weights(engine.weight_bytes)
         if self.status == "loading":
             self.status = "ready"
         log.info("model %s ready: %d slots, context %d", s.model_name, s.parallel, engine.n_ctx)
 
-    def load_engine(self) -> EngineService | None:
+    def load_engine(self) -> EngineService | EncoderService | None:
         """Load the model and start its engine thread (at start, and when idle sleep
-        wakes it); sets ``engine``. None when the server shut down meanwhile; raises
-        what loading raises."""
+        wakes it); sets ``engine`` (``encoder`` for an encoder model). None when the
+        server shut down meanwhile; raises what loading raises."""
         s = self.settings
+        if is_encoder(s.model):
+            return self._load_encoder()
+        if self.pooling == "rank":
+            raise CheckpointError(
+                f"{s.model}: --rerank needs a reranker: a cross-encoder (BERT or XLM-RoBERTa "
+                "*ForSequenceClassification, or its GGUF file); this is a generation model"
+            )
         config = EngineConfig(
             model=s.model,
             dtype=s.dtype,
@@ -140,6 +159,26 @@ class ServerState:
             self.engine = engine
         return engine
 
+    def _load_encoder(self) -> EncoderService | None:
+        s = self.settings
+        encoder = EncoderService(s.model, self.pooling, s.threads, s.step_tokens)
+        with self._starting:
+            if self._closing.is_set():
+                return None
+            encoder.start(s.max_queue, s.stall_timeout)
+            self.encoder = encoder
+        return encoder
+
+    @property
+    def pooling(self) -> str | None:
+        """The pooling the server's flags ask for: rank with --rerank, else --pooling."""
+        return "rank" if self.settings.rerank else self.settings.pooling
+
+    @property
+    def serves_embeddings(self) -> bool:
+        """--embeddings, --rerank, or an encoder model (which serves nothing else)."""
+        return self.settings.embeddings or self.settings.rerank or self.encoder is not None
+
     def begin_drain(self) -> None:
         self.status = "draining"
 
@@ -148,22 +187,24 @@ class ServerState:
         their final error event). Does not wait."""
         if self.engine is not None:
             self.engine.stop(timeout=0)
+        if self.encoder is not None:
+            self.encoder.stop(timeout=0)
 
     def close(self, timeout: float = 30.0) -> bool:
         """Stop the engine thread at a step boundary and join it. True when no thread
         of ours is left inside torch (False: a load or a step is still running)."""
         with self._starting:
             self._closing.set()
-            engine = self.engine
+            engine = self.engine or self.encoder
         if engine is not None and not engine.stop(timeout):
             return False
         return not self._loader.is_alive()
 
     @property
     def embedding_pooling(self) -> str:
-        """How embeddings pool: --pooling, else the checkpoint's, else ``last``."""
-        given = self.settings.pooling or (self.engine.embedding_pooling if self.engine else None)
-        return given or "last"
+        """How embeddings pool: --pooling (--rerank: rank), else the checkpoint's, else ``last``."""
+        model = self.engine or self.encoder
+        return self.pooling or (model.embedding_pooling if model else None) or "last"
 
     @property
     def lora_names(self) -> list[str]:
@@ -183,9 +224,22 @@ class ServerState:
         return self._lora_scales
 
     def require_ready(self) -> EngineService:
-        """The engine, or a 503 that says why it cannot serve."""
+        """The engine, or a 503 that says why it cannot serve (a 501 for an encoder
+        model: it generates nothing)."""
         if self.status == "ready" and self.engine is not None:
             return self.engine
+        if self.status == "ready" and self.encoder is not None:
+            why = f"This server does not support generation: {self.settings.model_name} is an encoder "
+            raise APIError(501, why + "(it serves /v1/embeddings and /v1/rerank)", "not_supported_error")
+        self._unavailable()
+
+    def require_model(self) -> EngineService | EncoderService:
+        """The loaded model whichever its kind (tokenizing, embeddings), or a 503."""
+        if self.status == "ready" and self.encoder is not None:
+            return self.encoder
+        return self.require_ready()
+
+    def _unavailable(self) -> NoReturn:
         if self.status == "ready":  # between sleep and wake (a route that does not wake it)
             raise APIError(503, "the model sleeps", "unavailable_error", headers={"Retry-After": "1"})
         reason = {
@@ -202,8 +256,9 @@ class ServerState:
             return 503, {"error": {"code": 503, "message": "Loading model", "type": "unavailable_error"}}
         if self.status == "failed":
             return 503, {"status": "error", "error": self.error}
-        if self.engine is not None:
-            h = self.engine.health()
+        model = self.engine or self.encoder
+        if model is not None:
+            h = model.health()
             if not h.alive:
                 return 503, {"status": "error", "error": "the engine thread has died"}
             if h.stalled:

@@ -9,7 +9,11 @@ through ``tokenizers``, its post-processor adding [CLS] / [SEP] or <s> / </s>) c
 input at sentence-transformers' limit (``_max_seq_length``) or the position table's
 length. Pooling and normalization are what the folder's
 sentence-transformers modules say (``modules.json``: a ``*_Pooling`` config, a
-``Normalize`` module), unless the caller names them."""
+``Normalize`` module), unless the caller names them.
+
+A cross-encoder (``*ForSequenceClassification``, or a GGUF file with a ``cls.output``
+head) also pools ``rank``: its head's logits over the first token of a (query,
+document) pair, encoded as its tokenizer pairs them (the document's tokens of type 1)."""
 
 from __future__ import annotations
 
@@ -24,9 +28,9 @@ from engine.errors import CheckpointError
 from engine.loading.checkpoint import iter_tensors, weight_files
 from engine.loading.gguf.encoder_file import EncoderFile
 from engine.loading.pooling_hint import checkpoint_pooling
-from engine.models.bert import ARCHITECTURES, MODEL_TYPES, BertEncoder
+from engine.models.bert import ARCHITECTURES, CLASSIFIERS, MODEL_TYPES, BertEncoder, n_labels
 
-POOLINGS = ("none", "mean", "cls", "last")
+POOLINGS = ("none", "mean", "cls", "last", "rank")
 
 
 @dataclass(frozen=True)
@@ -36,6 +40,7 @@ class EncoderConfig:
     max_tokens: int  # an input's tokens after truncation, special tokens included
     pooling: str  # one of POOLINGS
     normalize: bool
+    n_labels: int = 0  # a classifier's outputs (what ``rank`` pools to); 0: no head
 
 
 def is_encoder(folder: Path) -> bool:
@@ -56,7 +61,7 @@ def is_encoder(folder: Path) -> bool:
 
 def _architecture(raw: dict) -> str | None:
     arch = (raw.get("architectures") or [None])[0]
-    if arch in ARCHITECTURES:
+    if arch in ARCHITECTURES or arch in CLASSIFIERS:
         return arch
     return MODEL_TYPES.get(raw.get("model_type", "")) if arch is None else None
 
@@ -82,11 +87,13 @@ def _st_modules(folder: Path) -> list[dict]:
         return []
 
 
-def _loaded(raw: dict, kind: str, tensors) -> BertEncoder:
+def _loaded(raw: dict, arch: str, tensors, head_dense: bool = True) -> BertEncoder:
     """The encoder ``raw`` describes, built on the meta device, then filled from
-    (file, name, tensor) triples; float32, for inference."""
+    (file, name, tensor) triples; float32, for inference. A classifier ``arch`` gets its
+    head (``head_dense``: with the dense layer before the projection)."""
+    head = (n_labels(raw), head_dense) if arch in CLASSIFIERS else None
     with torch.device("meta"):
-        model = BertEncoder(raw, kind)
+        model = BertEncoder(raw, ARCHITECTURES[CLASSIFIERS.get(arch, arch)], head)
     model = model.to_empty(device="cpu").float()
     with torch.no_grad():
         model.load_weights(tensors)
@@ -95,7 +102,14 @@ def _loaded(raw: dict, kind: str, tensors) -> BertEncoder:
 
 class EncoderEngine:
     def __init__(self, model: BertEncoder, tokenizer: HFTokenizer, config: EncoderConfig, batch_tokens: int = 8192):
-        self.model, self.tokenizer, self.config, self.batch_tokens = model, tokenizer, config, batch_tokens
+        """``tokenizer``: the model's, as it cuts nothing (``full_tokenizer``); ``tokenizer``
+        is a copy that cuts at ``config.max_tokens``."""
+        self.model, self.config, self.batch_tokens = model, config, batch_tokens
+        tokenizer.no_truncation()
+        tokenizer.no_padding()
+        self.full_tokenizer = tokenizer
+        self.tokenizer = HFTokenizer.from_str(tokenizer.to_str())
+        self.tokenizer.enable_truncation(config.max_tokens)
 
     @classmethod
     def from_pretrained(
@@ -112,22 +126,21 @@ class EncoderEngine:
             raise CheckpointError(f"{folder / 'config.json'}: {exc}") from exc
         arch = _architecture(raw)
         if arch is None:
-            served = ", ".join(ARCHITECTURES)
+            served = ", ".join([*ARCHITECTURES, *CLASSIFIERS])
             raise CheckpointError(f"{folder / 'config.json'}: not an encoder slotserve serves ({served})")
-        model = _loaded(raw, ARCHITECTURES[arch], iter_tensors(weight_files(folder)))
+        model = _loaded(raw, arch, iter_tensors(weight_files(folder)))
         tokenizer = HFTokenizer.from_file(str(folder / "tokenizer.json"))
         limit = min(model.max_positions, _max_seq_length(folder) or model.max_positions)
-        tokenizer.enable_truncation(limit)
-        tokenizer.no_padding()
         modules = _st_modules(folder)
         config = EncoderConfig(
             architecture=arch,
             hidden_size=int(raw["hidden_size"]),
             max_tokens=limit,
-            pooling=pooling or checkpoint_pooling(str(folder)) or "cls",
+            pooling=pooling or ("rank" if model.head else checkpoint_pooling(str(folder)) or "cls"),
             normalize=any(str(m.get("type", "")).endswith("Normalize") for m in modules)
             if normalize is None
             else normalize,
+            n_labels=model.head.out_proj.out_features if model.head else 0,
         )
         return cls(model, tokenizer, config, batch_tokens)
 
@@ -138,16 +151,15 @@ class EncoderEngine:
         server's routes normalize, as llama-server's)."""
         file = EncoderFile(path)
         raw = file.config()
-        model = _loaded(raw, "bert", file.iter_tensors())
+        model = _loaded(raw, raw["architectures"][0], file.iter_tensors(), "cls.weight" in file.tensors)
         tokenizer = file.tokenizer()
-        tokenizer.enable_truncation(model.max_positions)
-        tokenizer.no_padding()
         config = EncoderConfig(
-            architecture="BertModel",
+            architecture=raw["architectures"][0],
             hidden_size=int(raw["hidden_size"]),
             max_tokens=model.max_positions,
-            pooling=pooling or checkpoint_pooling(str(path), file.fields) or "cls",
+            pooling=pooling or ("rank" if model.head else checkpoint_pooling(str(path), file.fields) or "cls"),
             normalize=bool(normalize),
+            n_labels=model.head.out_proj.out_features if model.head else 0,
         )
         return cls(model, tokenizer, config, batch_tokens)
 
@@ -155,14 +167,27 @@ class EncoderEngine:
         """Token ids of each text, special tokens in, cut at ``max_tokens``."""
         return [e.ids for e in self.tokenizer.encode_batch(texts, add_special_tokens=True)]
 
+    def encode_pairs(self, query: str, documents: list[str], cut: bool = True) -> list[tuple[list[int], list[int]]]:
+        """(token ids, token types) of each (query, document) pair as the tokenizer pairs
+        them; ``cut``: at ``max_tokens``, the longer side first."""
+        tokenizer = self.tokenizer if cut else self.full_tokenizer
+        pairs = tokenizer.encode_batch([(query, d) for d in documents], add_special_tokens=True)
+        return [(e.ids, e.type_ids) for e in pairs]
+
     @torch.inference_mode()
-    def embed(self, inputs: list[list[int]], pooling: str | None = None) -> list[torch.Tensor]:
-        """Token-id inputs -> one vector [hidden] per input (pooling ``none``: [T, hidden]),
-        normalized where the config says; float32. Inputs run sorted by length, in padded
-        batches of at most ``batch_tokens`` tokens."""
-        pooling = pooling or self.config.pooling
-        if pooling not in POOLINGS:
-            raise ValueError(f"pooling '{pooling}': one of {', '.join(POOLINGS)}")
+    def embed(
+        self, inputs: list[list[int]], pooling: str | list[str] | None = None, type_ids: list[list[int]] | None = None
+    ) -> list[torch.Tensor]:
+        """Token-id inputs -> one vector [hidden] per input (pooling ``none``: [T, hidden];
+        ``rank``: the head's logits [n_labels]), normalized where the config says (rank
+        never); float32. ``pooling``: one for all, or one per input; ``type_ids``: each
+        input's token types (None: all 0). Inputs run sorted by length, in padded batches
+        of at most ``batch_tokens`` tokens."""
+        poolings = [pooling or self.config.pooling] * len(inputs) if not isinstance(pooling, list) else pooling
+        served = POOLINGS if self.model.head is not None else POOLINGS[:-1]
+        for p in set(poolings):
+            if p not in served:
+                raise ValueError(f"pooling '{p}': one of {', '.join(served)}")
         if any(not ids or len(ids) > self.config.max_tokens for ids in inputs):
             raise ValueError(f"an input has no tokens or more than {self.config.max_tokens}")
         out: list[torch.Tensor | None] = [None] * len(inputs)
@@ -175,12 +200,20 @@ class EncoderEngine:
             batch = order[start:end]
             width = max(1, len(inputs[batch[-1]]))
             ids = torch.full((len(batch), width), self.model.pad_id, dtype=torch.long)
+            types = torch.zeros((len(batch), width), dtype=torch.long) if type_ids is not None else None
             for row, i in enumerate(batch):
                 ids[row, : len(inputs[i])] = torch.tensor(inputs[i], dtype=torch.long)
+                if types is not None:
+                    types[row, : len(type_ids[i])] = torch.tensor(type_ids[i], dtype=torch.long)
             lengths = torch.tensor([len(inputs[i]) for i in batch])
-            hidden = self.model(ids, lengths)  # [B, T, hidden]
+            hidden = self.model(ids, lengths, types)  # [B, T, hidden]
+            ranked = [row for row, i in enumerate(batch) if poolings[i] == "rank"]
+            logits = self.model.head(hidden[ranked, 0]) if ranked else None  # [R, n_labels]
             for row, i in enumerate(batch):
-                out[i] = self._pool(hidden[row, : int(lengths[row])], pooling)
+                if poolings[i] == "rank":
+                    out[i] = logits[ranked.index(row)].clone()
+                else:
+                    out[i] = self._pool(hidden[row, : int(lengths[row])], poolings[i])
             start = end
         return out  # type: ignore[return-value]
 

@@ -7,8 +7,10 @@ No cache and no slots: a batch of inputs, padded to its longest, is one forward 
 
 Module names are the checkpoints' own (``embeddings.word_embeddings``,
 ``encoder.layer.N.attention.self.query``, ...), so a folder loads name for name; a
-``bert.`` / ``roberta.`` prefix (a task model's base) is dropped, the pooler and task
-heads are not read."""
+``bert.`` / ``roberta.`` prefix (a task model's base) is dropped. A sequence classifier
+(a cross-encoder reranker: ``*ForSequenceClassification``) keeps its head over the first
+token: BERT's pooler (dense, tanh) and ``classifier``; RoBERTa's ``classifier.dense``
+(tanh) and ``classifier.out_proj``. Other models read neither pooler nor head."""
 
 from __future__ import annotations
 
@@ -21,9 +23,28 @@ from torch import nn
 from engine.errors import CheckpointError
 
 ARCHITECTURES = {"BertModel": "bert", "XLMRobertaModel": "roberta", "RobertaModel": "roberta"}
+CLASSIFIERS = {  # a cross-encoder's architecture -> its base's
+    "BertForSequenceClassification": "BertModel",
+    "XLMRobertaForSequenceClassification": "XLMRobertaModel",
+    "RobertaForSequenceClassification": "RobertaModel",
+}
 MODEL_TYPES = {"bert": "BertModel", "xlm-roberta": "XLMRobertaModel", "roberta": "RobertaModel"}
 PREFIXES = ("bert.", "roberta.")
 SKIPPED = ("pooler.", "classifier.", "cls.", "lm_head.", "embeddings.position_ids", "embeddings.token_type_ids")
+HEAD_NAMES = {  # a classifier's tensors -> the head's (BERT's pooler is its dense layer)
+    "pooler.dense.": "head.dense.",
+    "classifier.dense.": "head.dense.",
+    "classifier.out_proj.": "head.out_proj.",
+    "classifier.weight": "head.out_proj.weight",
+    "classifier.bias": "head.out_proj.bias",
+}
+
+
+def n_labels(raw: dict) -> int:
+    """How many labels a classifier config names (transformers' rule: ``id2label``'s
+    length, else ``num_labels``, else 2)."""
+    labels = raw.get("id2label")
+    return len(labels) if isinstance(labels, dict) and labels else int(raw.get("num_labels") or 2)
 
 
 class _Embeddings(nn.Module):
@@ -83,10 +104,27 @@ class _Layer(nn.Module):
         return self.output(inner, h)
 
 
-class BertEncoder(nn.Module):
-    """``last_hidden_state`` of BERT / XLM-RoBERTa for a padded batch."""
+class _Head(nn.Module):
+    """A sequence classifier's head: [dense, tanh,] out_proj."""
 
-    def __init__(self, raw: dict, kind: str):
+    def __init__(self, hidden: int, n_labels: int, dense: bool):
+        super().__init__()
+        self.dense = nn.Linear(hidden, hidden) if dense else None
+        self.out_proj = nn.Linear(hidden, n_labels)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x [B, hidden] (the first token's state) -> logits [B, n_labels]."""
+        if self.dense is not None:
+            x = torch.tanh(self.dense(x))
+        return self.out_proj(x)
+
+
+class BertEncoder(nn.Module):
+    """``last_hidden_state`` of BERT / XLM-RoBERTa for a padded batch; ``head``: a
+    classifier's (n_labels, whether it has a dense layer before the projection; a GGUF
+    BERT classifier has none: the converter drops the pooler)."""
+
+    def __init__(self, raw: dict, kind: str, head: tuple[int, bool] | None = None):
         super().__init__()
         if raw.get("position_embedding_type", "absolute") not in ("absolute", None):
             raise CheckpointError(f"config.json: position_embedding_type '{raw['position_embedding_type']}'")
@@ -94,6 +132,7 @@ class BertEncoder(nn.Module):
         self.embeddings = _Embeddings(raw)
         self.encoder = nn.Module()
         self.encoder.layer = nn.ModuleList(_Layer(raw) for _ in range(int(raw["num_hidden_layers"])))
+        self.head = _Head(int(raw["hidden_size"]), *head) if head is not None else None
 
     @property
     def max_positions(self) -> int:
@@ -126,6 +165,8 @@ class BertEncoder(nn.Module):
         for file, name, tensor in tensors:
             for prefix in PREFIXES:
                 name = name.removeprefix(prefix)
+            if self.head is not None:
+                name = next((new + name[len(old) :] for old, new in HEAD_NAMES.items() if name.startswith(old)), name)
             if name.startswith(SKIPPED):
                 continue
             param = params.get(name)

@@ -434,9 +434,18 @@ class ServerSettings(SamplerSettings, LoraSettings, RouterSettings, MediaSetting
         off=("--no-embeddings",),
         llama_env="LLAMA_ARG_EMBEDDINGS",
     )
-    pooling: Literal["none", "mean", "cls", "last"] | None = setting(
+    rerank: bool = setting(
+        False,
+        description="serve /v1/rerank, /rerank, /reranking and /v1/reranking (pooling rank: a cross-encoder's "
+        "classification head scores each query-document pair)",
+        flags=("--rerank", "--reranking"),
+        off=("--no-rerank",),
+        llama_env="LLAMA_ARG_RERANKING",
+    )
+    pooling: Literal["none", "mean", "cls", "last", "rank"] | None = setting(
         None,
-        description="how embeddings pool the final hidden states (default: the checkpoint's, else last)",
+        description="how embeddings pool the final hidden states (default: the checkpoint's, else last; "
+        "rank: a reranker's score, as --rerank)",
         flags=("--pooling",),
         llama_env="LLAMA_ARG_POOLING",
     )

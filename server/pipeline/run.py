@@ -53,7 +53,8 @@ class Choice:
             self.embedding = d.embedding
 
 
-async def _wait_disconnect(http: HTTPRequest) -> None:
+async def wait_disconnect(http: HTTPRequest) -> None:
+    """Returns when the client has gone (ASGI's ``http.disconnect``)."""
     while (await http.receive())["type"] != "http.disconnect":
         pass
 
@@ -98,7 +99,7 @@ class Run:
             raise APIError(503, str(exc), "unavailable_error", headers={"Retry-After": "1"}) from exc
         self._engine, self._open = engine, True
         self.state.n_inflight += 1
-        self._watch = asyncio.create_task(_wait_disconnect(self.http))
+        self._watch = asyncio.create_task(wait_disconnect(self.http))
         self._watch.add_done_callback(self._client_gone)
         try:
             first = await self._queue.get()

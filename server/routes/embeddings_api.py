@@ -26,8 +26,9 @@ from fastapi import Request as HTTPRequest
 from fastapi.responses import JSONResponse, Response
 from pydantic import ConfigDict, Field
 
-from engine import Request, SamplingParams
+from engine import EncoderService, Request, SamplingParams
 from server.errors import APIError
+from server.pipeline.encoder_call import encoder_call
 from server.pipeline.generation import prompt_ids
 from server.pipeline.media import ImageBudget, media_prompt
 from server.pipeline.run_batch import run_batch
@@ -63,6 +64,7 @@ class EmbeddingRequest(_Body):
     content: Inputs = None
     model: str | None = None
     encoding_format: Literal["float", "base64"] = "float"
+    truncate: bool = False  # an encoder's input over its limit: cut (TEI's field), else 400
     embd_normalize: Int(ge=-1, le=64) | None = None  # None: the server's --embd-normalize (2)
     dimensions: EmbedSize | None = None  # OpenAI's: the model's own size, or a Matryoshka model's cut
     user: str | None = None
@@ -132,19 +134,24 @@ async def _embed(http: HTTPRequest, body: EmbeddingRequest, oai: bool) -> tuple[
     """Each input's vectors (pooled: one), and how many tokens were read. Every input
     is checked before any runs: a bad one refuses the whole request."""
     state = http.app.state.slotserve
-    if not state.settings.embeddings:
+    if not state.serves_embeddings:
         why = "This server does not support embeddings. Start it with `--embeddings`"
         raise APIError(501, why, "not_supported_error")
-    engine = state.require_ready()
+    engine = state.require_model()
     pooling = state.embedding_pooling
     if oai and pooling == "none":
         raise APIError(400, "Pooling type 'none' is not OAI compatible. Please use a different pooling type")
-    size = _dimensions(engine, body.dimensions)
-    budget, entries = ImageBudget(), body.entries()  # one budget for the images of all the inputs
-    prompts = [
-        await _ids(state, engine, e, budget, f"input[{k}]" if len(entries) > 1 else "input")
-        for k, e in enumerate(entries)
-    ]
+    if pooling == "rank":
+        raise APIError(400, "this server ranks (pooling rank): send query and documents to /v1/rerank")
+    size, entries = _dimensions(engine, body.dimensions), body.entries()
+    if isinstance(engine, EncoderService):
+        inputs = await _encoder_inputs(engine, entries, body.truncate)
+        vectors = await encoder_call(state, http, engine.embed(inputs, pooling))
+        if vectors is None:
+            return [], -1  # the client left
+        return _finished(state, body, vectors, size, pooling), sum(map(len, inputs))
+    budget = ImageBudget()  # one budget for the images of all the inputs
+    prompts = [await _ids(state, engine, e, budget, _where(k, entries)) for k, e in enumerate(entries)]
     reqs = [Request(ids, SamplingParams(max_tokens=1), pooling=pooling, media=media) for ids, media in prompts]
     for req in reqs:
         engine.validate(req)
@@ -155,12 +162,52 @@ async def _embed(http: HTTPRequest, body: EmbeddingRequest, oai: bool) -> tuple[
     finally:
         await batch.close()
     vectors = [run.choices[0].embedding for run in batch.runs]
-    if size is not None:  # a Matryoshka model's leading values, normalized after the cut
+    return _finished(state, body, vectors, size, pooling), sum(len(ids) for ids, _ in prompts)
+
+
+def _where(k: int, entries: list) -> str:
+    return f"input[{k}]" if len(entries) > 1 else "input"
+
+
+def _finished(state, body: EmbeddingRequest, vectors: list, size: int | None, pooling: str) -> list:
+    """Vectors cut to ``size`` (a Matryoshka model's leading values), then normalized
+    (pooled ones only)."""
+    if size is not None:
         vectors = [[row[:size] for row in v] for v in vectors]
     if pooling != "none":
         norm = state.settings.embd_normalize if body.embd_normalize is None else body.embd_normalize
         vectors = [[normalize(v[0], norm)] for v in vectors]
-    return vectors, sum(len(ids) for ids, _ in prompts)
+    return vectors
+
+
+async def _encoder_inputs(encoder: EncoderService, entries: list[Entry], truncate: bool) -> list[list[int]]:
+    """An encoder's inputs as token ids: texts with the model's special tokens (all in
+    one worker-thread call), ids as given; over its limit, cut (``truncate``) or
+    refused (400)."""
+    texts: dict[int, str] = {}
+    ids: list[list[int]] = [[] for _ in entries]
+    for k, entry in enumerate(entries):
+        if (
+            isinstance(entry, PromptObject)
+            and entry.multimodal_data
+            or (isinstance(entry, ContentObject) and any(isinstance(p, ImagePart) for p in entry.content))
+        ):
+            raise APIError(400, f"{_where(k, entries)}: this model takes no images")
+        if isinstance(entry, PromptObject):
+            texts[k] = entry.prompt_string
+        elif isinstance(entry, ContentObject):
+            texts[k] = "".join(p.text for p in entry.content if isinstance(p, TextPart))
+        elif isinstance(entry, str):
+            texts[k] = entry
+        else:
+            ids[k] = await prompt_ids(encoder, entry)  # ids, perhaps with text pieces
+    for k, encoded in zip(texts, await encoder.encode(list(texts.values()))):
+        ids[k] = encoded
+    for k in range(len(entries)):
+        if truncate:
+            ids[k] = encoder.cut(ids[k])
+        encoder.check(ids[k], _where(k, entries))
+    return ids
 
 
 def _encoded(vec: list[float]) -> str:

@@ -10,7 +10,7 @@ from fastapi import APIRouter
 from fastapi import Request as HTTPRequest
 from fastapi.responses import Response
 
-from engine import SlotInfo, check_token_ids
+from engine import EncoderService, SlotInfo, check_token_ids
 from server.errors import APIError
 from server.pipeline.chat_prompt import render_chat
 from server.pipeline.generation import (
@@ -75,7 +75,7 @@ async def tokenize(body: TokenizeRequest, http: HTTPRequest) -> dict:
     where each image (each frame of a tiled one) stands, and its id (the digest that
     prefix reuse compares)."""
     state = http.app.state.slotserve
-    engine = state.require_ready()
+    engine = state.require_model()
     media = []
     if isinstance(body.content, PromptObject) and body.content.multimodal_data:
         urls = ["data:image;base64," + data for data in body.content.multimodal_data]
@@ -94,7 +94,7 @@ async def tokenize(body: TokenizeRequest, http: HTTPRequest) -> dict:
 
 @router.post("/detokenize", response_model=None, responses=documented(DetokenizeResult, 400, 413, 503))
 async def detokenize(body: DetokenizeRequest, http: HTTPRequest) -> dict:
-    engine = http.app.state.slotserve.require_ready()
+    engine = http.app.state.slotserve.require_model()
     check_token_ids(body.tokens, engine.vocab_size, "tokens")
     return {"content": await decode(engine, body.tokens, skip_special=False)}
 
@@ -127,6 +127,8 @@ async def props(http: HTTPRequest) -> dict:
             "model_alias": state.settings.model_name,
             "build_info": "slotserve",
         }
+    if state.encoder is not None and state.status == "ready":
+        return _encoder_props(state, state.encoder)
     engine = state.require_ready()
     memory = await engine.memory_report()
     tok = engine.tokenizer
@@ -154,6 +156,33 @@ async def props(http: HTTPRequest) -> dict:
         "weights": {"bytes": sum(engine.weight_bytes.values()), "types": engine.weight_bytes},
         "prompt_cache": engine.prompt_cache() or {"enabled": False},
         "speculative": engine.speculation(),
+    }
+
+
+def _encoder_props(state, encoder: EncoderService) -> dict:
+    """/props of an encoder model: what it embeds or ranks; no slots, no template."""
+    tok = encoder.tokenizer
+    return {
+        "default_generation_settings": {"n_ctx": encoder.n_ctx, "params": {}},
+        "total_slots": 0,
+        "model_path": str(state.settings.model),
+        "model_alias": state.settings.model_name,
+        "chat_template": "",
+        "bos_token": tok.bos_token,
+        "eos_token": tok.eos_token,
+        "build_info": "slotserve",
+        "is_sleeping": False,
+        "endpoint_slots": state.settings.slots,
+        "endpoint_props": state.settings.props,
+        "endpoint_metrics": state.settings.metrics,
+        "modalities": {"vision": False, "audio": False},
+        "encoder": {
+            "architecture": encoder.architecture,
+            "pooling": state.embedding_pooling,
+            "n_embd": encoder.hidden_size,
+            "rerank": state.embedding_pooling == "rank",
+        },
+        "weights": {"bytes": sum(encoder.weight_bytes.values()), "types": encoder.weight_bytes},
     }
 
 

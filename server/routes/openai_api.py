@@ -117,7 +117,10 @@ async def chat_input_tokens(body: ChatCompletionRequest, http: HTTPRequest) -> d
 @router.get("/models", include_in_schema=False)
 async def models(http: HTTPRequest) -> dict:
     state = http.app.state.slotserve
-    meta = {"n_ctx": state.engine.n_ctx, "n_vocab": state.engine.vocab_size} if state.engine else {}
+    model = state.engine or state.encoder
+    meta = {"n_ctx": model.n_ctx, "n_vocab": model.vocab_size} if model else {}
+    if state.encoder is not None:
+        meta["n_embd"] = state.encoder.hidden_size
     entry = {
         "id": state.settings.model_name,
         "aliases": state.settings.model_aliases,
@@ -132,7 +135,7 @@ async def models(http: HTTPRequest) -> dict:
         "name": state.settings.model_name,
         "model": state.settings.model_name,
         "type": "model",
-        "capabilities": ["completion", "multimodal"] if multimodal else ["completion"],
+        "capabilities": _capabilities(state, multimodal),
         "details": {"format": "gguf" if str(state.settings.model).endswith(".gguf") else "safetensors"},
     }
     adapters = [  # each LoRA adapter as a model of its own (vLLM's listing): a request's model may name it
@@ -140,3 +143,10 @@ async def models(http: HTTPRequest) -> dict:
         for name in state.lora_names
     ]
     return {"object": "list", "data": [entry, *adapters], "models": [native]}
+
+
+def _capabilities(state, multimodal: bool) -> list[str]:
+    """What the model does, in llama-server's words (an encoder: embedding or rerank)."""
+    if state.encoder is not None:
+        return ["rerank"] if state.embedding_pooling == "rank" else ["embedding"]
+    return ["completion", "multimodal"] if multimodal else ["completion"]

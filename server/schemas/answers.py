@@ -89,6 +89,21 @@ class NativeEmbedding(_Out):
     embedding: list[list[float]]
 
 
+class RerankResult(_Out):
+    index: int  # the document's place in the request
+    relevance_score: float
+    document: dict[str, str] | None = None  # {"text": ...} with return_documents
+
+
+class RerankList(_Out):
+    """The rerank answer (llama-server's, Jina's): results best first, at most top_n."""
+
+    object: Literal["list"]
+    model: str
+    usage: dict[str, int]
+    results: list[RerankResult]
+
+
 class LoraAdapter(_Out):
     id: int
     path: str

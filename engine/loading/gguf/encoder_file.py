@@ -5,7 +5,9 @@ WordPiece tokenizer rebuilt from the file's vocabulary.
 The converter writes BERT's WordPiece vocabulary with llama.cpp's phantom spaces: a
 word-initial piece ``w`` as ``▁w``, a continuation ``##w`` as ``w``, control tokens as
 they are; ``tokenizer.ggml.normalizer.lowercase`` says whether text is lower-cased, and
-``add_bos_token`` / ``add_eos_token`` put [CLS] first and [SEP] last."""
+``add_bos_token`` / ``add_eos_token`` put [CLS] first and [SEP] last. A (query,
+document) pair is encoded as llama-server's rerank prompt, BOS query EOS [SEP] document
+EOS (``add_sep_token`` for the middle [SEP]), the document's tokens of type 1."""
 
 from __future__ import annotations
 
@@ -41,9 +43,16 @@ NAMES = {  # GGUF tensor -> the Hugging Face name (blk.N.<x> -> encoder.layer.N.
 }
 
 
+HEAD = {"cls": "classifier.dense", "cls.output": "classifier.out_proj"}  # a classifier's head
+
+
 def hf_name(name: str) -> str | None:
-    """``blk.3.attn_q.weight`` -> ``encoder.layer.3.attention.self.query.weight``; None
-    for a tensor the encoder does not read (a classifier head)."""
+    """``blk.3.attn_q.weight`` -> ``encoder.layer.3.attention.self.query.weight``,
+    ``cls.output.weight`` -> ``classifier.out_proj.weight``; None for a tensor the
+    encoder does not read."""
+    stem, _, leaf = name.rpartition(".")
+    if stem in HEAD:
+        return f"{HEAD[stem]}.{leaf}"
     parts = name.split(".")
     if parts[0] == "blk" and len(parts) == 4 and parts[2] in NAMES:
         return f"encoder.layer.{parts[1]}.{NAMES[parts[2]]}.{parts[3]}"
@@ -72,8 +81,10 @@ class EncoderFile:
         """config.json's fields for engine/models/bert.py."""
         f = self.fields
         types = self.tensors.get("token_types.weight")
-        return {
-            "architectures": ["BertModel"],
+        head = self.tensors.get("cls.output.weight")  # a cross-encoder's classifier
+        labels = {"id2label": {str(i): f"LABEL_{i}" for i in range(head.shape[0])}} if head else {}
+        return labels | {
+            "architectures": ["BertForSequenceClassification" if head else "BertModel"],
             "vocab_size": len(f["tokenizer.ggml.tokens"]),
             "hidden_size": int(f["bert.embedding_length"]),
             "num_hidden_layers": int(f["bert.block_count"]),
@@ -124,9 +135,13 @@ class EncoderFile:
         tok.decoder = decoders.WordPiece()
         first = [int(f["tokenizer.ggml.bos_token_id"])] if f.get("tokenizer.ggml.add_bos_token") else []
         last = [int(f["tokenizer.ggml.eos_token_id"])] if f.get("tokenizer.ggml.add_eos_token") else []
-        specials = [(pieces[i], i) for i in first + last]
-        single = " ".join([pieces[i] for i in first] + ["$A"] + [pieces[i] for i in last])
-        if specials:
-            tok.post_processor = processors.TemplateProcessing(single=single, special_tokens=specials)
+        sep = [int(f["tokenizer.ggml.seperator_token_id"])] if f.get("tokenizer.ggml.add_sep_token") else []
+        if first or last or sep:
+            a, b = [pieces[i] for i in first] + ["$A"] + [pieces[i] for i in last], [pieces[i] for i in sep]
+            b += ["$B:1"] + [pieces[i] + ":1" for i in last]  # llama-server's pair: BOS a EOS [SEP] b EOS
+            specials = [(pieces[i], i) for i in {*first, *last, *sep}]
+            tok.post_processor = processors.TemplateProcessing(
+                single=" ".join(a), pair=" ".join(a + b), special_tokens=specials
+            )
         tok.add_special_tokens([p for p, k in zip(pieces, kinds) if k == CONTROL])
         return tok
