@@ -13,6 +13,7 @@ from typing import NoReturn
 from engine import CheckpointError, EncoderService, EngineConfig, EngineService, SlotFiles, is_encoder
 from server.config.settings import ServerSettings
 from server.errors import APIError
+from server.telemetry.encoder_metrics import EncoderCollector
 from server.telemetry.gateway_metrics import GatewayCollector
 from server.telemetry.metrics import Metrics
 from server.telemetry.progress import ProgressLine
@@ -43,6 +44,7 @@ class ServerState:
         self.metrics.registry.register(  # the inference gateway's names (vllm:*) beside slotserve's
             GatewayCollector(self.metrics_source, lambda: self.settings.model_name, lambda: self.lora_names)
         )
+        self.metrics.registry.register(EncoderCollector(lambda: self.encoder))
         self.slot_files = SlotFiles(settings.slot_save_path) if settings.slot_save_path is not None else None
         self._loader = threading.Thread(target=self._load, name="slotserve-loader", daemon=True)
         self._closing = threading.Event()

@@ -38,27 +38,28 @@ def write_wordpiece(folder: Path) -> int:
 
 
 def write_unigram(folder: Path) -> int:
-    """A SentencePiece-style Unigram tokenizer as XLM-RoBERTa's (<s> text </s>, the
-    metaspace pre-tokenizer); returns its vocabulary size."""
-    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
+    """XLM-RoBERTa's tokenizer as published: a SentencePiece Unigram model (NFKC by its
+    precompiled charsmap) trained on ``spm_corpus`` as ``sentencepiece.bpe.model``, and
+    the tokenizer.json transformers converts it to (fairseq's ids: <s> <pad> </s> <unk>
+    first, <mask> last; <s> text </s>). Returns the vocabulary size."""
+    import io
 
-    specials = ["<s>", "<pad>", "</s>", "<unk>"]
-    pieces = ["\u2581" + w for w in WORDS] + list(string.ascii_letters + string.digits + string.punctuation)
-    pieces += ["\u2581" + c for c in string.ascii_lowercase] + ["\u2581"]
-    vocab = [(p, 0.0) for p in specials] + [(p, -float(len(p) == 1) - 1.0) for p in dict.fromkeys(pieces)]
-    tok = Tokenizer(models.Unigram(vocab, unk_id=3, byte_fallback=False))
-    tok.normalizer = normalizers.Sequence([normalizers.NFKC(), normalizers.Replace("  ", " ")])
-    tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme="always")
-    tok.post_processor = processors.TemplateProcessing(
-        single="<s> $A </s>", pair="<s> $A </s> </s> $B </s>", special_tokens=[("<s>", 0), ("</s>", 2)]
-    )
-    tok.decoder = decoders.Metaspace(replacement="\u2581", prepend_scheme="always")
-    tok.save(str(folder / "tokenizer.json"))
-    cfg = {"tokenizer_class": "XLMRobertaTokenizer", "model_max_length": 512, "bos_token": "<s>", "eos_token": "</s>",
-           "sep_token": "</s>", "cls_token": "<s>", "unk_token": "<unk>", "pad_token": "<pad>",
-           "mask_token": "<unk>"}  # fmt: skip
-    (folder / "tokenizer_config.json").write_text(json.dumps(cfg))
-    return len(vocab)
+    import sentencepiece as spm
+    from checkpoints import spm_corpus
+    from transformers import AutoTokenizer
+
+    model = io.BytesIO()
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(spm_corpus() + WORDS * 20), model_writer=model, model_type="unigram", vocab_size=400,
+        minloglevel=2, num_threads=1,
+    )  # fmt: skip
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "sentencepiece.bpe.model").write_bytes(model.getvalue())
+    (folder / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "XLMRobertaTokenizer"}))
+    tok = AutoTokenizer.from_pretrained(folder)  # converted from the SentencePiece model
+    tok.model_max_length = 512
+    tok.save_pretrained(folder)
+    return len(tok)
 
 
 def make_bert_embedder(
@@ -111,4 +112,6 @@ def make_cross_encoder(folder: Path, kind: str = "bert", seed: int = 0) -> Path:
         for p in model.parameters():
             p.add_(torch.randn_like(p) * 0.1)
     model.save_pretrained(folder)
+    if kind == "bert":  # as transformers saves it (its special tokens named: the converter reads them)
+        transformers.AutoTokenizer.from_pretrained(folder).save_pretrained(folder)
     return folder

@@ -12,6 +12,7 @@ from encoders import make_bert_embedder
 
 from engine.core.encoder import EncoderEngine, is_encoder
 
+SCRIPTS = ["Héllo  wörld, naïve café", "Привет мир 42", "日本語のテキスト 🙂", "  spaces   around  "]
 TEXTS = ["the slot and the cache", "a query", "retrieval of a file " * 20, "window", "Slot, cache; QUERY!"]
 
 
@@ -55,19 +56,63 @@ def test_an_encoder_folder_embeds_as_sentence_transformers(tmp_path, kind, pooli
     torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-4)  # the scale too: normalized or not
 
 
-def test_a_gguf_bert_file_gives_its_folders_tokens_and_vectors(tmp_path):
+@pytest.mark.parametrize("kind", ["bert", "xlm-roberta"])
+def test_a_gguf_bert_file_gives_its_folders_tokens_and_vectors(tmp_path, kind):
     """The pinned converter's ``bert`` file (WordPiece with llama.cpp's phantom spaces,
     lower-casing, [CLS]/[SEP] from its add_bos / add_eos flags, mean pooling from
     ``bert.pooling_type``): the same token ids and, normalized, the same vectors as the
     folder it was converted from."""
     from gguf_tools import convert
 
-    folder = make_bert_embedder(tmp_path / "bert", pooling="mean", normalize=True)
-    gguf_file = convert(folder, tmp_path / "bert.gguf")
+    folder = make_bert_embedder(tmp_path / kind, pooling="mean", normalize=True, kind=kind)
+    gguf_file = convert(folder, tmp_path / f"{kind}.gguf")
     assert is_encoder(gguf_file)
     ours, theirs = EncoderEngine.from_pretrained(gguf_file, normalize=True), EncoderEngine.from_pretrained(folder)
     assert ours.config.pooling == "mean"
-    texts = [t for t in TEXTS if len(theirs.encode([t])[0]) < 48]  # the file's limit is the position table's
+    texts = [t for t in TEXTS + SCRIPTS if len(theirs.encode([t])[0]) < 48]  # the file's limit: the position table's
     assert ours.encode(texts) == theirs.encode(texts)
     got, expected = torch.stack(ours.embed(ours.encode(texts))), torch.stack(theirs.embed(theirs.encode(texts)))
     torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-4)
+
+
+def test_a_gguf_xlm_roberta_reranker_scores_as_its_folder(tmp_path):
+    """The converter's XLM-RoBERTa cross-encoder (SentencePiece Unigram as ``t5`` with
+    its charsmap; the head as ``cls`` and ``cls.output``): the folder's pair tokens
+    (llama-server's BOS q EOS SEP d EOS) and the folder's logits."""
+    from encoders import make_cross_encoder
+    from gguf_tools import convert
+
+    folder = make_cross_encoder(tmp_path / "xlmr-rr", "xlm-roberta")
+    gguf_file = convert(folder, tmp_path / "xlmr-rr.gguf")
+    ours, theirs = EncoderEngine.from_pretrained(gguf_file), EncoderEngine.from_pretrained(folder)
+    assert ours.config.pooling == theirs.config.pooling == "rank"
+    pairs = ours.encode_pairs("the slot cache", TEXTS[:2] + SCRIPTS)
+    assert pairs == theirs.encode_pairs("the slot cache", TEXTS[:2] + SCRIPTS)
+    ids, types = [p[0] for p in pairs], [p[1] for p in pairs]
+    got, expected = torch.stack(ours.embed(ids, "rank", types)), torch.stack(theirs.embed(ids, "rank", types))
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-4)
+
+
+def test_a_gguf_bert_reranker_scores_its_cls_state_without_the_dropped_pooler(tmp_path):
+    """The converter drops BERT's pooler (dense, tanh) and keeps ``classifier`` as
+    ``cls.output``, so the file's score is the projection of the [CLS] state alone, as
+    llama.cpp computes it: checked against transformers' own modules on the folder.
+    The pair's second segment is of token type 1, as the folder's tokenizer makes it."""
+    import transformers
+    from encoders import make_cross_encoder
+    from gguf_tools import convert
+
+    folder = make_cross_encoder(tmp_path / "bert-rr", "bert")
+    ours = EncoderEngine.from_pretrained(convert(folder, tmp_path / "bert-rr.gguf"))
+    assert ours.config.pooling == "rank" and ours.model.head.dense is None
+    pairs = ours.encode_pairs("the slot cache", TEXTS[:3])
+    assert pairs == EncoderEngine.from_pretrained(folder).encode_pairs("the slot cache", TEXTS[:3])
+    assert all(1 in types for _, types in pairs)
+    hf = transformers.BertForSequenceClassification.from_pretrained(folder).eval()
+    expected = []
+    with torch.no_grad():
+        for ids, types in pairs:
+            state = hf.bert(torch.tensor([ids]), token_type_ids=torch.tensor([types])).last_hidden_state[0, 0]
+            expected.append(hf.classifier(state))
+    got = torch.stack(ours.embed([p[0] for p in pairs], "rank", [p[1] for p in pairs]))
+    torch.testing.assert_close(got, torch.stack(expected), atol=1e-5, rtol=1e-4)

@@ -1,13 +1,17 @@
 """A GGUF ``bert`` file as engine/core/encoder.py reads an encoder folder (issue 54):
 the config, the tensors under their Hugging Face names (dequantized to float32), and a
-WordPiece tokenizer rebuilt from the file's vocabulary.
+tokenizer rebuilt from the file's vocabulary: BERT's WordPiece, or XLM-RoBERTa's
+SentencePiece Unigram (``t5``: pieces, scores and the precompiled charsmap).
 
 The converter writes BERT's WordPiece vocabulary with llama.cpp's phantom spaces: a
 word-initial piece ``w`` as ``▁w``, a continuation ``##w`` as ``w``, control tokens as
 they are; ``tokenizer.ggml.normalizer.lowercase`` says whether text is lower-cased, and
 ``add_bos_token`` / ``add_eos_token`` put [CLS] first and [SEP] last. A (query,
 document) pair is encoded as llama-server's rerank prompt, BOS query EOS [SEP] document
-EOS (``add_sep_token`` for the middle [SEP]), the document's tokens of type 1."""
+EOS (``add_sep_token`` for the middle [SEP]), the document's tokens of type 1 where the
+model has two token types. A cross-encoder's head (``cls``, ``cls.output``) is read as
+RoBERTa's classifier; the converter drops BERT's pooler, so a BERT cross-encoder's file
+scores its [CLS] state with the projection alone, as llama.cpp does."""
 
 from __future__ import annotations
 
@@ -26,7 +30,8 @@ from engine.errors import CheckpointError
 from engine.loading.gguf.header import read_header
 
 PHANTOM = "\u2581"
-CONTROL = int(gguf.TokenType.CONTROL)
+KIND = gguf.TokenType
+CONTROL, NORMAL, USER_DEFINED = int(KIND.CONTROL), int(KIND.NORMAL), int(KIND.USER_DEFINED)
 NAMES = {  # GGUF tensor -> the Hugging Face name (blk.N.<x> -> encoder.layer.N.<y>)
     "token_embd": "embeddings.word_embeddings",
     "position_embd": "embeddings.position_embeddings",
@@ -74,8 +79,9 @@ class EncoderFile:
         arch, model = self.fields.get("general.architecture"), self.fields.get("tokenizer.ggml.model")
         if arch != "bert":
             raise CheckpointError(f"{path}: GGUF architecture '{arch}' is not an encoder slotserve serves (bert)")
-        if model != "bert":
-            raise CheckpointError(f"{path}: tokenizer model '{model}' (expected bert: WordPiece)")
+        if model not in ("bert", "t5"):
+            why = "expected bert (WordPiece) or t5 (SentencePiece Unigram)"
+            raise CheckpointError(f"{path}: tokenizer model '{model}' ({why})")
 
     def config(self) -> dict[str, Any]:
         """config.json's fields for engine/models/bert.py."""
@@ -116,12 +122,39 @@ class EncoderFile:
             os.close(fd)
 
     def tokenizer(self) -> HFTokenizer:
-        """The WordPiece tokenizer the file's vocabulary stands for."""
+        """The tokenizer the file's vocabulary stands for: WordPiece (``bert``) or
+        SentencePiece Unigram (``t5``: XLM-RoBERTa's), with its special tokens."""
         f = self.fields
-        tokens, kinds = f["tokenizer.ggml.tokens"], f.get("tokenizer.ggml.token_type") or []
+        tokens, kinds = list(f["tokenizer.ggml.tokens"]), list(f.get("tokenizer.ggml.token_type") or [])
+        kinds += [NORMAL] * (len(tokens) - len(kinds))
+        tok, pieces = self._unigram(tokens) if f.get("tokenizer.ggml.model") == "t5" else self._wordpiece(tokens, kinds)
+        first = self._special("bos", "[CLS]", pieces) if f.get("tokenizer.ggml.add_bos_token") else []
+        last = self._special("eos", "[SEP]", pieces) if f.get("tokenizer.ggml.add_eos_token") else []
+        sep = self._special("seperator", "[SEP]", pieces) if f.get("tokenizer.ggml.add_sep_token") else []
+        if first or last or sep:
+            second = ":1" if int(f.get("tokenizer.ggml.token_type_count", 1)) > 1 else ""  # the pair's B type
+            a = [pieces[i] for i in first] + ["$A"] + [pieces[i] for i in last]
+            b = [pieces[i] + second for i in sep] + ["$B" + second] + [pieces[i] + second for i in last]
+            specials = [(pieces[i], i) for i in {*first, *last, *sep}]  # llama-server's pair: BOS a EOS [SEP] b EOS
+            tok.post_processor = processors.TemplateProcessing(
+                single=" ".join(a), pair=" ".join(a + b), special_tokens=specials
+            )
+        tok.add_special_tokens([p for p, k in zip(pieces, kinds) if k in (CONTROL, USER_DEFINED)])
+        return tok
+
+    def _special(self, name: str, fallback: str, pieces: list[str]) -> list[int]:
+        """[the id of the file's ``name`` token], else of the piece ``fallback`` (llama.cpp's
+        BERT default), else []."""
+        given = self.fields.get(f"tokenizer.ggml.{name}_token_id")
+        if given is not None:
+            return [int(given)]
+        return [pieces.index(fallback)] if fallback in pieces else []
+
+    def _wordpiece(self, tokens: list[str], kinds: list[int]) -> tuple[HFTokenizer, list[str]]:
+        f = self.fields
         pieces = []
-        for i, tok in enumerate(tokens):
-            if i < len(kinds) and kinds[i] == CONTROL:
+        for tok, kind in zip(tokens, kinds):
+            if kind == CONTROL:
                 pieces.append(tok)
             elif tok.startswith(PHANTOM):
                 pieces.append(tok[len(PHANTOM) :])
@@ -133,15 +166,21 @@ class EncoderFile:
         tok.normalizer = normalizers.BertNormalizer(lowercase=bool(f.get("tokenizer.ggml.normalizer.lowercase", True)))
         tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
         tok.decoder = decoders.WordPiece()
-        first = [int(f["tokenizer.ggml.bos_token_id"])] if f.get("tokenizer.ggml.add_bos_token") else []
-        last = [int(f["tokenizer.ggml.eos_token_id"])] if f.get("tokenizer.ggml.add_eos_token") else []
-        sep = [int(f["tokenizer.ggml.seperator_token_id"])] if f.get("tokenizer.ggml.add_sep_token") else []
-        if first or last or sep:
-            a, b = [pieces[i] for i in first] + ["$A"] + [pieces[i] for i in last], [pieces[i] for i in sep]
-            b += ["$B:1"] + [pieces[i] + ":1" for i in last]  # llama-server's pair: BOS a EOS [SEP] b EOS
-            specials = [(pieces[i], i) for i in {*first, *last, *sep}]
-            tok.post_processor = processors.TemplateProcessing(
-                single=" ".join(a), pair=" ".join(a + b), special_tokens=specials
-            )
-        tok.add_special_tokens([p for p, k in zip(pieces, kinds) if k == CONTROL])
-        return tok
+        return tok, pieces
+
+    def _unigram(self, tokens: list[str]) -> tuple[HFTokenizer, list[str]]:
+        """XLM-RoBERTa's as transformers converts its SentencePiece model: the charsmap's
+        normalization, whitespace split, U+2581 for spaces (one in front)."""
+        f = self.fields
+        scores = list(f.get("tokenizer.ggml.scores") or [0.0] * len(tokens))
+        unk = int(f.get("tokenizer.ggml.unknown_token_id", 0))
+        tok = HFTokenizer(models.Unigram(list(zip(tokens, map(float, scores))), unk_id=unk, byte_fallback=False))
+        charsmap = f.get("tokenizer.ggml.precompiled_charsmap")
+        if charsmap:
+            tok.normalizer = normalizers.Precompiled(bytes(np.asarray(charsmap, dtype=np.int64).astype(np.uint8)))
+        prepend = "always" if f.get("tokenizer.ggml.add_space_prefix", True) else "never"
+        tok.pre_tokenizer = pre_tokenizers.Sequence(
+            [pre_tokenizers.WhitespaceSplit(), pre_tokenizers.Metaspace(replacement=PHANTOM, prepend_scheme=prepend)]
+        )
+        tok.decoder = decoders.Metaspace(replacement=PHANTOM, prepend_scheme=prepend)
+        return tok, tokens
