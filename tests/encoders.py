@@ -93,7 +93,7 @@ def make_bert_embedder(
     return folder
 
 
-def make_cross_encoder(folder: Path, kind: str = "bert", seed: int = 0) -> Path:
+def make_cross_encoder(folder: Path, kind: str = "bert", seed: int = 0, **overrides) -> Path:
     """A random tiny cross-encoder reranker (one label) as a Hugging Face folder:
     ``BertForSequenceClassification`` (WordPiece; its pooler feeds the classifier) or
     ``XLMRobertaForSequenceClassification`` (Unigram; dense, tanh, out_proj)."""
@@ -102,11 +102,12 @@ def make_cross_encoder(folder: Path, kind: str = "bert", seed: int = 0) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(seed)
     if kind == "bert":
-        config = transformers.BertConfig(**{**BERT_TINY, "vocab_size": write_wordpiece(folder), "num_labels": 1})
+        fields = {**BERT_TINY, "vocab_size": write_wordpiece(folder), "num_labels": 1, **overrides}
+        config = transformers.BertConfig(**fields)
         model = transformers.BertForSequenceClassification(config)
     else:
         fields = {**BERT_TINY, "vocab_size": write_unigram(folder), "max_position_embeddings": 66, "pad_token_id": 1}
-        fields.update(bos_token_id=0, eos_token_id=2, type_vocab_size=1, num_labels=1)
+        fields.update(bos_token_id=0, eos_token_id=2, type_vocab_size=1, num_labels=1, **overrides)
         model = transformers.XLMRobertaForSequenceClassification(transformers.XLMRobertaConfig(**fields))
     with torch.no_grad():
         for p in model.parameters():

@@ -116,3 +116,29 @@ def test_a_gguf_bert_reranker_scores_its_cls_state_without_the_dropped_pooler(tm
             expected.append(hf.classifier(state))
     got = torch.stack(ours.embed([p[0] for p in pairs], "rank", [p[1] for p in pairs]))
     torch.testing.assert_close(got, torch.stack(expected), atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("outtype", ["q8_0", "f16"])
+def test_a_quantized_gguf_encoder_computes_on_its_blocks(tmp_path, outtype):
+    """A Q8_0 or F16 file's linear and embedding weights stay in the file's blocks (Q8_0
+    repacked for the integer kernel, 8-bit activations as llama.cpp's), never as a float32
+    copy; its vectors are the float32 file's within that rounding."""
+    from gguf_tools import convert
+
+    from engine.kernels.block_model import weight_bytes_by_type
+
+    folder = make_bert_embedder(tmp_path / "bert", pooling="mean", normalize=True, intermediate_size=256)
+    exact = EncoderEngine.from_pretrained(convert(folder, tmp_path / "f32.gguf"), normalize=True)
+    ours = EncoderEngine.from_pretrained(convert(folder, tmp_path / f"{outtype}.gguf", outtype), normalize=True)
+    kind = outtype.upper()
+    by_type = weight_bytes_by_type(ours.model)
+    n_linear = sum(m.weight.numel() for m in exact.model.modules() if isinstance(m, torch.nn.Linear))
+    bytes_per_value = {"Q8_0": 34 / 32, "F16": 2}[kind]
+    assert by_type[kind] >= n_linear * bytes_per_value  # every linear weight (and tables) in blocks
+    assert by_type["F32"] < n_linear  # no float32 copy: only norms, biases, small tables
+    layer = ours.model.encoder.layer[0].intermediate.dense
+    assert layer.parts[0].qtype.name == kind and layer.packed is (kind == "Q8_0")
+    ids = ours.encode(TEXTS)
+    got, expected = torch.stack(ours.embed(ids)), torch.stack(exact.embed(ids))
+    cos = torch.nn.functional.cosine_similarity(got, expected, dim=-1)
+    assert (cos > 0.999).all(), cos

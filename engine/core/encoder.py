@@ -25,6 +25,7 @@ import torch
 from tokenizers import Tokenizer as HFTokenizer
 
 from engine.errors import CheckpointError
+from engine.kernels.block_model import pack_block_linears
 from engine.loading.checkpoint import iter_tensors, weight_files
 from engine.loading.gguf.encoder_file import EncoderFile
 from engine.loading.pooling_hint import checkpoint_pooling
@@ -87,16 +88,23 @@ def _st_modules(folder: Path) -> list[dict]:
         return []
 
 
-def _loaded(raw: dict, arch: str, tensors, head_dense: bool = True) -> BertEncoder:
+def _loaded(
+    raw: dict, arch: str, tensors, head_dense: bool = True, blocks: frozenset[str] = frozenset()
+) -> BertEncoder:
     """The encoder ``raw`` describes, built on the meta device, then filled from
     (file, name, tensor) triples; float32, for inference. A classifier ``arch`` gets its
-    head (``head_dense``: with the dense layer before the projection)."""
+    head (``head_dense``: with the dense layer before the projection). ``blocks``: the
+    weights that come in GGUF blocks; their layers compute on them (repacked for the
+    integer kernel where the type has a packed layout)."""
     head = (n_labels(raw), head_dense) if arch in CLASSIFIERS else None
     with torch.device("meta"):
         model = BertEncoder(raw, ARCHITECTURES[CLASSIFIERS.get(arch, arch)], head)
+    model.to_blocks(blocks)
     model = model.to_empty(device="cpu").float()
     with torch.no_grad():
         model.load_weights(tensors)
+    if blocks:
+        pack_block_linears(model)
     return model.eval().requires_grad_(False)
 
 
@@ -151,7 +159,8 @@ class EncoderEngine:
         server's routes normalize, as llama-server's)."""
         file = EncoderFile(path)
         raw = file.config()
-        model = _loaded(raw, raw["architectures"][0], file.iter_tensors(), "cls.weight" in file.tensors)
+        blocks = file.block_names()
+        model = _loaded(raw, raw["architectures"][0], file.iter_tensors(True), "cls.weight" in file.tensors, blocks)
         tokenizer = file.tokenizer()
         config = EncoderConfig(
             architecture=raw["architectures"][0],

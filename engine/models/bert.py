@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.errors import CheckpointError
+from engine.kernels.blocks import BlockEmbedding, BlockLinear, BlockWeight
 
 ARCHITECTURES = {"BertModel": "bert", "XLMRobertaModel": "roberta", "RobertaModel": "roberta"}
 CLASSIFIERS = {  # a cross-encoder's architecture -> its base's
@@ -157,9 +158,30 @@ class BertEncoder(nn.Module):
             x = layer(x, mask)
         return x
 
-    def load_weights(self, tensors: Iterable[tuple[str, str, torch.Tensor]]) -> None:
-        """Copy (file, name, tensor) triples in; CheckpointError on an unknown or missing
-        tensor or a shape mismatch."""
+    def to_blocks(self, names: Iterable[str]) -> None:
+        """Make the layers whose weights ``names`` (Hugging Face names) come in GGUF blocks
+        block layers (engine/kernels/blocks.py): no float copy of those weights is made."""
+        for name in names:
+            if self.head is not None:
+                name = next((new + name[len(old) :] for old, new in HEAD_NAMES.items() if name.startswith(old)), name)
+            path = name.removesuffix(".weight")
+            try:
+                module = self.get_submodule(path)
+            except AttributeError:
+                continue  # a tensor load_weights skips or refuses
+            if isinstance(module, nn.Linear):
+                block = BlockLinear(module.in_features, [module.out_features], bias=module.bias is not None)
+            elif isinstance(module, nn.Embedding):
+                block = BlockEmbedding(module.num_embeddings, module.embedding_dim)
+            else:
+                continue
+            parent, _, leaf = path.rpartition(".")
+            setattr(self.get_submodule(parent) if parent else self, leaf, block)
+
+    def load_weights(self, tensors: Iterable[tuple[str, str, torch.Tensor | BlockWeight]]) -> None:
+        """Copy (file, name, tensor) triples in (a ``BlockWeight`` into the block layer
+        ``to_blocks`` made); CheckpointError on an unknown or missing tensor or a shape
+        mismatch."""
         params = dict(self.named_parameters())
         filled = set()
         for file, name, tensor in tensors:
@@ -168,6 +190,9 @@ class BertEncoder(nn.Module):
             if self.head is not None:
                 name = next((new + name[len(old) :] for old, new in HEAD_NAMES.items() if name.startswith(old)), name)
             if name.startswith(SKIPPED):
+                continue
+            if isinstance(tensor, BlockWeight):
+                self._set_block(file, name, tensor)
                 continue
             param = params.get(name)
             if param is None:
@@ -178,5 +203,22 @@ class BertEncoder(nn.Module):
             param.data.copy_(tensor)
             filled.add(name)
         missing = sorted(set(params) - filled)
+        missing += [
+            f"{path}.weight"
+            for path, m in self.named_modules()
+            if isinstance(m, BlockLinear | BlockEmbedding) and m.missing
+        ]
         if missing:
             raise CheckpointError(f"checkpoint is missing tensors: {', '.join(missing[:8])}")
+
+    def _set_block(self, file: str, name: str, weight: BlockWeight) -> None:
+        try:
+            module = self.get_submodule(name.removesuffix(".weight"))
+        except AttributeError:
+            module = None
+        if not isinstance(module, BlockLinear | BlockEmbedding) or not name.endswith(".weight"):
+            raise CheckpointError(f"{file}: unexpected tensor '{name}' for an encoder")
+        try:
+            module.set_part(0, weight)
+        except ValueError as exc:
+            raise CheckpointError(f"{file}: tensor '{name}': {exc}") from None

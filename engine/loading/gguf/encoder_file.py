@@ -15,6 +15,7 @@ scores its [CLS] state with the projection alone, as llama.cpp does."""
 
 from __future__ import annotations
 
+import mmap
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -27,6 +28,7 @@ from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import decoders, models, normalizers, pre_tokenizers, processors
 
 from engine.errors import CheckpointError
+from engine.kernels.blocks import KEPT, BlockWeight
 from engine.loading.gguf.header import read_header
 
 PHANTOM = "\u2581"
@@ -103,17 +105,36 @@ class EncoderFile:
             "hidden_act": "gelu",
         }
 
-    def iter_tensors(self) -> Iterator[tuple[str, str, torch.Tensor]]:
-        """(file, Hugging Face name, float32 tensor) for every tensor the encoder reads."""
+    def block_names(self) -> frozenset[str]:
+        """Hugging Face names of the 2-D tensors stored in a type kept in blocks (F16,
+        BF16, the quantized types: engine/kernels/blocks.py), which ``iter_tensors`` gives
+        as the file's bytes."""
+        return frozenset(
+            target
+            for name, (qtype, shape, _, _) in self.tensors.items()
+            if qtype in KEPT and len(shape) == 2 and (target := hf_name(name)) is not None
+        )
+
+    def iter_tensors(self, blocks: bool = False) -> Iterator[tuple[str, str, torch.Tensor | BlockWeight]]:
+        """(file, Hugging Face name, tensor) for every tensor the encoder reads: float32,
+        or with ``blocks`` those of ``block_names`` as ``BlockWeight`` views of a private
+        mapping of the file (its pages faulted in on use, handed back when packed)."""
         fd = os.open(self.path, os.O_RDONLY)
+        mapped = mmap.mmap(fd, 0, access=mmap.ACCESS_COPY) if blocks else None  # never written
+        kept = self.block_names() if blocks else frozenset()
         try:
             for name, (qtype, shape, offset, n_bytes) in self.tensors.items():
                 target = hf_name(name)
                 if target is None:
                     continue
-                buf = bytearray(n_bytes)
-                if os.preadv(fd, [buf], offset) != n_bytes:
+                if offset + n_bytes > os.fstat(fd).st_size:
                     raise CheckpointError(f"{self.path}: tensor '{name}' is cut short (file truncated?)")
+                if target in kept:
+                    view = torch.frombuffer(mapped, dtype=torch.uint8, count=n_bytes, offset=offset)
+                    yield self.path.name, target, BlockWeight.from_bytes(qtype, view, shape[0], shape[1], mapped=True)
+                    continue
+                buf = bytearray(n_bytes)
+                os.preadv(fd, [buf], offset)
                 rows = int(np.prod(shape[:-1])) if len(shape) > 1 else 1
                 raw = np.frombuffer(buf, dtype=np.uint8).reshape(rows, -1)
                 values = gguf.quants.dequantize(raw, qtype).astype(np.float32)  # [rows, n]
