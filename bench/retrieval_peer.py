@@ -97,6 +97,8 @@ def measure(url: str, args, rerank: bool) -> dict:
     r.raise_for_status()
     assert len(r.json()["data"]) == len(batch)
     out["batch"] = {"inputs": len(batch), "seconds": wall, "inputs_per_s": len(batch) / wall}
+    if not args.n_single:
+        return out
     singles, latencies = texts(args.n_single, 2), []
     t = time.perf_counter()
     for text in singles:

@@ -54,6 +54,7 @@ class EngineConfig:
     mmproj: Path | None = None  # a GGUF model's multimodal projector file (llama-server's -mm)
     image_tokens: tuple[int | None, int | None] = (None, None)  # fewest, most tokens an image of a varying size takes
     special: bool = False  # special tokens are written into the output text (llama-server's -sp)
+    rerank: bool = False  # score "yes" against "no" at a prompt's end (Qwen3-Reranker; engine/loading/rank_head.py)
     lora: tuple[str, ...] = ()  # LoRA adapters (GGUF files or PEFT folders), by index; each sequence says its scales
     static_decode: bool | None = None  # decode steps through static buffers (core/static_decode.py); None: CUDA
     enforce_eager: bool = False  # static decode steps run eagerly, never as captured CUDA graphs (vLLM's flag)

@@ -167,6 +167,15 @@ class EngineService:
         return self._engine.checkpoint_pooling
 
     @property
+    def reranks(self) -> bool:
+        """Whether the model scores query-document pairs (a decoder reranker: engine/loading/rank_head.py)."""
+        return self._engine.rank_head is not None
+
+    def rerank_prompt(self, query: str, document: str) -> str:
+        """The reranker's prompt for the pair (``reranks`` must hold)."""
+        return self._engine.rank_head.prompt(query, document)
+
+    @property
     def n_slots(self) -> int:
         return self._engine.config.n_seq_max
 

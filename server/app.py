@@ -129,7 +129,7 @@ def _add_openapi(app: FastAPI, state: ServerState, public: PublicPaths, sleep: I
             limits = {"vocab": engine.vocab_size, "n_slots": state.settings.parallel, "n_embd": engine.hidden_size}
             limits["n_lora"] = len(state.lora_scales)
             document.update(build_openapi(app, limits, bool(state.settings.api_keys), public.exact()))
-            if state.embedding_pooling != "rank" or state.encoder is None:  # only a reranker documents /v1/rerank
+            if state.embedding_pooling != "rank" or not state.serves_embeddings:  # only a reranker documents it
                 document["paths"].pop("/v1/rerank", None)
         return JSONResponse(document)
 

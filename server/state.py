@@ -99,11 +99,6 @@ class ServerState:
         s = self.settings
         if is_encoder(s.model):
             return self._load_encoder()
-        if self.pooling == "rank":
-            raise CheckpointError(
-                f"{s.model}: --rerank needs a reranker: a cross-encoder (BERT or XLM-RoBERTa "
-                "*ForSequenceClassification, or its GGUF file); this is a generation model"
-            )
         config = EngineConfig(
             model=s.model,
             dtype=s.dtype,
@@ -138,8 +133,14 @@ class ServerState:
             spec_draft_min=s.spec_draft_n_min,
             spec_p_min=s.spec_draft_p_min,
             spec_ngram_size=s.spec_ngram_simple_size_n,
+            rerank=self.pooling == "rank",
         )
         engine = EngineService(config, self.slot_files, self.load_progress)
+        if self.pooling == "rank" and not engine.reranks:
+            raise CheckpointError(
+                f"{s.model}: --rerank needs a reranker: a cross-encoder (BERT or XLM-RoBERTa "
+                '*ForSequenceClassification, or its GGUF file) or a decoder with "yes" and "no" tokens (Qwen3-Reranker)'
+            )
         if s.default_constraint is not None:  # a server-wide grammar must compile, or no engine thread starts
             kind, source = s.default_constraint
             self.default_constraint = engine.compile_constraint(kind, source)
@@ -178,8 +179,11 @@ class ServerState:
 
     @property
     def serves_embeddings(self) -> bool:
-        """--embeddings, --rerank, or an encoder model (which serves nothing else)."""
-        return self.settings.embeddings or self.settings.rerank or self.encoder is not None
+        """--embeddings, --rerank, an encoder model (which serves nothing else), or a
+        reranker's file (a decoder written to rank)."""
+        s = self.settings
+        reranker = self.engine is not None and self.engine.reranks and self.embedding_pooling == "rank"
+        return s.embeddings or s.rerank or self.encoder is not None or reranker
 
     def begin_drain(self) -> None:
         self.status = "draining"
@@ -204,9 +208,13 @@ class ServerState:
 
     @property
     def embedding_pooling(self) -> str:
-        """How embeddings pool: --pooling (--rerank: rank), else the checkpoint's, else ``last``."""
+        """How embeddings pool: --pooling (--rerank: rank), else the checkpoint's (a reranker's
+        file: rank), else ``last``."""
         model = self.engine or self.encoder
-        return self.pooling or (model.embedding_pooling if model else None) or "last"
+        checkpoint = model.embedding_pooling if model else None
+        if checkpoint == "rank" and self.engine is not None and not self.engine.reranks:
+            checkpoint = None
+        return self.pooling or checkpoint or "last"
 
     @property
     def lora_names(self) -> list[str]:

@@ -116,3 +116,62 @@ def make_cross_encoder(folder: Path, kind: str = "bert", seed: int = 0, **overri
     if kind == "bert":  # as transformers saves it (its special tokens named: the converter reads them)
         transformers.AutoTokenizer.from_pretrained(folder).save_pretrained(folder)
     return folder
+
+
+NOMIC_PUBLISHED = {  # nomic-embed-text-v1.5's config.json fields (its remote code's names)
+    "activation_function": "swiglu", "causal": False, "prenorm": False, "qkv_proj_bias": False,
+    "mlp_fc1_bias": False, "mlp_fc2_bias": False, "rotary_emb_fraction": 1.0, "rotary_emb_interleaved": False,
+    "rotary_emb_scale_base": None, "n_positions": 8192, "max_trained_positions": 2048, "rotary_emb_base": 1000,
+}  # fmt: skip
+
+
+def make_nomic_embedder(folder: Path, seed: int = 0) -> Path:
+    """A random tiny nomic-bert (nomic-embed-text's layout: fused q/k/v, rotary, SwiGLU,
+    post-norm, no biases) saved by sentence-transformers with mean pooling and Normalize;
+    its config.json carries the published fields (``n_embd``, ``n_head``, ...,
+    ``activation_function``) beside transformers 5's, as llama.cpp's converter reads
+    the former and transformers the latter."""
+    import transformers
+    from sentence_transformers import SentenceTransformer, models
+
+    base = folder.parent / f"{folder.name}-base"
+    base.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(seed)
+    vocab = write_wordpiece(base)
+    config = transformers.NomicBertConfig(vocab_size=vocab, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                          intermediate_size=128, max_position_embeddings=2048)  # fmt: skip
+    model = transformers.NomicBertModel(config)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.1)
+    model.save_pretrained(base)
+    raw = json.loads((base / "config.json").read_text())
+    raw |= NOMIC_PUBLISHED | {"n_embd": 64, "n_head": 4, "n_layer": 2, "n_inner": 128, "layer_norm_epsilon": 1e-12}
+    (base / "config.json").write_text(json.dumps(raw))
+    modules = [models.Transformer(str(base), max_seq_length=48), models.Pooling(64, "mean"), models.Normalize()]
+    SentenceTransformer(modules=modules, device="cpu").save(str(folder))
+    return folder
+
+
+def make_modernbert_embedder(folder: Path, seed: int = 0, **overrides) -> Path:
+    """A random tiny ModernBERT (4 layers: global, local, local, global; a local window
+    of 8 tokens, so inputs longer than it see the difference) saved by
+    sentence-transformers with mean pooling and Normalize."""
+    import transformers
+    from sentence_transformers import SentenceTransformer, models
+
+    base = folder.parent / f"{folder.name}-base"
+    base.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(seed)
+    vocab = write_wordpiece(base)
+    fields = dict(vocab_size=vocab, hidden_size=64, intermediate_size=96, num_hidden_layers=4, num_attention_heads=4,
+                  local_attention=8, global_attn_every_n_layers=3, pad_token_id=0, bos_token_id=2, eos_token_id=3,
+                  cls_token_id=2, sep_token_id=3, max_position_embeddings=128, norm_bias=True)  # fmt: skip
+    model = transformers.ModernBertModel(transformers.ModernBertConfig(**{**fields, **overrides}))
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.1)
+    model.save_pretrained(base)
+    modules = [models.Transformer(str(base), max_seq_length=48), models.Pooling(64, "mean"), models.Normalize()]
+    SentenceTransformer(modules=modules, device="cpu").save(str(folder))
+    return folder

@@ -142,3 +142,42 @@ def test_a_quantized_gguf_encoder_computes_on_its_blocks(tmp_path, outtype):
     got, expected = torch.stack(ours.embed(ids)), torch.stack(exact.embed(ids))
     cos = torch.nn.functional.cosine_similarity(got, expected, dim=-1)
     assert (cos > 0.999).all(), cos
+
+
+@pytest.mark.parametrize("family", ["nomic", "modernbert"])
+def test_rotary_encoders_embed_as_sentence_transformers(tmp_path, family):
+    """nomic-bert (fused q/k/v, rotary, SwiGLU, post-norm; its config as published) and
+    ModernBERT (pre-norm, global and local layers with their own rotary bases, GeGLU):
+    the folders' vectors equal sentence-transformers' own, batched or alone, on inputs
+    longer than ModernBERT's local window."""
+    from encoders import make_modernbert_embedder, make_nomic_embedder
+    from sentence_transformers import SentenceTransformer
+
+    make = {"nomic": make_nomic_embedder, "modernbert": make_modernbert_embedder}[family]
+    folder = make(tmp_path / family)
+    assert is_encoder(folder)
+    expected = SentenceTransformer(str(folder), device="cpu").encode(TEXTS, convert_to_tensor=True)
+    engine = EncoderEngine.from_pretrained(folder, batch_tokens=64)
+    ids = engine.encode(TEXTS)
+    assert max(map(len, ids)) > 16  # past the local window
+    got = torch.stack(engine.embed(ids))
+    alone = torch.stack([engine.embed([one])[0] for one in ids])
+    torch.testing.assert_close(got, alone, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-4)
+
+
+def test_a_gguf_nomic_bert_file_gives_its_folders_vectors(tmp_path):
+    """The pinned converter's ``nomic-bert`` file (fused q/k/v as ``attn_qkv``, the gate
+    and up halves as ``ffn_gate`` / ``ffn_up``, the rotary base): the folder's tokens and
+    vectors."""
+    from encoders import make_nomic_embedder
+    from gguf_tools import convert
+
+    folder = make_nomic_embedder(tmp_path / "nomic")
+    gguf_file = convert(folder, tmp_path / "nomic.gguf")
+    assert is_encoder(gguf_file)
+    ours, theirs = EncoderEngine.from_pretrained(gguf_file, normalize=True), EncoderEngine.from_pretrained(folder)
+    assert ours.config.pooling == "mean"
+    assert ours.encode(TEXTS[:2]) == theirs.encode(TEXTS[:2])
+    ids = theirs.encode(TEXTS)
+    torch.testing.assert_close(torch.stack(ours.embed(ids)), torch.stack(theirs.embed(ids)), atol=1e-5, rtol=1e-4)

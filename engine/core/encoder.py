@@ -29,7 +29,18 @@ from engine.kernels.block_model import pack_block_linears
 from engine.loading.checkpoint import iter_tensors, weight_files
 from engine.loading.gguf.encoder_file import EncoderFile
 from engine.loading.pooling_hint import checkpoint_pooling
-from engine.models.bert import ARCHITECTURES, CLASSIFIERS, MODEL_TYPES, BertEncoder, n_labels
+from engine.models.bert import ARCHITECTURES as BERTS
+from engine.models.bert import CLASSIFIERS as BERT_CLASSIFIERS
+from engine.models.bert import BertEncoder, n_labels
+from engine.models.encoder_base import EncoderModel
+from engine.models.modernbert import ModernBertEncoder
+from engine.models.nomic_bert import NomicBertEncoder
+
+ARCHITECTURES = {**BERTS, "NomicBertModel": "nomic", "ModernBertModel": "modernbert"}  # architecture -> kind
+CLASSIFIERS = {**BERT_CLASSIFIERS, "ModernBertForSequenceClassification": "ModernBertModel"}
+MODEL_TYPES = {"bert": "BertModel", "xlm-roberta": "XLMRobertaModel", "roberta": "RobertaModel"}
+MODEL_TYPES |= {"nomic_bert": "NomicBertModel", "modernbert": "ModernBertModel"}
+MODELS = {"nomic": NomicBertEncoder, "modernbert": ModernBertEncoder}  # kind -> class (others: BertEncoder)
 
 POOLINGS = ("none", "mean", "cls", "last", "rank")
 
@@ -90,15 +101,16 @@ def _st_modules(folder: Path) -> list[dict]:
 
 def _loaded(
     raw: dict, arch: str, tensors, head_dense: bool = True, blocks: frozenset[str] = frozenset()
-) -> BertEncoder:
+) -> EncoderModel:
     """The encoder ``raw`` describes, built on the meta device, then filled from
     (file, name, tensor) triples; float32, for inference. A classifier ``arch`` gets its
     head (``head_dense``: with the dense layer before the projection). ``blocks``: the
     weights that come in GGUF blocks; their layers compute on them (repacked for the
     integer kernel where the type has a packed layout)."""
     head = (n_labels(raw), head_dense) if arch in CLASSIFIERS else None
+    kind = ARCHITECTURES[CLASSIFIERS.get(arch, arch)]
     with torch.device("meta"):
-        model = BertEncoder(raw, ARCHITECTURES[CLASSIFIERS.get(arch, arch)], head)
+        model = MODELS.get(kind, BertEncoder)(raw, kind, head)
     model.to_blocks(blocks)
     model = model.to_empty(device="cpu").float()
     with torch.no_grad():
@@ -109,7 +121,7 @@ def _loaded(
 
 
 class EncoderEngine:
-    def __init__(self, model: BertEncoder, tokenizer: HFTokenizer, config: EncoderConfig, batch_tokens: int = 8192):
+    def __init__(self, model: EncoderModel, tokenizer: HFTokenizer, config: EncoderConfig, batch_tokens: int = 8192):
         """``tokenizer``: the model's, as it cuts nothing (``full_tokenizer``); ``tokenizer``
         is a copy that cuts at ``config.max_tokens``."""
         self.model, self.config, self.batch_tokens = model, config, batch_tokens
@@ -142,13 +154,13 @@ class EncoderEngine:
         modules = _st_modules(folder)
         config = EncoderConfig(
             architecture=arch,
-            hidden_size=int(raw["hidden_size"]),
+            hidden_size=int(raw.get("n_embd") or raw["hidden_size"]),
             max_tokens=limit,
             pooling=pooling or ("rank" if model.head else checkpoint_pooling(str(folder)) or "cls"),
             normalize=any(str(m.get("type", "")).endswith("Normalize") for m in modules)
             if normalize is None
             else normalize,
-            n_labels=model.head.out_proj.out_features if model.head else 0,
+            n_labels=model.n_labels,
         )
         return cls(model, tokenizer, config, batch_tokens)
 
@@ -164,11 +176,11 @@ class EncoderEngine:
         tokenizer = file.tokenizer()
         config = EncoderConfig(
             architecture=raw["architectures"][0],
-            hidden_size=int(raw["hidden_size"]),
+            hidden_size=int(raw.get("n_embd") or raw["hidden_size"]),
             max_tokens=model.max_positions,
             pooling=pooling or ("rank" if model.head else checkpoint_pooling(str(path), file.fields) or "cls"),
             normalize=bool(normalize),
-            n_labels=model.head.out_proj.out_features if model.head else 0,
+            n_labels=model.n_labels,
         )
         return cls(model, tokenizer, config, batch_tokens)
 
@@ -217,7 +229,7 @@ class EncoderEngine:
             lengths = torch.tensor([len(inputs[i]) for i in batch])
             hidden = self.model(ids, lengths, types)  # [B, T, hidden]
             ranked = [row for row, i in enumerate(batch) if poolings[i] == "rank"]
-            logits = self.model.head(hidden[ranked, 0]) if ranked else None  # [R, n_labels]
+            logits = self.model.classify(hidden[ranked], lengths[ranked]) if ranked else None  # [R, n_labels]
             for row, i in enumerate(batch):
                 if poolings[i] == "rank":
                     out[i] = logits[ranked.index(row)].clone()

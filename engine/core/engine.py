@@ -84,6 +84,7 @@ class Engine(TokenAcceptance, ContextShift, EngineReports):
         self.model_config, self.tokenizer, self.model = loaded.model_config, loaded.tokenizer, loaded.model
         self.fingerprint = loaded.fingerprint
         self.checkpoint_pooling = loaded.pooling  # what the checkpoint asks embeddings to pool with (or None)
+        self.rank_head = loaded.rank_head  # a reranker's score (engine/loading/rank_head.py), or None
         if config.quantization:  # before packing: the quantized layers are no nn.Linear any more
             quantize_linears(self.model, config.quantization)
             self.fingerprint = {**self.fingerprint, "quantization": config.quantization}
@@ -216,7 +217,7 @@ class Engine(TokenAcceptance, ContextShift, EngineReports):
         media = sorted(media or [], key=lambda m: m.start)
         if media:
             check_media(self.model, self.model_config, prompt_ids, media)
-        pooler = Pooler(pooling, len(prompt_ids)) if pooling is not None else None
+        pooler = Pooler(pooling, len(prompt_ids), self.rank_head) if pooling is not None else None
         if pooler is not None and pooler.needs_whole_prompt:
             n_cached = 0
         n_cached = max(0, min(n_cached, len(prompt_ids) - 1, self.memory.seq_pos_max(seq_id) + 1))

@@ -15,6 +15,7 @@ from engine.loading.gguf.checkpoint import GGUFCheckpoint, is_gguf
 from engine.loading.gguf.mmproj import MmprojFile
 from engine.loading.gguf.tokenizer import gguf_tokenizer
 from engine.loading.pooling_hint import checkpoint_pooling
+from engine.loading.rank_head import RankHead, rank_head
 from engine.models.base import DecoderLM
 from engine.models.config import ModelConfig, load_model_config, parse_model_config
 from engine.text.chat_template import resolve_template
@@ -37,6 +38,7 @@ class LoadedModel:
     model: DecoderLM
     fingerprint: dict[str, str]  # for slot files: taken before any kernel repacks the weights
     pooling: str | None = None  # the embedding pooling the checkpoint names (engine/loading/pooling_hint.py)
+    rank_head: RankHead | None = None  # a decoder reranker's score (engine/loading/rank_head.py)
 
 
 def load(config: EngineConfig, progress: Progress | None = None) -> LoadedModel:
@@ -71,4 +73,5 @@ def load(config: EngineConfig, progress: Progress | None = None) -> LoadedModel:
     model = load_model(config.model, model_config, config.torch_dtype, config.torch_device, gguf, progress, mmproj)
     fingerprint = model_fingerprint(model_config, model, config.dtype)
     pooling = checkpoint_pooling(config.model, gguf.fields if gguf is not None else None)
-    return LoadedModel(model_config, tokenizer, model, fingerprint, pooling)
+    head = rank_head(model, tokenizer, gguf, config.rerank)
+    return LoadedModel(model_config, tokenizer, model, fingerprint, pooling, head)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-GGUF_POOLING = {0: "none", 1: "mean", 2: "cls", 3: "last"}  # llama.cpp's llama_pooling_type (4, rank: not served)
+GGUF_POOLING = {0: "none", 1: "mean", 2: "cls", 3: "last", 4: "rank"}  # llama.cpp's llama_pooling_type
 ST_POOLING = {"pooling_mode_cls_token": "cls", "pooling_mode_mean_tokens": "mean", "pooling_mode_lasttoken": "last"}
 
 

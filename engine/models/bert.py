@@ -14,14 +14,12 @@ token: BERT's pooler (dense, tanh) and ``classifier``; RoBERTa's ``classifier.de
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from engine.errors import CheckpointError
-from engine.kernels.blocks import BlockEmbedding, BlockLinear, BlockWeight
+from engine.models.encoder_base import EncoderModel
 
 ARCHITECTURES = {"BertModel": "bert", "XLMRobertaModel": "roberta", "RobertaModel": "roberta"}
 CLASSIFIERS = {  # a cross-encoder's architecture -> its base's
@@ -29,7 +27,6 @@ CLASSIFIERS = {  # a cross-encoder's architecture -> its base's
     "XLMRobertaForSequenceClassification": "XLMRobertaModel",
     "RobertaForSequenceClassification": "RobertaModel",
 }
-MODEL_TYPES = {"bert": "BertModel", "xlm-roberta": "XLMRobertaModel", "roberta": "RobertaModel"}
 PREFIXES = ("bert.", "roberta.")
 SKIPPED = ("pooler.", "classifier.", "cls.", "lm_head.", "embeddings.position_ids", "embeddings.token_type_ids")
 HEAD_NAMES = {  # a classifier's tensors -> the head's (BERT's pooler is its dense layer)
@@ -120,7 +117,7 @@ class _Head(nn.Module):
         return self.out_proj(x)
 
 
-class BertEncoder(nn.Module):
+class BertEncoder(EncoderModel):
     """``last_hidden_state`` of BERT / XLM-RoBERTa for a padded batch; ``head``: a
     classifier's (n_labels, whether it has a dense layer before the projection; a GGUF
     BERT classifier has none: the converter drops the pooler)."""
@@ -158,67 +155,11 @@ class BertEncoder(nn.Module):
             x = layer(x, mask)
         return x
 
-    def to_blocks(self, names: Iterable[str]) -> None:
-        """Make the layers whose weights ``names`` (Hugging Face names) come in GGUF blocks
-        block layers (engine/kernels/blocks.py): no float copy of those weights is made."""
-        for name in names:
-            if self.head is not None:
-                name = next((new + name[len(old) :] for old, new in HEAD_NAMES.items() if name.startswith(old)), name)
-            path = name.removesuffix(".weight")
-            try:
-                module = self.get_submodule(path)
-            except AttributeError:
-                continue  # a tensor load_weights skips or refuses
-            if isinstance(module, nn.Linear):
-                block = BlockLinear(module.in_features, [module.out_features], bias=module.bias is not None)
-            elif isinstance(module, nn.Embedding):
-                block = BlockEmbedding(module.num_embeddings, module.embedding_dim)
-            else:
-                continue
-            parent, _, leaf = path.rpartition(".")
-            setattr(self.get_submodule(parent) if parent else self, leaf, block)
-
-    def load_weights(self, tensors: Iterable[tuple[str, str, torch.Tensor | BlockWeight]]) -> None:
-        """Copy (file, name, tensor) triples in (a ``BlockWeight`` into the block layer
-        ``to_blocks`` made); CheckpointError on an unknown or missing tensor or a shape
-        mismatch."""
-        params = dict(self.named_parameters())
-        filled = set()
-        for file, name, tensor in tensors:
-            for prefix in PREFIXES:
-                name = name.removeprefix(prefix)
-            if self.head is not None:
-                name = next((new + name[len(old) :] for old, new in HEAD_NAMES.items() if name.startswith(old)), name)
-            if name.startswith(SKIPPED):
-                continue
-            if isinstance(tensor, BlockWeight):
-                self._set_block(file, name, tensor)
-                continue
-            param = params.get(name)
-            if param is None:
-                raise CheckpointError(f"{file}: unexpected tensor '{name}' for an encoder")
-            if tuple(param.shape) != tuple(tensor.shape):
-                want, got = tuple(param.shape), tuple(tensor.shape)
-                raise CheckpointError(f"{file}: tensor '{name}' has shape {got}, expected {want}")
-            param.data.copy_(tensor)
-            filled.add(name)
-        missing = sorted(set(params) - filled)
-        missing += [
-            f"{path}.weight"
-            for path, m in self.named_modules()
-            if isinstance(m, BlockLinear | BlockEmbedding) and m.missing
-        ]
-        if missing:
-            raise CheckpointError(f"checkpoint is missing tensors: {', '.join(missing[:8])}")
-
-    def _set_block(self, file: str, name: str, weight: BlockWeight) -> None:
-        try:
-            module = self.get_submodule(name.removesuffix(".weight"))
-        except AttributeError:
-            module = None
-        if not isinstance(module, BlockLinear | BlockEmbedding) or not name.endswith(".weight"):
-            raise CheckpointError(f"{file}: unexpected tensor '{name}' for an encoder")
-        try:
-            module.set_part(0, weight)
-        except ValueError as exc:
-            raise CheckpointError(f"{file}: tensor '{name}': {exc}") from None
+    def rename(self, name: str) -> str | None:
+        """A task model's ``bert.`` / ``roberta.`` prefix dropped; a classifier's head
+        tensors under ``head.``; the pooler and other heads not read (None)."""
+        for prefix in PREFIXES:
+            name = name.removeprefix(prefix)
+        if self.head is not None:
+            name = next((new + name[len(old) :] for old, new in HEAD_NAMES.items() if name.startswith(old)), name)
+        return None if name.startswith(SKIPPED) else name

@@ -13,6 +13,8 @@ called on the encoder thread only; a job's future is settled on its loop."""
 from __future__ import annotations
 
 import asyncio
+import ctypes
+import functools
 import threading
 import time
 from collections.abc import Callable
@@ -23,6 +25,11 @@ import torch
 from engine.errors import EngineStopped, QueueFull, StepFailed
 from engine.scheduling.health import Health, StepClock
 
+# Rounds between two hand-backs of free heap memory (and whenever the queue is empty).
+# BERT-base Q8_0, 1,000 inputs of 32-256 tokens in one request (2-core Sapphire Rapids
+# class): never during the batch, peak RSS 1,452 MB, 16.7 inputs/s; every round, 609 MB,
+# 15.4-15.6; every 4, 617 MB, 15.9; every 16, 717 MB, 16.1 (the rates within run noise).
+TRIM_EVERY = 4
 # run(ids of each input, pooling of each, token types of each or None) -> one tensor each
 RunFn = Callable[[list[list[int]], list[str], list[list[int]] | None], list[torch.Tensor]]
 
@@ -150,6 +157,8 @@ class EncoderQueue:
             finally:
                 self.clock.add(time.perf_counter() - wall, time.thread_time() - cpu, len(picked), False)
                 self._round_since, self._n_round_jobs = None, 0
+                if self.clock.n % TRIM_EVERY == 0 or not self._jobs:
+                    release_free_memory()
 
     def _fail(self, jobs: set[_Job], exc: BaseException) -> None:
         with self._cond:
@@ -177,3 +186,22 @@ class EncoderQueue:
             job.future.get_loop().call_soon_threadsafe(settle)
         except RuntimeError:  # the loop has closed
             pass
+
+
+@functools.cache
+def _malloc_trim():
+    try:
+        return ctypes.CDLL(None).malloc_trim  # glibc
+    except (AttributeError, OSError):
+        return None
+
+
+def release_free_memory() -> None:
+    """Hand the heap's free pages back to the system (glibc's ``malloc_trim``). A round's
+    activations differ in size from the last one's, and glibc keeps what they freed in
+    its heap (its mmap threshold rises to the largest block freed), so without this the
+    resident size grows round after round with many inputs (``TRIM_EVERY``). A no-op off
+    glibc."""
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)

@@ -130,6 +130,8 @@ class Scheduler:
         n_prompt = len(req.prompt_ids)
         if req.pooling is not None and req.n != 1:
             raise RequestError("an embedding has one choice (n = 1)", code="invalid_n")
+        if req.pooling == "rank" and self.engine.rank_head is None:
+            raise RequestError("this model does not rank: it needs a reranker started with --rerank")
         if n_prompt >= n_ctx:  # max_tokens past the context is not refused: generation ends there ("length")
             what = "an input to embed" if req.pooling is not None else "the prompt"
             raise RequestError(

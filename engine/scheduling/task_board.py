@@ -90,7 +90,7 @@ class TaskBoard(PrefixReuse):
             or cache.disk is None
             or not req.cache_prompt
             or lora_key(req.lora)
-            or req.pooling not in (None, "last")
+            or req.pooling not in (None, "last", "rank")
         ):
             return True
         n_have = max(shared_prefix(self.cached_tokens(slot), req.keys) for slot in self.table.slots)
@@ -131,7 +131,7 @@ class TaskBoard(PrefixReuse):
             self.table.take(slot, req.id)
         task.slots, task.seqs = slots, [None] * req.n
         self.active[req.id] = task
-        reuses = req.cache_prompt and req.pooling in (None, "last")  # other poolings need every hidden state
+        reuses = req.cache_prompt and req.pooling in (None, "last", "rank")  # others need every hidden state
         n_cached = self._reuse_prefix(slots[0], req, key) if reuses else 0
         for slot in slots:
             slot.lora = key

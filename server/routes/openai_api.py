@@ -149,4 +149,5 @@ def _capabilities(state, multimodal: bool) -> list[str]:
     """What the model does, in llama-server's words (an encoder: embedding or rerank)."""
     if state.encoder is not None:
         return ["rerank"] if state.embedding_pooling == "rank" else ["embedding"]
-    return ["completion", "multimodal"] if multimodal else ["completion"]
+    ranks = state.engine is not None and state.serves_embeddings and state.embedding_pooling == "rank"
+    return ["completion"] + ["multimodal"] * multimodal + ["rerank"] * ranks

@@ -5,7 +5,10 @@ fields and Hugging Face TEI's.
 Each (query, document) pair is one input of the encoder's queue (engine/encoder_service.py):
 its classification head's first logit, through a sigmoid (``relevance_score`` in 0..1,
 as vLLM, TEI, Jina and Cohere answer; sentence-transformers' CrossEncoder the same)
-unless ``raw_scores`` (llama-server answers the logit). Results are sorted best first
+unless ``raw_scores`` (llama-server answers the logit). On a decoder reranker
+(Qwen3-Reranker) each pair is an engine request on the model's prompt
+(server/pipeline/decoder_rank.py), scored by the log-odds of "yes" over "no"; the
+sigmoid of that is the probability llama-server answers. Results are sorted best first
 and cut to ``top_n``; ``return_documents`` adds each document's text (Jina, Cohere).
 With TEI's ``texts`` instead of ``documents``, the answer is TEI's: a bare list of
 ``{index, score}`` (``text`` with ``return_text``)."""
@@ -21,6 +24,7 @@ from pydantic import ConfigDict, Field
 
 from engine import EncoderService
 from server.errors import APIError
+from server.pipeline.decoder_rank import decoder_rerank
 from server.pipeline.encoder_call import encoder_call
 from server.schemas.answers import RerankList, documented
 from server.schemas.requests import Int, _Body
@@ -63,12 +67,16 @@ class RerankRequest(_Body):
 async def rerank(body: RerankRequest, http: HTTPRequest) -> Response:
     """Each document's relevance to the query, best first."""
     state = http.app.state.slotserve
-    encoder = state.require_model() if state.serves_embeddings else None
-    if not isinstance(encoder, EncoderService) or state.embedding_pooling != "rank":
+    model = state.require_model() if state.serves_embeddings else None
+    if model is None or state.embedding_pooling != "rank":
         why = "This server does not support reranking. Start it with `--rerank` and a reranker model"
         raise APIError(501, why, "not_supported_error")
     documents = body.texts_of()
-    ranked = await encoder_call(state, http, encoder.rerank(body.query, documents, body.truncate, body.raw_scores))
+    if isinstance(model, EncoderService):
+        work = model.rerank(body.query, documents, body.truncate, body.raw_scores)
+        ranked = await encoder_call(state, http, work)
+    else:
+        ranked = await decoder_rerank(state, http, model, body.query, documents, body.raw_scores)
     if ranked is None:
         return Response(status_code=499)
     n_tokens = sum(r.n_tokens for r in ranked)

@@ -48,28 +48,41 @@ NAMES = {  # GGUF tensor -> the Hugging Face name (blk.N.<x> -> encoder.layer.N.
     "ffn_down": "output.dense",
     "layer_output_norm": "output.LayerNorm",
 }
-
-
+NOMIC_NAMES = {  # nomic-bert's published names (blk.N.<x> -> encoder.layers.N.<y>)
+    "token_embd": "embeddings.word_embeddings",
+    "token_types": "embeddings.token_type_embeddings",
+    "token_embd_norm": "emb_ln",
+    "attn_qkv": "attn.Wqkv",
+    "attn_output": "attn.out_proj",
+    "attn_output_norm": "norm1",
+    "ffn_up": "mlp.fc11",
+    "ffn_gate": "mlp.fc12",
+    "ffn_down": "mlp.fc2",
+    "layer_output_norm": "norm2",
+}
+ARCHS = {"bert": (NAMES, "encoder.layer"), "nomic-bert": (NOMIC_NAMES, "encoder.layers")}
 HEAD = {"cls": "classifier.dense", "cls.output": "classifier.out_proj"}  # a classifier's head
 
 
-def hf_name(name: str) -> str | None:
+def hf_name(name: str, arch: str = "bert") -> str | None:
     """``blk.3.attn_q.weight`` -> ``encoder.layer.3.attention.self.query.weight``,
     ``cls.output.weight`` -> ``classifier.out_proj.weight``; None for a tensor the
     encoder does not read."""
+    names, layers = ARCHS[arch]
     stem, _, leaf = name.rpartition(".")
     if stem in HEAD:
         return f"{HEAD[stem]}.{leaf}"
     parts = name.split(".")
-    if parts[0] == "blk" and len(parts) == 4 and parts[2] in NAMES:
-        return f"encoder.layer.{parts[1]}.{NAMES[parts[2]]}.{parts[3]}"
-    if len(parts) == 2 and parts[0] in NAMES:
-        return f"{NAMES[parts[0]]}.{parts[1]}"
+    if parts[0] == "blk" and len(parts) == 4 and parts[2] in names:
+        return f"{layers}.{parts[1]}.{names[parts[2]]}.{parts[3]}"
+    if len(parts) == 2 and parts[0] in names:
+        return f"{names[parts[0]]}.{parts[1]}"
     return None
 
 
 class EncoderFile:
-    """Raises CheckpointError for a file that is not a GGUF ``bert`` encoder."""
+    """Raises CheckpointError for a file that is not a GGUF ``bert`` or ``nomic-bert``
+    encoder."""
 
     def __init__(self, path: Path):
         self.path = Path(path)
@@ -79,16 +92,33 @@ class EncoderFile:
             raise CheckpointError(f"{path}: not a readable GGUF file: {exc}") from exc
         self.fields, self.tensors = header.fields, header.tensors
         arch, model = self.fields.get("general.architecture"), self.fields.get("tokenizer.ggml.model")
-        if arch != "bert":
-            raise CheckpointError(f"{path}: GGUF architecture '{arch}' is not an encoder slotserve serves (bert)")
+        if arch not in ARCHS:
+            served = ", ".join(ARCHS)
+            raise CheckpointError(f"{path}: GGUF architecture '{arch}' is not an encoder slotserve serves ({served})")
+        self.arch = arch
         if model not in ("bert", "t5"):
             why = "expected bert (WordPiece) or t5 (SentencePiece Unigram)"
             raise CheckpointError(f"{path}: tokenizer model '{model}' ({why})")
 
     def config(self) -> dict[str, Any]:
-        """config.json's fields for engine/models/bert.py."""
+        """config.json's fields for engine/models/bert.py (nomic_bert.py)."""
         f = self.fields
         types = self.tensors.get("token_types.weight")
+        if self.arch == "nomic-bert":
+            a = "nomic-bert"
+            return {
+                "architectures": ["NomicBertModel"],
+                "vocab_size": len(f["tokenizer.ggml.tokens"]),
+                "n_embd": int(f[f"{a}.embedding_length"]),
+                "n_layer": int(f[f"{a}.block_count"]),
+                "n_head": int(f[f"{a}.attention.head_count"]),
+                "n_inner": int(f[f"{a}.feed_forward_length"]),
+                "n_positions": int(f[f"{a}.context_length"]),
+                "layer_norm_epsilon": float(f.get(f"{a}.attention.layer_norm_epsilon", 1e-12)),
+                "rotary_emb_base": float(f.get(f"{a}.rope.freq_base", 1000.0)),
+                "type_vocab_size": types.shape[0] if types else 1,
+                "pad_token_id": int(f.get("tokenizer.ggml.padding_token_id", 0)),
+            }
         head = self.tensors.get("cls.output.weight")  # a cross-encoder's classifier
         labels = {"id2label": {str(i): f"LABEL_{i}" for i in range(head.shape[0])}} if head else {}
         return labels | {
@@ -112,7 +142,7 @@ class EncoderFile:
         return frozenset(
             target
             for name, (qtype, shape, _, _) in self.tensors.items()
-            if qtype in KEPT and len(shape) == 2 and (target := hf_name(name)) is not None
+            if qtype in KEPT and len(shape) == 2 and (target := hf_name(name, self.arch)) is not None
         )
 
     def iter_tensors(self, blocks: bool = False) -> Iterator[tuple[str, str, torch.Tensor | BlockWeight]]:
@@ -124,7 +154,7 @@ class EncoderFile:
         kept = self.block_names() if blocks else frozenset()
         try:
             for name, (qtype, shape, offset, n_bytes) in self.tensors.items():
-                target = hf_name(name)
+                target = hf_name(name, self.arch)
                 if target is None:
                     continue
                 if offset + n_bytes > os.fstat(fd).st_size:
