@@ -181,3 +181,18 @@ def test_a_gguf_nomic_bert_file_gives_its_folders_vectors(tmp_path):
     assert ours.encode(TEXTS[:2]) == theirs.encode(TEXTS[:2])
     ids = theirs.encode(TEXTS)
     torch.testing.assert_close(torch.stack(ours.embed(ids)), torch.stack(theirs.embed(ids)), atol=1e-5, rtol=1e-4)
+
+
+def test_pooling_none_gives_every_tokens_vector_as_sentence_transformers(tmp_path):
+    """llama-server's /embedding with pooling none: one vector per token, unnormalized:
+    sentence-transformers' ``token_embeddings``."""
+    from sentence_transformers import SentenceTransformer
+
+    folder = make_bert_embedder(tmp_path / "bert", pooling="mean", normalize=True)
+    model = SentenceTransformer(str(folder), device="cpu")
+    expected = model.encode(TEXTS[:2], output_value="token_embeddings", convert_to_tensor=False)
+    engine = EncoderEngine.from_pretrained(folder, normalize=False)
+    got = engine.embed(engine.encode(TEXTS[:2]), "none")
+    for mine, theirs in zip(got, expected):
+        assert mine.shape == theirs.shape and mine.shape[0] > 2
+        torch.testing.assert_close(mine, theirs.float(), atol=1e-5, rtol=1e-4)
