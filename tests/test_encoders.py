@@ -196,3 +196,32 @@ def test_pooling_none_gives_every_tokens_vector_as_sentence_transformers(tmp_pat
     for mine, theirs in zip(got, expected):
         assert mine.shape == theirs.shape and mine.shape[0] > 2
         torch.testing.assert_close(mine, theirs.float(), atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("pooling", ["mean", "cls"])
+def test_a_modernbert_cross_encoder_scores_as_transformers(tmp_path, pooling):
+    """ModernBertForSequenceClassification: its ``classifier_pooling`` over each pair's own
+    tokens (padding in the batch left out), then the head (dense, GELU, LayerNorm) and
+    ``classifier``: transformers' logits on the same pairs."""
+    import transformers
+    from encoders import write_wordpiece
+
+    folder = tmp_path / "mb-rr"
+    folder.mkdir()
+    torch.manual_seed(0)
+    fields = dict(vocab_size=write_wordpiece(folder), hidden_size=64, intermediate_size=96, num_hidden_layers=3,
+                  num_attention_heads=4, local_attention=8, pad_token_id=0, cls_token_id=2, sep_token_id=3,
+                  bos_token_id=2, eos_token_id=3, max_position_embeddings=128, num_labels=1,
+                  classifier_pooling=pooling)  # fmt: skip
+    hf = transformers.ModernBertForSequenceClassification(transformers.ModernBertConfig(**fields))
+    with torch.no_grad():
+        for p in hf.parameters():
+            p.add_(torch.randn_like(p) * 0.1)
+    hf.save_pretrained(folder)
+    ours = EncoderEngine.from_pretrained(folder)
+    assert ours.config.pooling == "rank"
+    pairs = ours.encode_pairs("the slot cache", TEXTS)
+    got = torch.stack(ours.embed([p[0] for p in pairs], "rank", [p[1] for p in pairs]))
+    with torch.no_grad():
+        expected = torch.stack([hf.eval()(torch.tensor([ids])).logits[0] for ids, _ in pairs])
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-4)

@@ -103,3 +103,17 @@ class EncoderModel(nn.Module):
             module.set_part(0, weight)
         except ValueError as exc:
             raise CheckpointError(f"{file}: tensor '{name}': {exc}") from None
+
+
+def rope_table(base: float, head_dim: int, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin [n, head_dim] of positions 0..n-1 (rotate-half layout: each frequency twice)."""
+    inv = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))  # [D/2]
+    angles = torch.arange(n, dtype=torch.float32)[:, None] * inv[None, :]  # [n, D/2]
+    angles = torch.cat((angles, angles), dim=-1)  # [n, D]
+    return angles.cos(), angles.sin()
+
+
+def rotate_halves(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x [B, H, T, D] rotated by position (halves, not interleaved; transformers' layout)."""
+    half = x.shape[-1] // 2
+    return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin

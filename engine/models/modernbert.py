@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.errors import CheckpointError
-from engine.models.encoder_base import EncoderModel
+from engine.models.encoder_base import EncoderModel, rope_table, rotate_halves
 
 SKIPPED = ("head.", "decoder.", "classifier.", "lm_head.")
 ACTS = {"gelu": lambda x: F.gelu(x), "gelu_new": lambda x: F.gelu(x, approximate="tanh"),
@@ -89,16 +89,11 @@ class _Layer(nn.Module):
         """x [B, T, hidden]; cos, sin [T, D]; mask [B, 1, T, T] additive -> [B, T, hidden]."""
         b, t, hidden = x.shape
         q, k, v = self.attn.Wqkv(self.attn_norm(x)).view(b, t, 3, self.n_heads, -1).permute(2, 0, 3, 1, 4)
-        q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)  # [B, H, T, D]
+        q, k = rotate_halves(q, cos, sin), rotate_halves(k, cos, sin)  # [B, H, T, D]
         ctx = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)  # [B, H, T, D]
         x = x + self.attn.Wo(ctx.transpose(1, 2).reshape(b, t, hidden))
         a, g = self.mlp.Wi(self.mlp_norm(x)).chunk(2, dim=-1)
         return x + self.mlp.Wo(self.act(a) * g)
-
-
-def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
 
 
 class ModernBertEncoder(EncoderModel):
@@ -153,12 +148,7 @@ class ModernBertEncoder(EncoderModel):
         near = (pos[:, None] - pos[None, :]).abs() <= self.half_window  # [T, T]
         full = torch.zeros(b, 1, t, t).masked_fill(~keys[:, None, None, :], float("-inf"))
         local = full.masked_fill(~near[None, None], float("-inf"))
-        tables = {}
-        for kind, base in self.bases.items():
-            inv = 1.0 / (base ** (torch.arange(0, self.head_dim, 2, dtype=torch.float32) / self.head_dim))
-            angles = pos.float()[:, None] * inv[None, :]
-            angles = torch.cat((angles, angles), dim=-1)  # [T, D]
-            tables[kind] = (angles.cos(), angles.sin())
+        tables = {kind: rope_table(base, self.head_dim, t) for kind, base in self.bases.items()}  # [T, D] each
         for layer, kind in zip(self.layers, self.kinds):
             x = layer(x, *tables[kind], local if kind == "sliding_attention" else full)
         return self.final_norm(x)

@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.errors import CheckpointError
-from engine.models.encoder_base import EncoderModel
+from engine.models.encoder_base import EncoderModel, rope_table, rotate_halves
 
 SKIPPED = ("lm_head.", "cls.", "pooler.", "embeddings.position_ids", "embeddings.token_type_ids")
 
@@ -69,18 +69,11 @@ class _Layer(nn.Module):
         """x [B, T, hidden]; cos, sin [T, D]; mask [B, 1, 1, T] additive -> [B, T, hidden]."""
         b, t, hidden = x.shape
         q, k, v = self.attn.Wqkv(x).view(b, t, 3, self.n_heads, -1).permute(2, 0, 3, 1, 4)  # each [B, H, T, D]
-        q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
+        q, k = rotate_halves(q, cos, sin), rotate_halves(k, cos, sin)
         ctx = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)  # [B, H, T, D]
         h = self.norm1(x + self.attn.out_proj(ctx.transpose(1, 2).reshape(b, t, hidden)))
         mlp = self.mlp
         return self.norm2(h + mlp.fc2(mlp.fc11(h) * F.silu(mlp.fc12(h))))
-
-
-def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x [B, H, T, D] rotated by position (halves, not interleaved)."""
-    half = x.shape[-1] // 2
-    turned = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return x * cos + turned * sin
 
 
 class NomicBertEncoder(EncoderModel):
@@ -119,10 +112,7 @@ class NomicBertEncoder(EncoderModel):
         emb = self.embeddings
         types = torch.zeros_like(ids) if type_ids is None else type_ids
         x = self.emb_ln(emb.word_embeddings(ids) + emb.token_type_embeddings(types))  # [B, T, hidden]
-        inv = 1.0 / (self.base ** (torch.arange(0, self.head_dim, 2, dtype=torch.float32) / self.head_dim))  # [D/2]
-        angles = torch.arange(t, dtype=torch.float32)[:, None] * inv[None, :]  # [T, D/2]
-        angles = torch.cat((angles, angles), dim=-1)  # [T, D]
-        cos, sin = angles.cos(), angles.sin()
+        cos, sin = rope_table(self.base, self.head_dim, t)  # [T, D] each
         mask = torch.zeros(b, 1, 1, t).masked_fill(~valid[:, None, None, :], float("-inf"))
         for layer in self.encoder.layers:
             x = layer(x, cos, sin, mask)
