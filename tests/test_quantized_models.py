@@ -305,7 +305,11 @@ def test_a_q4_k_m_file_is_resident_at_its_own_size(demo_f32_gguf, tmp_path, mode
     figures = f"file {file_bytes}, weights {weights}, rss +{after - before}, peak +{peak - before}, "
     figures += f"after use +{used} (anonymous +{used_anon}, file +{used_file})"
     assert weights <= 1.1 * file_bytes, figures
-    assert after - before <= 1.1 * file_bytes and used <= 1.1 * file_bytes, figures
+    assert after - before <= 1.1 * file_bytes, figures
+    # after a step, its buffers and the cache come on top of the weights: 1.097-1.101x the
+    # file measured (2026-11-29, read-repack, as before this session's changes), so 1.1x
+    # failed by chance; a float copy of the weights would be 7x
+    assert used <= 1.15 * file_bytes, figures
     assert peak - before <= 1.2 * (after - before), figures  # (the engine's warm-up step ran)
     if mode == "read" or (layout == "repack" and blocks.compiled_isa() is not None):
         assert used_file < 0.1 * file_bytes, figures
