@@ -153,20 +153,48 @@ def make_nomic_embedder(folder: Path, seed: int = 0) -> Path:
     return folder
 
 
-def make_modernbert_embedder(folder: Path, seed: int = 0, **overrides) -> Path:
+def write_modernbert_bytes(folder: Path) -> dict[str, int]:
+    """ModernBERT's kind of tokenizer: a byte-level BPE (here without merges) with [CLS]
+    text [SEP] (pairs: [CLS] a [SEP] b [SEP]), as llama.cpp's converter takes it. Returns
+    the special tokens' ids."""
+    from checkpoints import write_byte_tokenizer
+
+    folder.mkdir(parents=True, exist_ok=True)
+    write_byte_tokenizer(folder, specials=("[CLS]", "[SEP]", "[PAD]", "[MASK]", "[UNK]"))
+    tok = json.loads((folder / "tokenizer.json").read_text())
+    ids = {t["content"]: t["id"] for t in tok["added_tokens"]}
+    a, b = ({"Sequence": {"id": s, "type_id": 0}} for s in "AB")
+    cls, sep = ({"SpecialToken": {"id": t, "type_id": 0}} for t in ("[CLS]", "[SEP]"))
+    specials = {t: {"id": t, "ids": [ids[t]], "tokens": [t]} for t in ("[CLS]", "[SEP]")}
+    tok["post_processor"] = {"type": "TemplateProcessing", "single": [cls, a, sep], "pair": [cls, a, sep, b, sep],
+                             "special_tokens": specials}  # fmt: skip
+    (folder / "tokenizer.json").write_text(json.dumps(tok))
+    cfg = json.loads((folder / "tokenizer_config.json").read_text())
+    cfg.update(cls_token="[CLS]", sep_token="[SEP]", pad_token="[PAD]", mask_token="[MASK]", unk_token="[UNK]")
+    (folder / "tokenizer_config.json").write_text(json.dumps({**cfg, "eos_token": None}))
+    return ids
+
+
+def make_modernbert_embedder(folder: Path, seed: int = 0, tokenizer: str = "wordpiece", **overrides) -> Path:
     """A random tiny ModernBERT (4 layers: global, local, local, global; a local window
     of 8 tokens, so inputs longer than it see the difference) saved by
-    sentence-transformers with mean pooling and Normalize."""
+    sentence-transformers with mean pooling and Normalize; ``tokenizer`` "bytes": a
+    byte-level BPE, which the GGUF converter needs."""
     import transformers
     from sentence_transformers import SentenceTransformer, models
 
     base = folder.parent / f"{folder.name}-base"
     base.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(seed)
-    vocab = write_wordpiece(base)
+    if tokenizer == "bytes":
+        ids = write_modernbert_bytes(base)
+        vocab, pad, cls, sep = len(ids) + 256, ids["[PAD]"], ids["[CLS]"], ids["[SEP]"]
+    else:
+        vocab, pad, cls, sep = write_wordpiece(base), 0, 2, 3
     fields = dict(vocab_size=vocab, hidden_size=64, intermediate_size=96, num_hidden_layers=4, num_attention_heads=4,
-                  local_attention=8, global_attn_every_n_layers=3, pad_token_id=0, bos_token_id=2, eos_token_id=3,
-                  cls_token_id=2, sep_token_id=3, max_position_embeddings=128, norm_bias=True)  # fmt: skip
+                  local_attention=8, global_attn_every_n_layers=3, pad_token_id=pad, bos_token_id=cls,
+                  eos_token_id=sep, cls_token_id=cls, sep_token_id=sep, max_position_embeddings=128,
+                  norm_bias=True)  # fmt: skip
     model = transformers.ModernBertModel(transformers.ModernBertConfig(**{**fields, **overrides}))
     with torch.no_grad():
         for p in model.parameters():

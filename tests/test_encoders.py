@@ -202,17 +202,19 @@ def test_pooling_none_gives_every_tokens_vector_as_sentence_transformers(tmp_pat
 def test_a_modernbert_cross_encoder_scores_as_transformers(tmp_path, pooling):
     """ModernBertForSequenceClassification: its ``classifier_pooling`` over each pair's own
     tokens (padding in the batch left out), then the head (dense, GELU, LayerNorm) and
-    ``classifier``: transformers' logits on the same pairs."""
+    ``classifier``: transformers' logits on the same pairs, from the folder and from the
+    converter's file (``cls``, ``cls.norm``, ``cls.output``, its classifier pooling type)."""
     import transformers
-    from encoders import write_wordpiece
+    from encoders import write_modernbert_bytes
+    from gguf_tools import convert
 
     folder = tmp_path / "mb-rr"
-    folder.mkdir()
+    ids = write_modernbert_bytes(folder)
     torch.manual_seed(0)
-    fields = dict(vocab_size=write_wordpiece(folder), hidden_size=64, intermediate_size=96, num_hidden_layers=3,
-                  num_attention_heads=4, local_attention=8, pad_token_id=0, cls_token_id=2, sep_token_id=3,
-                  bos_token_id=2, eos_token_id=3, max_position_embeddings=128, num_labels=1,
-                  classifier_pooling=pooling)  # fmt: skip
+    fields = dict(vocab_size=len(ids) + 256, hidden_size=64, intermediate_size=96, num_hidden_layers=3,
+                  num_attention_heads=4, local_attention=8, pad_token_id=ids["[PAD]"], cls_token_id=ids["[CLS]"],
+                  sep_token_id=ids["[SEP]"], bos_token_id=ids["[CLS]"], eos_token_id=ids["[SEP]"],
+                  max_position_embeddings=128, num_labels=1, classifier_pooling=pooling)  # fmt: skip
     hf = transformers.ModernBertForSequenceClassification(transformers.ModernBertConfig(**fields))
     with torch.no_grad():
         for p in hf.parameters():
@@ -220,8 +222,29 @@ def test_a_modernbert_cross_encoder_scores_as_transformers(tmp_path, pooling):
     hf.save_pretrained(folder)
     ours = EncoderEngine.from_pretrained(folder)
     assert ours.config.pooling == "rank"
-    pairs = ours.encode_pairs("the slot cache", TEXTS)
-    got = torch.stack(ours.embed([p[0] for p in pairs], "rank", [p[1] for p in pairs]))
+    pairs = ours.encode_pairs("the slot cache", TEXTS[:2] + SCRIPTS)
     with torch.no_grad():
-        expected = torch.stack([hf.eval()(torch.tensor([ids])).logits[0] for ids, _ in pairs])
-    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-4)
+        expected = torch.stack([hf.eval()(torch.tensor([p])).logits[0] for p, _ in pairs])
+    for engine in (ours, EncoderEngine.from_pretrained(convert(folder, tmp_path / "mb-rr.gguf"))):
+        assert engine.encode_pairs("the slot cache", TEXTS[:2] + SCRIPTS) == pairs
+        got = torch.stack(engine.embed([p[0] for p in pairs], "rank", [p[1] for p in pairs]))
+        torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-4)
+
+
+def test_a_gguf_modernbert_file_gives_its_folders_tokens_and_vectors(tmp_path):
+    """The pinned converter's ``modern-bert`` file (byte-level BPE, [CLS]/[SEP] from its
+    flags, global and local rotary bases, the window and its pattern, norm biases): the
+    folder's tokens, pairs and vectors."""
+    from encoders import make_modernbert_embedder
+    from gguf_tools import convert
+
+    folder = make_modernbert_embedder(tmp_path / "mb", tokenizer="bytes")
+    gguf_file = convert(folder, tmp_path / "mb.gguf")
+    assert is_encoder(gguf_file)
+    ours, theirs = EncoderEngine.from_pretrained(gguf_file, "mean", True), EncoderEngine.from_pretrained(folder)
+    texts = [t for t in TEXTS + SCRIPTS if len(theirs.encode([t])[0]) < 48]  # the folder cuts at 48, the file at 128
+    assert ours.encode(texts) == theirs.encode(texts)
+    assert ours.encode_pairs("a query", texts[:2]) == theirs.encode_pairs("a query", texts[:2])
+    ids = theirs.encode(texts)
+    assert max(map(len, ids)) > 16  # past the local window
+    torch.testing.assert_close(torch.stack(ours.embed(ids)), torch.stack(theirs.embed(ids)), atol=1e-5, rtol=1e-4)

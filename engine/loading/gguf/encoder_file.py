@@ -30,6 +30,7 @@ from tokenizers import decoders, models, normalizers, pre_tokenizers, processors
 from engine.errors import CheckpointError
 from engine.kernels.blocks import KEPT, BlockWeight
 from engine.loading.gguf.header import read_header
+from engine.loading.gguf.tokenizer import build_tokenizer
 
 PHANTOM = "\u2581"
 KIND = gguf.TokenType
@@ -60,8 +61,21 @@ NOMIC_NAMES = {  # nomic-bert's published names (blk.N.<x> -> encoder.layers.N.<
     "ffn_down": "mlp.fc2",
     "layer_output_norm": "norm2",
 }
+MODERN_NAMES = {  # ModernBERT's (blk.N.<x> -> layers.N.<y>)
+    "token_embd": "embeddings.tok_embeddings",
+    "token_embd_norm": "embeddings.norm",
+    "output_norm": "final_norm",
+    "attn_norm": "attn_norm",
+    "attn_qkv": "attn.Wqkv",
+    "attn_output": "attn.Wo",
+    "ffn_norm": "mlp_norm",
+    "ffn_up": "mlp.Wi",
+    "ffn_down": "mlp.Wo",
+}
 ARCHS = {"bert": (NAMES, "encoder.layer"), "nomic-bert": (NOMIC_NAMES, "encoder.layers")}
+ARCHS["modern-bert"] = (MODERN_NAMES, "layers")
 HEAD = {"cls": "classifier.dense", "cls.output": "classifier.out_proj"}  # a classifier's head
+MODERN_HEAD = {"cls": "head.dense", "cls.norm": "head.norm", "cls.output": "classifier"}
 
 
 def hf_name(name: str, arch: str = "bert") -> str | None:
@@ -69,9 +83,10 @@ def hf_name(name: str, arch: str = "bert") -> str | None:
     ``cls.output.weight`` -> ``classifier.out_proj.weight``; None for a tensor the
     encoder does not read."""
     names, layers = ARCHS[arch]
+    head = MODERN_HEAD if arch == "modern-bert" else HEAD
     stem, _, leaf = name.rpartition(".")
-    if stem in HEAD:
-        return f"{HEAD[stem]}.{leaf}"
+    if stem in head:
+        return f"{head[stem]}.{leaf}"
     parts = name.split(".")
     if parts[0] == "blk" and len(parts) == 4 and parts[2] in names:
         return f"{layers}.{parts[1]}.{names[parts[2]]}.{parts[3]}"
@@ -81,8 +96,8 @@ def hf_name(name: str, arch: str = "bert") -> str | None:
 
 
 class EncoderFile:
-    """Raises CheckpointError for a file that is not a GGUF ``bert`` or ``nomic-bert``
-    encoder."""
+    """Raises CheckpointError for a file that is not a GGUF ``bert``, ``nomic-bert`` or
+    ``modern-bert`` encoder."""
 
     def __init__(self, path: Path):
         self.path = Path(path)
@@ -96,14 +111,16 @@ class EncoderFile:
             served = ", ".join(ARCHS)
             raise CheckpointError(f"{path}: GGUF architecture '{arch}' is not an encoder slotserve serves ({served})")
         self.arch = arch
-        if model not in ("bert", "t5"):
-            why = "expected bert (WordPiece) or t5 (SentencePiece Unigram)"
+        if model not in ("bert", "t5", "gpt2"):
+            why = "expected bert (WordPiece), t5 (SentencePiece Unigram) or gpt2 (byte-level BPE)"
             raise CheckpointError(f"{path}: tokenizer model '{model}' ({why})")
 
     def config(self) -> dict[str, Any]:
         """config.json's fields for engine/models/bert.py (nomic_bert.py)."""
         f = self.fields
         types = self.tensors.get("token_types.weight")
+        if self.arch == "modern-bert":
+            return self._modern_config()
         if self.arch == "nomic-bert":
             a = "nomic-bert"
             return {
@@ -133,6 +150,34 @@ class EncoderFile:
             "type_vocab_size": types.shape[0] if types else 1,
             "pad_token_id": int(f.get("tokenizer.ggml.padding_token_id", 0)),
             "hidden_act": "gelu",
+        }
+
+    def _modern_config(self) -> dict[str, Any]:
+        """ModernBERT's config.json fields (engine/models/modernbert.py) from ``modern-bert.*``."""
+        f, a, t = self.fields, "modern-bert", self.tensors
+        head = t.get("cls.output.weight")
+        eps = f.get(f"{a}.attention.layer_norm_rms_epsilon", f.get(f"{a}.attention.layer_norm_epsilon", 1e-5))
+        labels = {"id2label": {str(i): f"LABEL_{i}" for i in range(head.shape[0])}} if head else {}
+        return labels | {
+            "architectures": ["ModernBertForSequenceClassification" if head else "ModernBertModel"],
+            "vocab_size": len(f["tokenizer.ggml.tokens"]),
+            "hidden_size": int(f[f"{a}.embedding_length"]),
+            "num_hidden_layers": int(f[f"{a}.block_count"]),
+            "num_attention_heads": int(f[f"{a}.attention.head_count"]),
+            "intermediate_size": int(f[f"{a}.feed_forward_length"]),
+            "max_position_embeddings": int(f[f"{a}.context_length"]),
+            "norm_eps": float(eps),
+            "norm_bias": "token_embd_norm.bias" in t,
+            "attention_bias": "blk.0.attn_qkv.bias" in t,
+            "mlp_bias": "blk.0.ffn_up.bias" in t,
+            "classifier_bias": "cls.bias" in t,
+            "local_attention": int(f.get(f"{a}.attention.sliding_window", 128)),
+            "global_attn_every_n_layers": int(f.get(f"{a}.attention.sliding_window_pattern", 3)),
+            "global_rope_theta": float(f.get(f"{a}.rope.freq_base", 160_000.0)),
+            "local_rope_theta": float(f.get(f"{a}.rope.freq_base_swa", 10_000.0)),
+            "hidden_activation": f.get(f"{a}.hidden_activation") or "gelu",
+            "classifier_pooling": {1: "mean"}.get(f.get(f"{a}.classifier.pooling_type"), "cls"),
+            "pad_token_id": int(f.get("tokenizer.ggml.padding_token_id", 0)),
         }
 
     def block_names(self) -> frozenset[str]:
@@ -178,7 +223,11 @@ class EncoderFile:
         f = self.fields
         tokens, kinds = list(f["tokenizer.ggml.tokens"]), list(f.get("tokenizer.ggml.token_type") or [])
         kinds += [NORMAL] * (len(tokens) - len(kinds))
-        tok, pieces = self._unigram(tokens) if f.get("tokenizer.ggml.model") == "t5" else self._wordpiece(tokens, kinds)
+        model = f.get("tokenizer.ggml.model")
+        if model == "gpt2":  # ModernBERT's byte-level BPE, as the decoders' files carry it
+            tok, pieces = build_tokenizer(f, str(self.path)), tokens
+        else:
+            tok, pieces = self._unigram(tokens) if model == "t5" else self._wordpiece(tokens, kinds)
         first = self._special("bos", "[CLS]", pieces) if f.get("tokenizer.ggml.add_bos_token") else []
         last = self._special("eos", "[SEP]", pieces) if f.get("tokenizer.ggml.add_eos_token") else []
         sep = self._special("seperator", "[SEP]", pieces) if f.get("tokenizer.ggml.add_sep_token") else []
