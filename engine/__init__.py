@@ -11,7 +11,7 @@ from engine.config import DEMO_MODEL, EngineConfig
 from engine.core.encoder import is_encoder
 from engine.core.engine import Engine, Generation
 from engine.core.sequence import FinishReason, Sequence, StepEvent, TokenLogprob
-from engine.encoder_service import EncoderService, Ranked
+from engine.encoder_service import EncoderService, Ranked, probability
 from engine.errors import (
     BadSlotFile,
     CheckpointError,
@@ -44,6 +44,7 @@ __all__ = [
     "EncoderService",
     "Ranked",
     "is_encoder",
+    "probability",
     "BadImage",
     "ImageBudget",
     "MAX_IMAGES",

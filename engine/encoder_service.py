@@ -31,6 +31,11 @@ class Ranked:
     n_tokens: int  # the pair's tokens
 
 
+def probability(log_odds: float) -> float:
+    """A reranker's logit as a relevance score in 0..1 (the sigmoid)."""
+    return 1.0 / (1.0 + math.exp(-log_odds)) if log_odds > -700 else 0.0
+
+
 class EncoderService:
     takes_images = False
 
@@ -144,7 +149,7 @@ class EncoderService:
         logits = await self._submit([ids for ids, _ in pairs], "rank", [types for _, types in pairs])
         scores = [float(v[0]) for v in logits]
         if not raw:
-            scores = [1.0 / (1.0 + math.exp(-s)) if s > -700 else 0.0 for s in scores]
+            scores = [probability(s) for s in scores]
         return [Ranked(i, s, len(ids)) for i, (s, (ids, _)) in enumerate(zip(scores, pairs))]
 
     async def _submit(self, inputs, pooling: str, type_ids=None) -> list[torch.Tensor]:

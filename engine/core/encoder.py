@@ -229,11 +229,12 @@ class EncoderEngine:
             lengths = torch.tensor([len(inputs[i]) for i in batch])
             hidden = self.model(ids, lengths, types)  # [B, T, hidden]
             ranked = [row for row, i in enumerate(batch) if poolings[i] == "rank"]
-            logits = self.model.classify(hidden[ranked], lengths[ranked]) if ranked else None  # [R, n_labels]
+            if ranked:
+                logits = self.model.classify(hidden[ranked], lengths[ranked])  # [R, n_labels]
+                for k, row in enumerate(ranked):
+                    out[batch[row]] = logits[k].clone()
             for row, i in enumerate(batch):
-                if poolings[i] == "rank":
-                    out[i] = logits[ranked.index(row)].clone()
-                else:
+                if poolings[i] != "rank":
                     out[i] = self._pool(hidden[row, : int(lengths[row])], poolings[i])
             start = end
         return out  # type: ignore[return-value]

@@ -7,11 +7,10 @@ computes once per slot. Pairs are admitted as slots free up (server/pipeline/run
 from __future__ import annotations
 
 import asyncio
-import math
 
 from fastapi import Request as HTTPRequest
 
-from engine import EngineService, Ranked, Request, SamplingParams
+from engine import EngineService, Ranked, Request, SamplingParams, probability
 from server.pipeline.run_batch import run_batch
 from server.state import ServerState
 
@@ -36,5 +35,5 @@ async def decoder_rerank(
     finally:
         await batch.close()
     logits = [run.choices[0].embedding[0][0] for run in batch.runs]
-    scores = logits if raw else [1.0 / (1.0 + math.exp(-x)) if x > -700 else 0.0 for x in logits]
+    scores = logits if raw else [probability(x) for x in logits]
     return [Ranked(i, s, len(p)) for i, (s, p) in enumerate(zip(scores, ids))]

@@ -137,8 +137,7 @@ class EncoderFile:
                 "pad_token_id": int(f.get("tokenizer.ggml.padding_token_id", 0)),
             }
         head = self.tensors.get("cls.output.weight")  # a cross-encoder's classifier
-        labels = {"id2label": {str(i): f"LABEL_{i}" for i in range(head.shape[0])}} if head else {}
-        return labels | {
+        return self._labels() | {
             "architectures": ["BertForSequenceClassification" if head else "BertModel"],
             "vocab_size": len(f["tokenizer.ggml.tokens"]),
             "hidden_size": int(f["bert.embedding_length"]),
@@ -152,13 +151,17 @@ class EncoderFile:
             "hidden_act": "gelu",
         }
 
+    def _labels(self) -> dict[str, Any]:
+        """A cross-encoder's ``id2label`` (as many as ``cls.output`` has rows), else nothing."""
+        head = self.tensors.get("cls.output.weight")
+        return {"id2label": {str(i): f"LABEL_{i}" for i in range(head.shape[0])}} if head else {}
+
     def _modern_config(self) -> dict[str, Any]:
         """ModernBERT's config.json fields (engine/models/modernbert.py) from ``modern-bert.*``."""
         f, a, t = self.fields, "modern-bert", self.tensors
         head = t.get("cls.output.weight")
         eps = f.get(f"{a}.attention.layer_norm_rms_epsilon", f.get(f"{a}.attention.layer_norm_epsilon", 1e-5))
-        labels = {"id2label": {str(i): f"LABEL_{i}" for i in range(head.shape[0])}} if head else {}
-        return labels | {
+        return self._labels() | {
             "architectures": ["ModernBertForSequenceClassification" if head else "ModernBertModel"],
             "vocab_size": len(f["tokenizer.ggml.tokens"]),
             "hidden_size": int(f[f"{a}.embedding_length"]),
