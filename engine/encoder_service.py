@@ -50,7 +50,8 @@ class EncoderService:
             raise CheckpointError(f"{model}: pooling rank needs a classification head (a cross-encoder reranker)")
         self._round_tokens = round_tokens
         self._queue: EncoderQueue | None = None
-        self.tokenizer = Tokenizer(self._encoder.full_tokenizer)
+        bos, eos = self._encoder.special_names
+        self.tokenizer = Tokenizer(self._encoder.full_tokenizer, bos_token=bos, eos_token=eos)
         self._encoder.embed([self.tokenizer.encode("warm up")])
 
     def start(self, max_queue: int = 256, stall_timeout: float = 60.0) -> None:
@@ -87,7 +88,8 @@ class EncoderService:
 
     @property
     def matryoshka_dimensions(self) -> Sequence[int] | None:
-        return None
+        """The leading lengths an embedding may be cut to (config.json's Matryoshka fields)."""
+        return self._encoder.config.matryoshka
 
     @property
     def architecture(self) -> str:

@@ -20,6 +20,7 @@ from engine.config import EngineConfig
 from engine.core.engine import Engine
 from engine.core.media import KEY_MIN, MediaItem
 from engine.errors import BadSlotFile, NoRoom, SlotError, SlotFilesOff
+from engine.loading.pooling_hint import matryoshka_sizes
 from engine.prompt_cache.disk_tier import DiskTier
 from engine.prompt_cache.ram_tier import MIB, PromptCache
 from engine.sampling.grammar import Constraint
@@ -152,14 +153,8 @@ class EngineService:
 
     @property
     def matryoshka_dimensions(self) -> Sequence[int] | None:
-        """The leading lengths an embedding may be cut to (Matryoshka models), from
-        config.json as vLLM reads it: ``matryoshka_dimensions`` (those), or
-        ``is_matryoshka`` (any length up to ``hidden_size``); None: only the whole."""
-        raw, hidden = self._engine.model_config.raw, self.hidden_size
-        listed = raw.get("matryoshka_dimensions")
-        if isinstance(listed, list) and listed and all(isinstance(d, int) and 0 < d <= hidden for d in listed):
-            return tuple(sorted(set(listed)))
-        return range(1, hidden + 1) if raw.get("is_matryoshka") is True else None
+        """The leading lengths an embedding may be cut to (Matryoshka models: engine/loading/pooling_hint.py)."""
+        return matryoshka_sizes(self._engine.model_config.raw, self.hidden_size)
 
     @property
     def embedding_pooling(self) -> str | None:

@@ -203,3 +203,67 @@ def make_modernbert_embedder(folder: Path, seed: int = 0, tokenizer: str = "word
     modules = [models.Transformer(str(base), max_seq_length=48), models.Pooling(64, "mean"), models.Normalize()]
     SentenceTransformer(modules=modules, device="cpu").save(str(folder))
     return folder
+
+
+def write_gemma_spm(folder: Path) -> int:
+    """Gemma's tokenizer as published: a SentencePiece BPE (byte fallback, no space in
+    front, digits split; <pad> <eos> <bos> <unk> first) as ``tokenizer.model``, and the
+    tokenizer.json transformers converts it to, adding <bos> and <eos> as EmbeddingGemma's
+    does. Returns the vocabulary size."""
+    import io
+
+    import sentencepiece as spm
+    from checkpoints import spm_corpus
+    from transformers import AutoTokenizer
+
+    model = io.BytesIO()
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(spm_corpus() + WORDS * 20), model_writer=model, model_type="bpe", vocab_size=600,
+        byte_fallback=True, normalization_rule_name="identity", remove_extra_whitespaces=False, split_digits=True,
+        allow_whitespace_only_pieces=True, add_dummy_prefix=False, pad_id=0, eos_id=1, bos_id=2, unk_id=3,
+        pad_piece="<pad>", eos_piece="<eos>", bos_piece="<bos>", unk_piece="<unk>", minloglevel=2, num_threads=1,
+    )  # fmt: skip
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "tokenizer.model").write_bytes(model.getvalue())
+    cfg = {"tokenizer_class": "GemmaTokenizer", "add_bos_token": True, "add_eos_token": True, "bos_token": "<bos>",
+           "eos_token": "<eos>", "pad_token": "<pad>", "unk_token": "<unk>"}  # fmt: skip
+    (folder / "tokenizer_config.json").write_text(json.dumps(cfg))
+    tok = AutoTokenizer.from_pretrained(folder)  # converted from the SentencePiece model
+    tok.save_pretrained(folder)
+    return len(tok)
+
+
+def make_embedding_gemma(folder: Path, seed: int = 0, dense: tuple[int, int] = (96, 48), **overrides) -> Path:
+    """A random tiny EmbeddingGemma: a ``Gemma3TextModel`` attending both ways (six
+    layers, the sixth global; a local window of 8, so tokens further than 4 apart do not
+    see each other in local layers), saved by sentence-transformers as published: mean
+    pooling, two Dense modules without bias or activation (64 -> ``dense[0]`` ->
+    ``dense[1]``), Normalize; with ``tokenizer.model`` (the GGUF converter reads it)."""
+    import shutil
+
+    import transformers
+    from sentence_transformers import SentenceTransformer, models
+
+    base = folder.parent / f"{folder.name}-base"
+    vocab = write_gemma_spm(base)
+    torch.manual_seed(seed)
+    fields = dict(vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=6, num_attention_heads=4,
+                  num_key_value_heads=2, head_dim=16, query_pre_attn_scalar=16, sliding_window=8,
+                  use_bidirectional_attention=True, max_position_embeddings=128, pad_token_id=0, eos_token_id=1,
+                  bos_token_id=2, architectures=["Gemma3TextModel"])  # fmt: skip
+    model = transformers.Gemma3TextModel(transformers.Gemma3TextConfig(**{**fields, **overrides}))
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.1)
+    model.save_pretrained(base)
+    identity = torch.nn.Identity()
+    modules = [
+        models.Transformer(str(base), max_seq_length=48),
+        models.Pooling(64, "mean"),
+        models.Dense(64, dense[0], bias=False, activation_function=identity),
+        models.Dense(dense[0], dense[1], bias=False, activation_function=identity),
+        models.Normalize(),
+    ]
+    SentenceTransformer(modules=modules, device="cpu").save(str(folder))
+    shutil.copy(base / "tokenizer.model", folder / "tokenizer.model")
+    return folder

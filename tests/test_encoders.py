@@ -248,3 +248,77 @@ def test_a_gguf_modernbert_file_gives_its_folders_tokens_and_vectors(tmp_path):
     ids = theirs.encode(texts)
     assert max(map(len, ids)) > 16  # past the local window
     torch.testing.assert_close(torch.stack(ours.embed(ids)), torch.stack(theirs.embed(ids)), atol=1e-5, rtol=1e-4)
+
+
+def test_embedding_gemma_embeds_as_sentence_transformers(tmp_path):
+    """EmbeddingGemma (Gemma 3 layers attending both ways, local ones only within their
+    window; mean pooling, two Dense modules, Normalize): sentence-transformers' vectors,
+    of the last Dense module's size, batched or alone, on inputs longer than the local
+    window; its config as transformers 4 writes it (``rope_theta``, ``rope_local_base_freq``,
+    no ``layer_types``) gives the same. A ``Gemma3TextModel`` without
+    ``use_bidirectional_attention`` is no encoder."""
+    import json
+    import shutil
+
+    from encoders import make_embedding_gemma
+    from sentence_transformers import SentenceTransformer
+
+    bases = {"full_attention": 200_000.0, "sliding_attention": 20_000.0}  # not the defaults: each must be read
+    ropes = {kind: {"rope_type": "default", "rope_theta": base} for kind, base in bases.items()}
+    folder = make_embedding_gemma(tmp_path / "eg", rope_parameters=ropes)
+    assert is_encoder(folder)
+    expected = SentenceTransformer(str(folder), device="cpu").encode(TEXTS + SCRIPTS, convert_to_tensor=True)
+    engine = EncoderEngine.from_pretrained(folder, batch_tokens=64)
+    assert engine.config.hidden_size == expected.shape[1] == 48  # the Dense modules' output, not the model's 64
+    ids = engine.encode(TEXTS + SCRIPTS)
+    assert max(map(len, ids)) > 16  # past the local window
+    got = torch.stack(engine.embed(ids))
+    alone = torch.stack([engine.embed([one])[0] for one in ids])
+    torch.testing.assert_close(got, alone, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-4)
+    old = shutil.copytree(folder, tmp_path / "eg-v4")
+    raw = json.loads((folder / "config.json").read_text())
+    for key in ("rope_parameters", "layer_types", "dtype"):
+        raw.pop(key)
+    raw |= {"rope_theta": bases["full_attention"], "rope_local_base_freq": bases["sliding_attention"],
+            "rope_scaling": None, "sliding_window_pattern": 6, "torch_dtype": "float32"}  # fmt: skip
+    (old / "config.json").write_text(json.dumps(raw))
+    torch.testing.assert_close(torch.stack(EncoderEngine.from_pretrained(old).embed(ids)), got, atol=1e-6, rtol=1e-6)
+    causal = tmp_path / "causal"
+    causal.mkdir()
+    raw = json.loads((folder / "config.json").read_text()) | {"use_bidirectional_attention": False}
+    (causal / "config.json").write_text(json.dumps(raw))
+    shutil.copy(folder / "model.safetensors", causal)
+    assert not is_encoder(causal)
+
+
+def test_a_gguf_embedding_gemma_file_gives_its_folders_tokens_and_vectors(tmp_path):
+    """The pinned converter's ``gemma-embedding`` file (Gemma's SentencePiece BPE, <bos>
+    and <eos> from its flags, norms stored as 1 + w, the symmetric window): written with
+    ``--sentence-transformers-dense-modules``, the folder's tokens and vectors (Q8_0:
+    within its rounding, on its blocks); written without, the vectors before the Dense
+    modules, as llama.cpp computes them from that file."""
+    from encoders import make_embedding_gemma
+    from gguf_tools import convert, convert_many
+
+    folder = make_embedding_gemma(tmp_path / "eg")
+    jobs = [(folder, tmp_path / "eg.gguf", "f32"), (folder, tmp_path / "eg-q8.gguf", "q8_0")]
+    full, q8 = convert_many(jobs, flags=("--sentence-transformers-dense-modules",))
+    bare = convert(folder, tmp_path / "bare.gguf")
+    theirs = EncoderEngine.from_pretrained(folder)
+    texts = [t for t in TEXTS + SCRIPTS if len(theirs.encode([t])[0]) < 48]  # the folder cuts at 48, the file at 128
+    ids = theirs.encode(texts)
+    assert max(map(len, ids)) > 16  # past the local window
+    expected = torch.stack(theirs.embed(ids))
+    ours = EncoderEngine.from_pretrained(full, normalize=True)
+    assert is_encoder(full) and ours.config.pooling == "mean" and ours.config.hidden_size == 48
+    assert ours.encode(texts) == ids
+    torch.testing.assert_close(torch.stack(ours.embed(ids)), expected, atol=1e-5, rtol=1e-4)
+    quantized = EncoderEngine.from_pretrained(q8, normalize=True)
+    assert quantized.model.layers[0].mlp.up_proj.parts[0].qtype.name == "Q8_0"
+    cos = torch.nn.functional.cosine_similarity(torch.stack(quantized.embed(ids)), expected, dim=-1)
+    assert (cos > 0.998).all(), cos  # six random layers: Q8_0 weights and 8-bit activations, as llama.cpp's
+    plain = EncoderEngine.from_pretrained(bare, normalize=True)
+    assert plain.config.hidden_size == 64 and plain.dense is None
+    theirs.dense = None  # the folder's model, mean-pooled and normalized, no Dense modules
+    torch.testing.assert_close(torch.stack(plain.embed(ids)), torch.stack(theirs.embed(ids)), atol=1e-5, rtol=1e-4)

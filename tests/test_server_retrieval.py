@@ -8,6 +8,7 @@ size through its own queue."""
 from __future__ import annotations
 
 import base64
+import json
 import struct
 
 import httpx
@@ -25,8 +26,11 @@ DOCS = ["a window of the file", "retrieval and query", "slot", "Cache of 42 file
 
 @pytest.fixture(scope="module")
 def embedder(tmp_path_factory):
-    """(folder, running server) of a BERT mean-pooling, normalizing embedder."""
+    """(folder, running server) of a BERT mean-pooling, normalizing embedder, declared
+    Matryoshka (config.json's ``matryoshka_dimensions``: 16 and 32 of its 64)."""
     folder = make_bert_embedder(tmp_path_factory.mktemp("emb") / "bert-emb", pooling="mean")
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "matryoshka_dimensions": [16, 32]}))
     with ServerProcess("-m", str(folder), "--metrics", "--max-queue", "4") as srv:
         srv.wait_ready()
         yield folder, srv
@@ -60,6 +64,22 @@ def test_the_openai_client_gets_sentence_transformers_vectors(embedder):
         raw = base64.b64decode(item.embedding) if isinstance(item.embedding, str) else None
         values = struct.unpack(f"<{len(want)}f", raw) if raw is not None else item.embedding
         np.testing.assert_allclose(values, want, atol=1e-5)
+
+
+def test_dimensions_cut_a_matryoshka_encoders_vectors(embedder):
+    """``dimensions`` of a Matryoshka encoder: sentence-transformers' vectors cut to that
+    many leading values (``truncate_dim``), normalized again; a length the model does not
+    list, or any on a model that lists none, is a 400."""
+    from sentence_transformers import SentenceTransformer
+
+    folder, srv = embedder
+    cut = SentenceTransformer(str(folder), device="cpu", truncate_dim=16)
+    expected = cut.encode(TEXTS, normalize_embeddings=True)
+    r = httpx.post(srv.url + "/v1/embeddings", json={"input": TEXTS, "dimensions": 16})
+    assert r.status_code == 200, r.text
+    np.testing.assert_allclose([d["embedding"] for d in r.json()["data"]], expected, atol=1e-5)
+    r = httpx.post(srv.url + "/v1/embeddings", json={"input": TEXTS, "dimensions": 24})
+    assert r.status_code == 400 and "16, 32" in r.json()["error"]["message"]
 
 
 def _tokens(srv, texts):
@@ -109,6 +129,30 @@ def test_an_encoder_refuses_generation_and_says_what_it_serves(embedder):
     props = httpx.get(srv.url + "/props").json()
     assert props["encoder"] == {"architecture": "BertModel", "pooling": "mean", "n_embd": 64, "rerank": False}
     assert httpx.get(srv.url + "/health").json() == {"status": "ok"}
+
+
+def test_an_embedding_gemma_gguf_file_serves_sentence_transformers_vectors(tmp_path):
+    """EmbeddingGemma's GGUF file with its Dense modules (the converter's
+    ``--sentence-transformers-dense-modules``) served as llama-server serves it: the
+    ``openai`` client gets sentence-transformers' vectors of its folder, of the Dense
+    modules' size; /props names what it embeds."""
+    from encoders import make_embedding_gemma
+    from gguf_tools import convert
+    from openai import OpenAI
+    from sentence_transformers import SentenceTransformer
+
+    folder = make_embedding_gemma(tmp_path / "eg")
+    gguf_file = convert(folder, tmp_path / "eg.gguf", flags=("--sentence-transformers-dense-modules",))
+    expected = SentenceTransformer(str(folder), device="cpu").encode(TEXTS)
+    with ServerProcess("-m", str(gguf_file)) as srv:
+        srv.wait_ready()
+        got = OpenAI(base_url=srv.url + "/v1", api_key="none").embeddings.create(model="eg", input=TEXTS)
+        np.testing.assert_allclose(np.array([d.embedding for d in got.data]), expected, atol=1e-5)
+        props = httpx.get(srv.url + "/props").json()
+        assert props["encoder"] == {"architecture": "Gemma3TextModel", "pooling": "mean", "n_embd": 48, "rerank": False}
+        assert props["bos_token"] == "<bos>" and props["eos_token"] == "<eos>"
+        r = httpx.post(srv.url + "/v1/embeddings", json={"input": TEXTS, "dimensions": 16})
+        assert r.status_code == 400 and "not a Matryoshka model" in r.json()["error"]["message"]
 
 
 def test_a_batch_larger_than_the_queue_is_served_and_counted(embedder):

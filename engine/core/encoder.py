@@ -18,6 +18,7 @@ document) pair, encoded as its tokenizer pairs them (the document's tokens of ty
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,20 +28,24 @@ from tokenizers import Tokenizer as HFTokenizer
 from engine.errors import CheckpointError
 from engine.kernels.block_model import pack_block_linears
 from engine.loading.checkpoint import iter_tensors, weight_files
+from engine.loading.dense_modules import folder_dense, weights_dense
 from engine.loading.gguf.encoder_file import EncoderFile
-from engine.loading.pooling_hint import checkpoint_pooling
+from engine.loading.pooling_hint import checkpoint_pooling, matryoshka_sizes
 from engine.models.bert import ARCHITECTURES as BERTS
 from engine.models.bert import CLASSIFIERS as BERT_CLASSIFIERS
 from engine.models.bert import BertEncoder, n_labels
+from engine.models.embedding_gemma import EmbeddingGemmaEncoder
 from engine.models.encoder_base import EncoderModel
 from engine.models.modernbert import ModernBertEncoder
 from engine.models.nomic_bert import NomicBertEncoder
 
 ARCHITECTURES = {**BERTS, "NomicBertModel": "nomic", "ModernBertModel": "modernbert"}  # architecture -> kind
+ARCHITECTURES["Gemma3TextModel"] = "embedding-gemma"  # with use_bidirectional_attention (else a decoder)
 CLASSIFIERS = {**BERT_CLASSIFIERS, "ModernBertForSequenceClassification": "ModernBertModel"}
 MODEL_TYPES = {"bert": "BertModel", "xlm-roberta": "XLMRobertaModel", "roberta": "RobertaModel"}
 MODEL_TYPES |= {"nomic_bert": "NomicBertModel", "modernbert": "ModernBertModel"}
-MODELS = {"nomic": NomicBertEncoder, "modernbert": ModernBertEncoder}  # kind -> class (others: BertEncoder)
+MODELS = {"nomic": NomicBertEncoder, "modernbert": ModernBertEncoder, "embedding-gemma": EmbeddingGemmaEncoder}
+# (kind -> class; others: BertEncoder)
 
 POOLINGS = ("none", "mean", "cls", "last", "rank")
 
@@ -53,6 +58,7 @@ class EncoderConfig:
     pooling: str  # one of POOLINGS
     normalize: bool
     n_labels: int = 0  # a classifier's outputs (what ``rank`` pools to); 0: no head
+    matryoshka: Sequence[int] | None = None  # the leading lengths an embedding may be cut to (None: whole only)
 
 
 def is_encoder(folder: Path) -> bool:
@@ -73,6 +79,8 @@ def is_encoder(folder: Path) -> bool:
 
 def _architecture(raw: dict) -> str | None:
     arch = (raw.get("architectures") or [None])[0]
+    if arch == "Gemma3TextModel" and not raw.get("use_bidirectional_attention"):
+        return None  # Gemma 3's bare causal model: the decoders' (last-token pooling)
     if arch in ARCHITECTURES or arch in CLASSIFIERS:
         return arch
     return MODEL_TYPES.get(raw.get("model_type", "")) if arch is None else None
@@ -90,6 +98,25 @@ def _max_seq_length(folder: Path) -> int | None:
         if 0 < value < 1 << 20:
             return value
     return None
+
+
+def _special_names(folder: Path) -> tuple[str | None, str | None]:
+    """(first, last) special token of ``tokenizer_config.json``: ``bos_token`` else
+    ``cls_token``, ``eos_token`` else ``sep_token`` (None where it names none)."""
+    try:
+        cfg = json.loads((folder / "tokenizer_config.json").read_text())
+    except (OSError, ValueError):
+        return None, None
+
+    def name(*keys: str) -> str | None:
+        for key in keys:
+            value = cfg.get(key)
+            value = value.get("content") if isinstance(value, dict) else value
+            if isinstance(value, str):
+                return value
+        return None
+
+    return name("bos_token", "cls_token"), name("eos_token", "sep_token")
 
 
 def _st_modules(folder: Path) -> list[dict]:
@@ -121,10 +148,20 @@ def _loaded(
 
 
 class EncoderEngine:
-    def __init__(self, model: EncoderModel, tokenizer: HFTokenizer, config: EncoderConfig, batch_tokens: int = 8192):
+    def __init__(
+        self,
+        model: EncoderModel,
+        tokenizer: HFTokenizer,
+        config: EncoderConfig,
+        batch_tokens: int = 8192,
+        dense: torch.nn.Module | None = None,
+    ):
         """``tokenizer``: the model's, as it cuts nothing (``full_tokenizer``); ``tokenizer``
-        is a copy that cuts at ``config.max_tokens``."""
-        self.model, self.config, self.batch_tokens = model, config, batch_tokens
+        is a copy that cuts at ``config.max_tokens``. ``dense``: what maps a pooled vector
+        [hidden] to the embedding [config.hidden_size] (sentence-transformers' Dense
+        modules), or None."""
+        self.model, self.config, self.batch_tokens, self.dense = model, config, batch_tokens, dense
+        self.special_names: tuple[str | None, str | None] = (None, None)  # (BOS or [CLS], EOS or [SEP])
         tokenizer.no_truncation()
         tokenizer.no_padding()
         self.full_tokenizer = tokenizer
@@ -152,17 +189,22 @@ class EncoderEngine:
         tokenizer = HFTokenizer.from_file(str(folder / "tokenizer.json"))
         limit = min(model.max_positions, _max_seq_length(folder) or model.max_positions)
         modules = _st_modules(folder)
+        dense = folder_dense(folder, modules)
+        size = dense[-2].out_features if dense else int(raw.get("n_embd") or raw["hidden_size"])
         config = EncoderConfig(
             architecture=arch,
-            hidden_size=int(raw.get("n_embd") or raw["hidden_size"]),
+            hidden_size=size,
             max_tokens=limit,
             pooling=pooling or ("rank" if model.head else checkpoint_pooling(str(folder)) or "cls"),
             normalize=any(str(m.get("type", "")).endswith("Normalize") for m in modules)
             if normalize is None
             else normalize,
             n_labels=model.n_labels,
+            matryoshka=matryoshka_sizes(raw, size),
         )
-        return cls(model, tokenizer, config, batch_tokens)
+        engine = cls(model, tokenizer, config, batch_tokens, dense)
+        engine.special_names = _special_names(folder)
+        return engine
 
     @classmethod
     def _from_gguf(cls, path: Path, pooling: str | None, normalize: bool | None, batch_tokens: int) -> EncoderEngine:
@@ -174,15 +216,18 @@ class EncoderEngine:
         blocks = file.block_names()
         model = _loaded(raw, raw["architectures"][0], file.iter_tensors(True), "cls.weight" in file.tensors, blocks)
         tokenizer = file.tokenizer()
+        dense = weights_dense(file.dense())
         config = EncoderConfig(
             architecture=raw["architectures"][0],
-            hidden_size=int(raw.get("n_embd") or raw["hidden_size"]),
+            hidden_size=dense[-1].out_features if dense else int(raw.get("n_embd") or raw["hidden_size"]),
             max_tokens=model.max_positions,
             pooling=pooling or ("rank" if model.head else checkpoint_pooling(str(path), file.fields) or "cls"),
             normalize=bool(normalize),
             n_labels=model.n_labels,
         )
-        return cls(model, tokenizer, config, batch_tokens)
+        engine = cls(model, tokenizer, config, batch_tokens, dense)
+        engine.special_names = file.special_names()
+        return engine
 
     def encode(self, texts: list[str]) -> list[list[int]]:
         """Token ids of each text, special tokens in, cut at ``max_tokens``."""
@@ -240,6 +285,9 @@ class EncoderEngine:
         return out  # type: ignore[return-value]
 
     def _pool(self, h: torch.Tensor, pooling: str) -> torch.Tensor:
-        """h [T, hidden] -> [hidden] (none: [T, hidden]), normalized where configured."""
+        """h [T, hidden] -> [hidden] (none: [T, hidden]), through the Dense modules
+        (pooled vectors only, as sentence-transformers), normalized where configured."""
         vec = {"none": h, "mean": h.mean(0), "cls": h[0], "last": h[-1]}[pooling]
+        if self.dense is not None and pooling != "none":
+            vec = self.dense(vec)  # [embedding]
         return torch.nn.functional.normalize(vec, dim=-1) if self.config.normalize else vec.clone()

@@ -105,9 +105,10 @@ class EncoderModel(nn.Module):
             raise CheckpointError(f"{file}: tensor '{name}': {exc}") from None
 
 
-def rope_table(base: float, head_dim: int, n: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos, sin [n, head_dim] of positions 0..n-1 (rotate-half layout: each frequency twice)."""
-    inv = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))  # [D/2]
+def rope_table(base: float, head_dim: int, n: int, factor: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin [n, head_dim] of positions 0..n-1 (rotate-half layout: each frequency
+    twice); ``factor``: linear scaling, the positions divided by it."""
+    inv = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)) / factor  # [D/2]
     angles = torch.arange(n, dtype=torch.float32)[:, None] * inv[None, :]  # [n, D/2]
     angles = torch.cat((angles, angles), dim=-1)  # [n, D]
     return angles.cos(), angles.sin()

@@ -1,7 +1,11 @@
-"""A GGUF ``bert`` file as engine/core/encoder.py reads an encoder folder (issue 54):
-the config, the tensors under their Hugging Face names (dequantized to float32), and a
-tokenizer rebuilt from the file's vocabulary: BERT's WordPiece, or XLM-RoBERTa's
-SentencePiece Unigram (``t5``: pieces, scores and the precompiled charsmap).
+"""A GGUF encoder file (``bert``, ``nomic-bert``, ``modern-bert``, ``gemma-embedding``)
+as engine/core/encoder.py reads an encoder folder (issue 54): the config, the tensors
+under their Hugging Face names (dequantized to float32, or kept in blocks), and a
+tokenizer rebuilt from the file's vocabulary: BERT's WordPiece, XLM-RoBERTa's
+SentencePiece Unigram (``t5``: pieces, scores and the precompiled charsmap), or the
+decoders' byte-level BPE (``gpt2``) and SentencePiece BPE (``llama``: Gemma's).
+EmbeddingGemma's Dense modules after pooling (``dense_2``, ``dense_3``) come apart from
+the model's tensors (``dense``).
 
 The converter writes BERT's WordPiece vocabulary with llama.cpp's phantom spaces: a
 word-initial piece ``w`` as ``▁w``, a continuation ``##w`` as ``w``, control tokens as
@@ -73,7 +77,26 @@ MODERN_NAMES = {  # ModernBERT's (blk.N.<x> -> layers.N.<y>)
     "ffn_down": "mlp.Wo",
 }
 ARCHS = {"bert": (NAMES, "encoder.layer"), "nomic-bert": (NOMIC_NAMES, "encoder.layers")}
+GEMMA_NAMES = {  # EmbeddingGemma's (blk.N.<x> -> layers.N.<y>); its norms stored as 1 + w
+    "token_embd": "embed_tokens",
+    "output_norm": "norm",
+    "attn_norm": "input_layernorm",
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "attn_q_norm": "self_attn.q_norm",
+    "attn_k_norm": "self_attn.k_norm",
+    "post_attention_norm": "post_attention_layernorm",
+    "ffn_norm": "pre_feedforward_layernorm",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+    "post_ffw_norm": "post_feedforward_layernorm",
+}
 ARCHS["modern-bert"] = (MODERN_NAMES, "layers")
+ARCHS["gemma-embedding"] = (GEMMA_NAMES, "layers")
+DENSE = ("dense_2", "dense_3")  # sentence-transformers Dense modules after pooling, in order
 HEAD = {"cls": "classifier.dense", "cls.output": "classifier.out_proj"}  # a classifier's head
 MODERN_HEAD = {"cls": "head.dense", "cls.norm": "head.norm", "cls.output": "classifier"}
 
@@ -96,8 +119,7 @@ def hf_name(name: str, arch: str = "bert") -> str | None:
 
 
 class EncoderFile:
-    """Raises CheckpointError for a file that is not a GGUF ``bert``, ``nomic-bert`` or
-    ``modern-bert`` encoder."""
+    """Raises CheckpointError for a file that is not a GGUF encoder of ``ARCHS``."""
 
     def __init__(self, path: Path):
         self.path = Path(path)
@@ -111,8 +133,9 @@ class EncoderFile:
             served = ", ".join(ARCHS)
             raise CheckpointError(f"{path}: GGUF architecture '{arch}' is not an encoder slotserve serves ({served})")
         self.arch = arch
-        if model not in ("bert", "t5", "gpt2"):
-            why = "expected bert (WordPiece), t5 (SentencePiece Unigram) or gpt2 (byte-level BPE)"
+        if model not in ("bert", "t5", "gpt2", "llama"):
+            why = "expected bert (WordPiece), t5 (SentencePiece Unigram), gpt2 (byte-level BPE)"
+            why += " or llama (SentencePiece BPE)"
             raise CheckpointError(f"{path}: tokenizer model '{model}' ({why})")
 
     def config(self) -> dict[str, Any]:
@@ -121,6 +144,8 @@ class EncoderFile:
         types = self.tensors.get("token_types.weight")
         if self.arch == "modern-bert":
             return self._modern_config()
+        if self.arch == "gemma-embedding":
+            return self._gemma_config()
         if self.arch == "nomic-bert":
             a = "nomic-bert"
             return {
@@ -183,6 +208,42 @@ class EncoderFile:
             "pad_token_id": int(f.get("tokenizer.ggml.padding_token_id", 0)),
         }
 
+    def _gemma_config(self) -> dict[str, Any]:
+        """EmbeddingGemma's config.json fields (engine/models/embedding_gemma.py) from
+        ``gemma-embedding.*``: scores scaled by the head size and every sixth layer global,
+        as llama.cpp runs the file."""
+        f, a = self.fields, "gemma-embedding"
+        head_dim = int(f[f"{a}.attention.key_length"])
+        return {
+            "architectures": ["Gemma3TextModel"],
+            "use_bidirectional_attention": True,
+            "vocab_size": self.tensors["token_embd.weight"].shape[0],
+            "hidden_size": int(f[f"{a}.embedding_length"]),
+            "num_hidden_layers": int(f[f"{a}.block_count"]),
+            "num_attention_heads": int(f[f"{a}.attention.head_count"]),
+            "num_key_value_heads": int(f[f"{a}.attention.head_count_kv"]),
+            "head_dim": head_dim,
+            "query_pre_attn_scalar": head_dim,
+            "intermediate_size": int(f[f"{a}.feed_forward_length"]),
+            "max_position_embeddings": int(f[f"{a}.context_length"]),
+            "rms_norm_eps": float(f.get(f"{a}.attention.layer_norm_rms_epsilon", 1e-6)),
+            "sliding_window": int(f.get(f"{a}.attention.sliding_window", 512)),
+            "sliding_window_pattern": int(f.get(f"{a}.attention.sliding_window_pattern", 6)),
+            "rope_theta": float(f.get(f"{a}.rope.freq_base", 1_000_000.0)),
+            "rope_local_base_freq": float(f.get(f"{a}.rope.freq_base_swa", 10_000.0)),
+            "pad_token_id": int(f.get("tokenizer.ggml.padding_token_id", 0)),
+        }
+
+    def dense(self) -> list[torch.Tensor]:
+        """The weights [out, in] of the file's Dense modules after pooling (``dense_2``,
+        ``dense_3``: EmbeddingGemma's, written with the converter's
+        ``--sentence-transformers-dense-modules``), float32, in order; [] when it has none."""
+        out = []
+        for name in DENSE:
+            if f"{name}.weight" in self.tensors:
+                out.append(self._read(f"{name}.weight"))
+        return out
+
     def block_names(self) -> frozenset[str]:
         """Hugging Face names of the 2-D tensors stored in a type kept in blocks (F16,
         BF16, the quantized types: engine/kernels/blocks.py), which ``iter_tensors`` gives
@@ -211,14 +272,29 @@ class EncoderFile:
                     view = torch.frombuffer(mapped, dtype=torch.uint8, count=n_bytes, offset=offset)
                     yield self.path.name, target, BlockWeight.from_bytes(qtype, view, shape[0], shape[1], mapped=True)
                     continue
-                buf = bytearray(n_bytes)
-                os.preadv(fd, [buf], offset)
-                rows = int(np.prod(shape[:-1])) if len(shape) > 1 else 1
-                raw = np.frombuffer(buf, dtype=np.uint8).reshape(rows, -1)
-                values = gguf.quants.dequantize(raw, qtype).astype(np.float32)  # [rows, n]
-                yield self.path.name, target, torch.from_numpy(values.reshape(shape).copy())
+                values = self._read(name, fd)
+                if self.arch == "gemma-embedding" and target.endswith("norm.weight"):
+                    values -= 1.0  # the converter stores Gemma's 1 + w
+                yield self.path.name, target, values
         finally:
             os.close(fd)
+
+    def _read(self, name: str, fd: int | None = None) -> torch.Tensor:
+        """The tensor ``name`` dequantized to float32, in its shape."""
+        qtype, shape, offset, n_bytes = self.tensors[name]
+        own = fd is None
+        fd = os.open(self.path, os.O_RDONLY) if own else fd
+        try:
+            buf = bytearray(n_bytes)
+            if os.preadv(fd, [buf], offset) < n_bytes:
+                raise CheckpointError(f"{self.path}: tensor '{name}' is cut short (file truncated?)")
+        finally:
+            if own:
+                os.close(fd)
+        rows = int(np.prod(shape[:-1])) if len(shape) > 1 else 1
+        raw = np.frombuffer(buf, dtype=np.uint8).reshape(rows, -1)
+        values = gguf.quants.dequantize(raw, qtype).astype(np.float32)  # [rows, n]
+        return torch.from_numpy(values.reshape(shape).copy())
 
     def tokenizer(self) -> HFTokenizer:
         """The tokenizer the file's vocabulary stands for: WordPiece (``bert``) or
@@ -227,7 +303,7 @@ class EncoderFile:
         tokens, kinds = list(f["tokenizer.ggml.tokens"]), list(f.get("tokenizer.ggml.token_type") or [])
         kinds += [NORMAL] * (len(tokens) - len(kinds))
         model = f.get("tokenizer.ggml.model")
-        if model == "gpt2":  # ModernBERT's byte-level BPE, as the decoders' files carry it
+        if model in ("gpt2", "llama"):  # ModernBERT's byte-level BPE, Gemma's SentencePiece: as decoders
             tok, pieces = build_tokenizer(f, str(self.path)), tokens
         else:
             tok, pieces = self._unigram(tokens) if model == "t5" else self._wordpiece(tokens, kinds)
@@ -244,6 +320,16 @@ class EncoderFile:
             )
         tok.add_special_tokens([p for p, k in zip(pieces, kinds) if k in (CONTROL, USER_DEFINED)])
         return tok
+
+    def special_names(self) -> tuple[str | None, str | None]:
+        """(BOS, EOS) token pieces as the file names them (None where it does not)."""
+        tokens = self.fields.get("tokenizer.ggml.tokens") or []
+
+        def piece(name: str) -> str | None:
+            given = self.fields.get(f"tokenizer.ggml.{name}_token_id")
+            return tokens[given] if isinstance(given, int) and 0 <= given < len(tokens) else None
+
+        return piece("bos"), piece("eos")
 
     def _special(self, name: str, fallback: str, pieces: list[str]) -> list[int]:
         """[the id of the file's ``name`` token], else of the piece ``fallback`` (llama.cpp's
