@@ -267,3 +267,54 @@ def make_embedding_gemma(folder: Path, seed: int = 0, dense: tuple[int, int] = (
     SentenceTransformer(modules=modules, device="cpu").save(str(folder))
     shutil.copy(base / "tokenizer.model", folder / "tokenizer.model")
     return folder
+
+
+GEMMA2_TINY = dict(vocab_size=600, hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
+                   num_key_value_heads=2, head_dim=16, global_head_dim=32, num_global_key_value_heads=1,
+                   sliding_window=4, hidden_size_per_layer_input=16, embedding_dim=48, max_position_embeddings=128,
+                   sliding_window_pattern=2)  # fmt: skip
+
+
+def make_embedding_gemma2(folder: Path, seed: int = 0, composite: bool = False):
+    """A random tiny EmbeddingGemma 2 (four layers, local and global by turns, the global
+    ones with twice the head size and one k/v head; a local radius of 4; per-layer
+    embeddings; 64 -> 48 projection) with Gemma 4's tokenizer. ``composite`` False: its
+    text model saved by sentence-transformers (mean pooling, Normalize), returns the
+    folder; True: the ``EmbeddingGemma2Model`` as transformers saves it (tensors under
+    ``language_model.``) with the same sentence-transformers modules beside it, returns
+    (folder, the transformers model)."""
+    import transformers
+    from checkpoints import write_gemma4_tokenizer
+    from sentence_transformers import SentenceTransformer, models
+
+    base = folder if composite else folder.parent / f"{folder.name}-base"
+    base.mkdir(parents=True, exist_ok=True)
+    write_gemma4_tokenizer(base, GEMMA2_TINY["vocab_size"])
+    torch.manual_seed(seed)
+    text = transformers.EmbeddingGemma2TextConfig(**GEMMA2_TINY)
+    model = (
+        transformers.EmbeddingGemma2Model(transformers.EmbeddingGemma2Config(text_config=text))
+        if composite
+        else transformers.EmbeddingGemma2TextModel(text)
+    )
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.1)
+        for name, b in model.named_buffers():
+            if name.endswith("layer_scalar"):  # each layer's output scale (a saved buffer)
+                b.add_(torch.randn_like(b) * 0.1)
+    model.save_pretrained(base)
+    if not composite:
+        modules = [models.Transformer(str(base), max_seq_length=48), models.Pooling(48, "mean"), models.Normalize()]
+        SentenceTransformer(modules=modules, device="cpu").save(str(folder))
+        return folder
+    (folder / "modules.json").write_text(json.dumps([
+        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+        {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
+        {"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"},
+    ]))  # fmt: skip
+    (folder / "1_Pooling").mkdir()
+    (folder / "1_Pooling" / "config.json").write_text(json.dumps({"word_embedding_dimension": 48,
+                                                                 "pooling_mode_mean_tokens": True}))  # fmt: skip
+    (folder / "2_Normalize").mkdir()
+    return folder, model.eval()

@@ -322,3 +322,36 @@ def test_a_gguf_embedding_gemma_file_gives_its_folders_tokens_and_vectors(tmp_pa
     assert plain.config.hidden_size == 64 and plain.dense is None
     theirs.dense = None  # the folder's model, mean-pooled and normalized, no Dense modules
     torch.testing.assert_close(torch.stack(plain.embed(ids)), torch.stack(theirs.embed(ids)), atol=1e-5, rtol=1e-4)
+
+
+def test_embedding_gemma2_embeds_as_sentence_transformers_and_transformers(tmp_path):
+    """EmbeddingGemma 2's text path (Gemma 4-style layers attending both ways: local ones
+    within their radius, global ones with their own head size and k/v heads; per-layer
+    embeddings; each layer's scalar; the projection to ``embedding_dim``): its text model
+    saved by sentence-transformers gives the library's vectors, batched or alone; the
+    composite ``EmbeddingGemma2Model`` folder (tensors under ``language_model.``) gives
+    transformers' last hidden states, mean-pooled and normalized."""
+    from encoders import make_embedding_gemma2
+    from sentence_transformers import SentenceTransformer
+
+    folder = make_embedding_gemma2(tmp_path / "eg2")
+    assert is_encoder(folder)
+    expected = SentenceTransformer(str(folder), device="cpu").encode(TEXTS + SCRIPTS, convert_to_tensor=True)
+    engine = EncoderEngine.from_pretrained(folder, batch_tokens=64)
+    assert engine.config.hidden_size == expected.shape[1] == 48 and engine.config.pooling == "mean"
+    ids = engine.encode(TEXTS + SCRIPTS)
+    assert max(map(len, ids)) > 16  # past the local radius
+    got = torch.stack(engine.embed(ids))
+    alone = torch.stack([engine.embed([one])[0] for one in ids])
+    torch.testing.assert_close(got, alone, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-4)
+
+    folder, model = make_embedding_gemma2(tmp_path / "eg2-full", composite=True)
+    assert is_encoder(folder)
+    engine = EncoderEngine.from_pretrained(folder)
+    with torch.no_grad():
+        states = [model(input_ids=torch.tensor([one])).last_hidden_state[0] for one in ids]  # [T, 48] each
+    expected = torch.stack([torch.nn.functional.normalize(s.mean(0), dim=-1) for s in states])
+    torch.testing.assert_close(torch.stack(engine.embed(ids)), expected, atol=1e-5, rtol=1e-4)
+    (folder / "modules.json").unlink()  # no sentence-transformers modules: the model card's mean pooling
+    assert EncoderEngine.from_pretrained(folder).config.pooling == "mean"

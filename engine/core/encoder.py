@@ -35,17 +35,20 @@ from engine.models.bert import ARCHITECTURES as BERTS
 from engine.models.bert import CLASSIFIERS as BERT_CLASSIFIERS
 from engine.models.bert import BertEncoder, n_labels
 from engine.models.embedding_gemma import EmbeddingGemmaEncoder
+from engine.models.embedding_gemma2 import EmbeddingGemma2Encoder
 from engine.models.encoder_base import EncoderModel
 from engine.models.modernbert import ModernBertEncoder
 from engine.models.nomic_bert import NomicBertEncoder
 
 ARCHITECTURES = {**BERTS, "NomicBertModel": "nomic", "ModernBertModel": "modernbert"}  # architecture -> kind
 ARCHITECTURES["Gemma3TextModel"] = "embedding-gemma"  # with use_bidirectional_attention (else a decoder)
+ARCHITECTURES |= {"EmbeddingGemma2Model": "embedding-gemma2", "EmbeddingGemma2TextModel": "embedding-gemma2"}
 CLASSIFIERS = {**BERT_CLASSIFIERS, "ModernBertForSequenceClassification": "ModernBertModel"}
 MODEL_TYPES = {"bert": "BertModel", "xlm-roberta": "XLMRobertaModel", "roberta": "RobertaModel"}
 MODEL_TYPES |= {"nomic_bert": "NomicBertModel", "modernbert": "ModernBertModel"}
+MODEL_TYPES |= {"embedding_gemma2": "EmbeddingGemma2Model", "embedding_gemma2_text": "EmbeddingGemma2TextModel"}
 MODELS = {"nomic": NomicBertEncoder, "modernbert": ModernBertEncoder, "embedding-gemma": EmbeddingGemmaEncoder}
-# (kind -> class; others: BertEncoder)
+MODELS["embedding-gemma2"] = EmbeddingGemma2Encoder  # (kind -> class; others: BertEncoder)
 
 POOLINGS = ("none", "mean", "cls", "last", "rank")
 
@@ -84,6 +87,13 @@ def _architecture(raw: dict) -> str | None:
     if arch in ARCHITECTURES or arch in CLASSIFIERS:
         return arch
     return MODEL_TYPES.get(raw.get("model_type", "")) if arch is None else None
+
+
+def _width(raw: dict) -> int:
+    """The model's output size: EmbeddingGemma 2's ``embedding_dim`` (its text config's),
+    else the hidden size."""
+    text = raw.get("text_config") or raw
+    return int(text.get("embedding_dim") or text.get("n_embd") or text["hidden_size"])
 
 
 def _max_seq_length(folder: Path) -> int | None:
@@ -190,12 +200,12 @@ class EncoderEngine:
         limit = min(model.max_positions, _max_seq_length(folder) or model.max_positions)
         modules = _st_modules(folder)
         dense = folder_dense(folder, modules)
-        size = dense[-2].out_features if dense else int(raw.get("n_embd") or raw["hidden_size"])
+        size = dense[-2].out_features if dense else _width(raw)
         config = EncoderConfig(
             architecture=arch,
             hidden_size=size,
             max_tokens=limit,
-            pooling=pooling or ("rank" if model.head else checkpoint_pooling(str(folder)) or "cls"),
+            pooling=pooling or ("rank" if model.head else checkpoint_pooling(str(folder)) or model.default_pooling),
             normalize=any(str(m.get("type", "")).endswith("Normalize") for m in modules)
             if normalize is None
             else normalize,
@@ -217,11 +227,12 @@ class EncoderEngine:
         model = _loaded(raw, raw["architectures"][0], file.iter_tensors(True), "cls.weight" in file.tensors, blocks)
         tokenizer = file.tokenizer()
         dense = weights_dense(file.dense())
+        named = checkpoint_pooling(str(path), file.fields)
         config = EncoderConfig(
             architecture=raw["architectures"][0],
             hidden_size=dense[-1].out_features if dense else int(raw.get("n_embd") or raw["hidden_size"]),
             max_tokens=model.max_positions,
-            pooling=pooling or ("rank" if model.head else checkpoint_pooling(str(path), file.fields) or "cls"),
+            pooling=pooling or ("rank" if model.head else named or model.default_pooling),
             normalize=bool(normalize),
             n_labels=model.n_labels,
         )

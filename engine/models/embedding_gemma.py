@@ -113,6 +113,8 @@ class _Layer(nn.Module):
 class EmbeddingGemmaEncoder(EncoderModel):
     """No classifier head: EmbeddingGemma embeds."""
 
+    default_pooling = "mean"  # the model card's, when the folder has no sentence-transformers modules
+
     def __init__(self, raw: dict, kind: str = "embedding-gemma", head: tuple[int, bool] | None = None):
         super().__init__()
         if head is not None:

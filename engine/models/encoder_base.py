@@ -19,7 +19,10 @@ from engine.kernels.blocks import BlockEmbedding, BlockLinear, BlockWeight
 class EncoderModel(nn.Module):
     """Contract: ``forward(ids [B, T] right-padded, lengths [B], type_ids [B, T] | None)
     -> last hidden states [B, T, hidden]``; ``pad_id``; ``max_positions`` (the longest
-    input); ``head``: a classifier's head over the first token's state, or None."""
+    input); ``head``: a classifier's head over the first token's state, or None;
+    ``default_pooling``: how it embeds when its checkpoint names no pooling."""
+
+    default_pooling = "cls"
 
     def __init__(self) -> None:
         super().__init__()
