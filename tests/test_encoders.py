@@ -16,6 +16,15 @@ SCRIPTS = ["Héllo  wörld, naïve café", "Привет мир 42", "日本語�
 TEXTS = ["the slot and the cache", "a query", "retrieval of a file " * 20, "window", "Slot, cache; QUERY!"]
 
 
+def _batched_as_alone(engine: EncoderEngine, ids: list[list[int]]) -> torch.Tensor:
+    """The vectors of ``ids`` run together, checked equal to each run alone (padding in
+    a batch changes nothing)."""
+    got = torch.stack(engine.embed(ids))
+    alone = torch.stack([engine.embed([one])[0] for one in ids])
+    torch.testing.assert_close(got, alone, atol=1e-5, rtol=1e-5)
+    return got
+
+
 @pytest.mark.parametrize(
     "kind,pooling,normalize,published",
     [
@@ -48,9 +57,7 @@ def test_an_encoder_folder_embeds_as_sentence_transformers(tmp_path, kind, pooli
     assert engine.config.normalize is normalize
     ids = engine.encode(TEXTS)
     assert len(ids[2]) == 48  # cut at the folder's max_seq_length, [SEP] kept
-    got = torch.stack(engine.embed(ids))
-    alone = torch.stack([engine.embed([one])[0] for one in ids])
-    torch.testing.assert_close(got, alone, atol=1e-5, rtol=1e-5)  # a batch's padding changes nothing
+    got = _batched_as_alone(engine, ids)
     cos = torch.nn.functional.cosine_similarity(got, expected, dim=-1)
     assert (cos > 1 - 1e-5).all(), cos
     torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-4)  # the scale too: normalized or not
@@ -160,9 +167,7 @@ def test_rotary_encoders_embed_as_sentence_transformers(tmp_path, family):
     engine = EncoderEngine.from_pretrained(folder, batch_tokens=64)
     ids = engine.encode(TEXTS)
     assert max(map(len, ids)) > 16  # past the local window
-    got = torch.stack(engine.embed(ids))
-    alone = torch.stack([engine.embed([one])[0] for one in ids])
-    torch.testing.assert_close(got, alone, atol=1e-5, rtol=1e-5)
+    got = _batched_as_alone(engine, ids)
     torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-4)
 
 
@@ -272,9 +277,7 @@ def test_embedding_gemma_embeds_as_sentence_transformers(tmp_path):
     assert engine.config.hidden_size == expected.shape[1] == 48  # the Dense modules' output, not the model's 64
     ids = engine.encode(TEXTS + SCRIPTS)
     assert max(map(len, ids)) > 16  # past the local window
-    got = torch.stack(engine.embed(ids))
-    alone = torch.stack([engine.embed([one])[0] for one in ids])
-    torch.testing.assert_close(got, alone, atol=1e-5, rtol=1e-5)
+    got = _batched_as_alone(engine, ids)
     torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-4)
     old = shutil.copytree(folder, tmp_path / "eg-v4")
     raw = json.loads((folder / "config.json").read_text())
@@ -341,9 +344,7 @@ def test_embedding_gemma2_embeds_as_sentence_transformers_and_transformers(tmp_p
     assert engine.config.hidden_size == expected.shape[1] == 48 and engine.config.pooling == "mean"
     ids = engine.encode(TEXTS + SCRIPTS)
     assert max(map(len, ids)) > 16  # past the local radius
-    got = torch.stack(engine.embed(ids))
-    alone = torch.stack([engine.embed([one])[0] for one in ids])
-    torch.testing.assert_close(got, alone, atol=1e-5, rtol=1e-5)
+    got = _batched_as_alone(engine, ids)
     torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-4)
 
     folder, model = make_embedding_gemma2(tmp_path / "eg2-full", composite=True)

@@ -28,7 +28,7 @@ from tokenizers import Tokenizer as HFTokenizer
 from engine.errors import CheckpointError
 from engine.kernels.block_model import pack_block_linears
 from engine.loading.checkpoint import iter_tensors, weight_files
-from engine.loading.dense_modules import folder_dense, weights_dense
+from engine.loading.dense_modules import folder_dense, out_features, weights_dense
 from engine.loading.gguf.encoder_file import EncoderFile
 from engine.loading.pooling_hint import checkpoint_pooling, matryoshka_sizes
 from engine.models.bert import ARCHITECTURES as BERTS
@@ -200,7 +200,7 @@ class EncoderEngine:
         limit = min(model.max_positions, _max_seq_length(folder) or model.max_positions)
         modules = _st_modules(folder)
         dense = folder_dense(folder, modules)
-        size = dense[-2].out_features if dense else _width(raw)
+        size = out_features(dense) if dense else _width(raw)
         config = EncoderConfig(
             architecture=arch,
             hidden_size=size,
@@ -230,7 +230,7 @@ class EncoderEngine:
         named = checkpoint_pooling(str(path), file.fields)
         config = EncoderConfig(
             architecture=raw["architectures"][0],
-            hidden_size=dense[-1].out_features if dense else int(raw.get("n_embd") or raw["hidden_size"]),
+            hidden_size=out_features(dense) if dense else _width(raw),
             max_tokens=model.max_positions,
             pooling=pooling or ("rank" if model.head else named or model.default_pooling),
             normalize=bool(normalize),

@@ -64,6 +64,11 @@ def weights_dense(weights: list[torch.Tensor]) -> nn.Sequential | None:
     return nn.Sequential(*layers).eval().requires_grad_(False)
 
 
+def out_features(dense: nn.Sequential) -> int:
+    """The size of what ``dense`` answers (its last linear map's output)."""
+    return [m for m in dense if isinstance(m, nn.Linear)][-1].out_features
+
+
 def _tensors(where: Path) -> dict[str, torch.Tensor]:
     if (where / "model.safetensors").is_file():
         return load_file(where / "model.safetensors")

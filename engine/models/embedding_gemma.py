@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.errors import CheckpointError
-from engine.models.encoder_base import EncoderModel, rope_table, rotate_halves
+from engine.models.encoder_base import EncoderModel, rope_table, rotate_halves, window_masks
 from engine.models.gemma import GemmaRMSNorm
 
 ACTS = {"gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh"), "gelu": F.gelu, "silu": F.silu}
@@ -83,8 +83,11 @@ class _Attention(nn.Module):
         return self.o_proj(ctx.transpose(1, 2).reshape(b, t, -1))  # [B, T, hidden]
 
 
-class _Layer(nn.Module):
-    def __init__(self, raw: dict):
+class GemmaBlock(nn.Module):
+    """A Gemma layer around its ``self_attn``: norms before and after attention and the
+    gated MLP (``norm``: the norm class, Gemma 3's 1 + w or Gemma 4's w)."""
+
+    def __init__(self, raw: dict, attention: nn.Module, norm=GemmaRMSNorm):
         super().__init__()
         hidden, inner = int(raw["hidden_size"]), int(raw["intermediate_size"])
         eps = float(raw.get("rms_norm_eps", 1e-6))
@@ -92,18 +95,18 @@ class _Layer(nn.Module):
         if act not in ACTS:
             raise CheckpointError(f"config.json: hidden_activation '{act}' is not supported for EmbeddingGemma")
         self.act = ACTS[act]
-        self.self_attn = _Attention(raw)
+        self.self_attn = attention
         self.mlp = nn.Module()
         self.mlp.gate_proj = nn.Linear(hidden, inner, bias=False)
         self.mlp.up_proj = nn.Linear(hidden, inner, bias=False)
         self.mlp.down_proj = nn.Linear(inner, hidden, bias=False)
-        self.input_layernorm = GemmaRMSNorm(hidden, eps)
-        self.post_attention_layernorm = GemmaRMSNorm(hidden, eps)
-        self.pre_feedforward_layernorm = GemmaRMSNorm(hidden, eps)
-        self.post_feedforward_layernorm = GemmaRMSNorm(hidden, eps)
+        self.input_layernorm = norm(hidden, eps)
+        self.post_attention_layernorm = norm(hidden, eps)
+        self.pre_feedforward_layernorm = norm(hidden, eps)
+        self.post_feedforward_layernorm = norm(hidden, eps)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        """x [B, T, hidden] -> [B, T, hidden]."""
+        """x [B, T, hidden]; cos, sin [T, D]; mask [B, 1, T, T] additive -> [B, T, hidden]."""
         x = x + self.post_attention_layernorm(self.self_attn(self.input_layernorm(x), cos, sin, mask))
         h = self.pre_feedforward_layernorm(x)
         h = self.mlp.down_proj(self.act(self.mlp.gate_proj(h)) * self.mlp.up_proj(h))
@@ -127,7 +130,7 @@ class EmbeddingGemmaEncoder(EncoderModel):
         self.scale = math.sqrt(hidden)
         self._limit = int(raw.get("max_position_embeddings") or 2048)
         self.embed_tokens = nn.Embedding(int(raw["vocab_size"]), hidden)
-        self.layers = nn.ModuleList(_Layer(raw) for _ in range(int(raw["num_hidden_layers"])))
+        self.layers = nn.ModuleList(GemmaBlock(raw, _Attention(raw)) for _ in range(int(raw["num_hidden_layers"])))
         self.norm = GemmaRMSNorm(hidden, float(raw.get("rms_norm_eps", 1e-6)))
 
     @property
@@ -138,13 +141,9 @@ class EmbeddingGemmaEncoder(EncoderModel):
         return None if name.startswith("lm_head.") else name.removeprefix("model.")
 
     def forward(self, ids: torch.Tensor, lengths: torch.Tensor, type_ids: torch.Tensor | None = None) -> torch.Tensor:
-        b, t = ids.shape
+        t = ids.shape[1]
         x = self.embed_tokens(ids) * self.scale  # [B, T, hidden]
-        pos = torch.arange(t)
-        keys = pos[None, :] < lengths[:, None]  # [B, T]
-        near = (pos[:, None] - pos[None, :]).abs() <= self.half_window  # [T, T]
-        full = torch.zeros(b, 1, t, t).masked_fill(~keys[:, None, None, :], float("-inf"))
-        local = full.masked_fill(~near[None, None], float("-inf"))
+        full, local = window_masks(lengths, t, self.half_window)  # [B, 1, T, T] each
         tables = {kind: rope_table(base, self.head_dim, t, factor) for kind, (base, factor) in self.ropes.items()}
         for layer, kind in zip(self.layers, self.kinds):
             x = layer(x, *tables[kind], local if kind == "sliding_attention" else full)

@@ -18,8 +18,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.errors import CheckpointError
-from engine.models.embedding_gemma import ACTS
-from engine.models.encoder_base import EncoderModel, rope_table, rotate_halves
+from engine.models.embedding_gemma import GemmaBlock
+from engine.models.encoder_base import EncoderModel, rope_table, rotate_halves, window_masks
 from engine.models.gemma3n import Norm
 
 SKIPPED = ("vision_tower.", "embed_vision.", "audio_tower.", "embed_audio.")
@@ -74,24 +74,11 @@ class _PleBlock(nn.Module):
         return x + self.post_per_layer_input_norm(h)
 
 
-class _Layer(nn.Module):
+class _Layer(GemmaBlock):
+    """Gemma 4's norms around the block, then the per-layer embedding and the layer's scalar."""
+
     def __init__(self, cfg: dict, head_dim: int, n_kv: int):
-        super().__init__()
-        hidden, inner = int(cfg["hidden_size"]), int(cfg["intermediate_size"])
-        eps = float(cfg.get("rms_norm_eps", 1e-6))
-        act = cfg.get("hidden_activation") or "gelu_pytorch_tanh"
-        if act not in ACTS:
-            raise CheckpointError(f"config.json: hidden_activation '{act}' is not supported for EmbeddingGemma 2")
-        self.act = ACTS[act]
-        self.self_attn = _Attention(cfg, head_dim, n_kv)
-        self.mlp = nn.Module()
-        self.mlp.gate_proj = nn.Linear(hidden, inner, bias=False)
-        self.mlp.up_proj = nn.Linear(hidden, inner, bias=False)
-        self.mlp.down_proj = nn.Linear(inner, hidden, bias=False)
-        self.input_layernorm = Norm(hidden, eps)
-        self.post_attention_layernorm = Norm(hidden, eps)
-        self.pre_feedforward_layernorm = Norm(hidden, eps)
-        self.post_feedforward_layernorm = Norm(hidden, eps)
+        super().__init__(cfg, _Attention(cfg, head_dim, n_kv), Norm)
         self.ple_block = _PleBlock(cfg, self.act)
         self.layer_scalar = nn.Parameter(torch.ones(1))  # a buffer in transformers, saved with the weights
 
@@ -99,11 +86,7 @@ class _Layer(nn.Module):
         self, x: torch.Tensor, per_layer: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor
     ) -> torch.Tensor:
         """x [B, T, hidden]; per_layer [B, T, P] -> [B, T, hidden]."""
-        x = x + self.post_attention_layernorm(self.self_attn(self.input_layernorm(x), cos, sin, mask))
-        h = self.pre_feedforward_layernorm(x)
-        h = self.mlp.down_proj(self.act(self.mlp.gate_proj(h)) * self.mlp.up_proj(h))
-        x = x + self.post_feedforward_layernorm(h)
-        return self.ple_block(x, per_layer) * self.layer_scalar
+        return self.ple_block(super().forward(x, cos, sin, mask), per_layer) * self.layer_scalar
 
 
 class EmbeddingGemma2Encoder(EncoderModel):
@@ -166,11 +149,7 @@ class EmbeddingGemma2Encoder(EncoderModel):
         x = self.embed_tokens(ids) * self.scale  # [B, T, hidden]
         ple = self.ple.per_layer_model_projection(x) * self.scale**-1  # [B, T, L * P]
         ple = self.ple.per_layer_projection_norm(ple.view(b, t, len(self.layers), self.per_layer))  # [B, T, L, P]
-        pos = torch.arange(t)
-        keys = pos[None, :] < lengths[:, None]  # [B, T]
-        near = (pos[:, None] - pos[None, :]).abs() <= self.radius  # [T, T]
-        full = torch.zeros(b, 1, t, t).masked_fill(~keys[:, None, None, :], float("-inf"))
-        local = full.masked_fill(~near[None, None], float("-inf"))
+        full, local = window_masks(lengths, t, self.radius)  # [B, 1, T, T] each
         tables = {}
         for i, (layer, kind) in enumerate(zip(self.layers, self.kinds)):
             key = (kind, self.head_dims[i])

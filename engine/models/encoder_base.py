@@ -121,3 +121,14 @@ def rotate_halves(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torc
     """x [B, H, T, D] rotated by position (halves, not interleaved; transformers' layout)."""
     half = x.shape[-1] // 2
     return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
+
+
+def window_masks(lengths: torch.Tensor, t: int, radius: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Additive masks [B, 1, T, T] over right-padded inputs of ``lengths`` [B]: every
+    real key (a global layer's), and the real keys within ``radius`` positions of the
+    query either way (a local layer's)."""
+    pos = torch.arange(t)
+    keys = pos[None, :] < lengths[:, None]  # [B, T]
+    near = (pos[:, None] - pos[None, :]).abs() <= radius  # [T, T]
+    full = torch.zeros(len(lengths), 1, t, t).masked_fill(~keys[:, None, None, :], float("-inf"))
+    return full, full.masked_fill(~near[None, None], float("-inf"))

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.errors import CheckpointError
-from engine.models.encoder_base import EncoderModel, rope_table, rotate_halves
+from engine.models.encoder_base import EncoderModel, rope_table, rotate_halves, window_masks
 
 SKIPPED = ("head.", "decoder.", "classifier.", "lm_head.")
 ACTS = {"gelu": lambda x: F.gelu(x), "gelu_new": lambda x: F.gelu(x, approximate="tanh"),
@@ -140,14 +140,10 @@ class ModernBertEncoder(EncoderModel):
         return self.head(pooled)
 
     def forward(self, ids: torch.Tensor, lengths: torch.Tensor, type_ids: torch.Tensor | None = None) -> torch.Tensor:
-        b, t = ids.shape
+        t = ids.shape[1]
         emb = self.embeddings
         x = emb.norm(emb.tok_embeddings(ids))  # [B, T, hidden]
-        pos = torch.arange(t)
-        keys = pos[None, :] < lengths[:, None]  # [B, T]
-        near = (pos[:, None] - pos[None, :]).abs() <= self.half_window  # [T, T]
-        full = torch.zeros(b, 1, t, t).masked_fill(~keys[:, None, None, :], float("-inf"))
-        local = full.masked_fill(~near[None, None], float("-inf"))
+        full, local = window_masks(lengths, t, self.half_window)  # [B, 1, T, T] each
         tables = {kind: rope_table(base, self.head_dim, t) for kind, base in self.bases.items()}  # [T, D] each
         for layer, kind in zip(self.layers, self.kinds):
             x = layer(x, *tables[kind], local if kind == "sliding_attention" else full)
