@@ -66,6 +66,26 @@ def demo_f32_gguf(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def embedding_gemma_files(tmp_path_factory):
+    """A tiny EmbeddingGemma folder (encoders.make_embedding_gemma) and its GGUF files,
+    made once in a run: ``full`` (converted with ``--sentence-transformers-dense-modules``),
+    ``bare`` (without: no Dense modules), ``q8`` (``full`` with its matrices in Q8_0).
+    Returns a dict of paths (read only)."""
+    import gguf
+    from encoders import make_embedding_gemma
+    from gguf_tools import convert_many, requantize
+
+    def build(root):
+        folder = make_embedding_gemma(root / "eg")
+        dense = ("--sentence-transformers-dense-modules",)
+        full, bare = convert_many([(folder, root / "eg.gguf", "f32", dense), (folder, root / "eg-bare.gguf", "f32")])
+        q8 = requantize(full, root / "eg-q8_0.gguf", gguf.GGMLQuantizationType.Q8_0)
+        return {"folder": folder, "full": full, "bare": bare, "q8": q8}
+
+    return once_per_run(tmp_path_factory, "embedding-gemma", build)
+
+
+@pytest.fixture(scope="session")
 def gguf_lora(tmp_path_factory):
     """A tiny llama and a LoRA on it, each also as GGUF (gguf_tools.gguf_lora_files),
     converted once in a run for the engine's and the server's tests."""

@@ -237,8 +237,9 @@ def make_embedding_gemma(folder: Path, seed: int = 0, dense: tuple[int, int] = (
     """A random tiny EmbeddingGemma: a ``Gemma3TextModel`` attending both ways (six
     layers, the sixth global; a local window of 8, so tokens further than 4 apart do not
     see each other in local layers), saved by sentence-transformers as published: mean
-    pooling, two Dense modules without bias or activation (64 -> ``dense[0]`` ->
-    ``dense[1]``), Normalize; with ``tokenizer.model`` (the GGUF converter reads it)."""
+    pooling, two Dense modules without bias or activation (hidden -> ``dense[0]`` ->
+    ``dense[1]``), Normalize; with ``tokenizer.model`` (the GGUF converter reads it).
+    ``overrides``: Gemma3TextConfig fields over the tiny ones."""
     import shutil
 
     import transformers
@@ -251,7 +252,9 @@ def make_embedding_gemma(folder: Path, seed: int = 0, dense: tuple[int, int] = (
                   num_key_value_heads=2, head_dim=16, query_pre_attn_scalar=16, sliding_window=8,
                   use_bidirectional_attention=True, max_position_embeddings=128, pad_token_id=0, eos_token_id=1,
                   bos_token_id=2, architectures=["Gemma3TextModel"])  # fmt: skip
-    model = transformers.Gemma3TextModel(transformers.Gemma3TextConfig(**{**fields, **overrides}))
+    fields.update(overrides)
+    hidden = fields["hidden_size"]
+    model = transformers.Gemma3TextModel(transformers.Gemma3TextConfig(**fields))
     with torch.no_grad():
         for p in model.parameters():
             p.add_(torch.randn_like(p) * 0.1)
@@ -259,8 +262,8 @@ def make_embedding_gemma(folder: Path, seed: int = 0, dense: tuple[int, int] = (
     identity = torch.nn.Identity()
     modules = [
         models.Transformer(str(base), max_seq_length=48),
-        models.Pooling(64, "mean"),
-        models.Dense(64, dense[0], bias=False, activation_function=identity),
+        models.Pooling(hidden, "mean"),
+        models.Dense(hidden, dense[0], bias=False, activation_function=identity),
         models.Dense(dense[0], dense[1], bias=False, activation_function=identity),
         models.Normalize(),
     ]

@@ -157,13 +157,15 @@ def convert(folder: Path, out: Path, outtype: str = "f32", flags: tuple[str, ...
     return convert_many([(folder, out, outtype)], flags=flags)[0]
 
 
-def convert_many(jobs: list[tuple[Path, Path, str]], processes: int = 2, flags: tuple[str, ...] = ()) -> list[Path]:
-    """Several conversions, in ``processes`` interpreters side by side."""
-    runs = [
-        ("convert_hf_to_gguf.py", ["--outfile", str(out), "--outtype", t, *flags, str(src)]) for src, out, t in jobs
-    ]
+def convert_many(jobs: list[tuple], processes: int = 2, flags: tuple[str, ...] = ()) -> list[Path]:
+    """Several conversions, in ``processes`` interpreters side by side: (source, out,
+    type) triples, or (source, out, type, the job's own flags beside ``flags``)."""
+    runs = []
+    for src, out, outtype, *own in jobs:
+        args = ["--outfile", str(out), "--outtype", outtype, *flags, *(own[0] if own else ()), str(src)]
+        runs.append(("convert_hf_to_gguf.py", args))
     _run_converters([runs[i::processes] for i in range(processes) if runs[i::processes]])
-    return [out for _, out, _ in jobs]
+    return [job[1] for job in jobs]
 
 
 def convert_with_lora(base: Path, adapter: Path, base_out: Path, lora_out: Path) -> tuple[Path, Path]:

@@ -295,19 +295,13 @@ def test_embedding_gemma_embeds_as_sentence_transformers(tmp_path):
     assert not is_encoder(causal)
 
 
-def test_a_gguf_embedding_gemma_file_gives_its_folders_tokens_and_vectors(tmp_path):
+def test_a_gguf_embedding_gemma_file_gives_its_folders_tokens_and_vectors(embedding_gemma_files):
     """The pinned converter's ``gemma-embedding`` file (Gemma's SentencePiece BPE, <bos>
     and <eos> from its flags, norms stored as 1 + w, the symmetric window): written with
     ``--sentence-transformers-dense-modules``, the folder's tokens and vectors (Q8_0:
     within its rounding, on its blocks); written without, the vectors before the Dense
     modules, as llama.cpp computes them from that file."""
-    from encoders import make_embedding_gemma
-    from gguf_tools import convert, convert_many
-
-    folder = make_embedding_gemma(tmp_path / "eg")
-    jobs = [(folder, tmp_path / "eg.gguf", "f32"), (folder, tmp_path / "eg-q8.gguf", "q8_0")]
-    full, q8 = convert_many(jobs, flags=("--sentence-transformers-dense-modules",))
-    bare = convert(folder, tmp_path / "bare.gguf")
+    folder, full, bare, q8 = (embedding_gemma_files[k] for k in ("folder", "full", "bare", "q8"))
     theirs = EncoderEngine.from_pretrained(folder)
     texts = [t for t in TEXTS + SCRIPTS if len(theirs.encode([t])[0]) < 48]  # the folder cuts at 48, the file at 128
     ids = theirs.encode(texts)

@@ -131,18 +131,15 @@ def test_an_encoder_refuses_generation_and_says_what_it_serves(embedder):
     assert httpx.get(srv.url + "/health").json() == {"status": "ok"}
 
 
-def test_an_embedding_gemma_gguf_file_serves_sentence_transformers_vectors(tmp_path):
+def test_an_embedding_gemma_gguf_file_serves_sentence_transformers_vectors(embedding_gemma_files):
     """EmbeddingGemma's GGUF file with its Dense modules (the converter's
     ``--sentence-transformers-dense-modules``) served as llama-server serves it: the
     ``openai`` client gets sentence-transformers' vectors of its folder, of the Dense
     modules' size; /props names what it embeds."""
-    from encoders import make_embedding_gemma
-    from gguf_tools import convert
     from openai import OpenAI
     from sentence_transformers import SentenceTransformer
 
-    folder = make_embedding_gemma(tmp_path / "eg")
-    gguf_file = convert(folder, tmp_path / "eg.gguf", flags=("--sentence-transformers-dense-modules",))
+    folder, gguf_file = embedding_gemma_files["folder"], embedding_gemma_files["full"]
     expected = SentenceTransformer(str(folder), device="cpu").encode(TEXTS)
     with ServerProcess("-m", str(gguf_file)) as srv:
         srv.wait_ready()
