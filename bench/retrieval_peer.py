@@ -36,10 +36,22 @@ CACHE = Path(os.environ.get("SLOTSERVE_PEER_CACHE", Path.home() / ".cache/slotse
 WORDS = ["slot", "cache", "query", "window", "file", "the", "a", "of", "and", "retrieval"]  # one token each
 
 
-def texts(n: int, seed: int, lo: int = 32, hi: int = 256) -> list[str]:
-    """``n`` texts of lo..hi tokens with [CLS]/[SEP] (or <s>/</s>): words of one token."""
+def one_token_words(folder: Path) -> list[str]:
+    """Up to ten words the folder's tokenizer reads as one token each after a space:
+    ``WORDS`` where they are (the BERT and XLM-R tokenizers), else the vocabulary's
+    word-initial pieces (Gemma's small bench tokenizer splits most of ``WORDS``)."""
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    pieces = sorted(p[1:] for p in tok.get_vocab() if p.startswith("\u2581") and p[1:].isalpha())
+    words = [w for w in dict.fromkeys(WORDS + pieces) if len(tok.encode(" " + w, add_special_tokens=False).ids) == 1]
+    return words[:10]
+
+
+def texts(n: int, seed: int, lo: int = 32, hi: int = 256, words: list[str] = WORDS) -> list[str]:
+    """``n`` texts of lo..hi tokens with [CLS]/[SEP] (or <s>/</s>, <bos>/<eos>): words of one token."""
     rng = random.Random(seed)
-    return [" ".join(rng.choice(WORDS) for _ in range(rng.randint(lo, hi) - 2)) for _ in range(n)]
+    return [" ".join(rng.choice(words) for _ in range(rng.randint(lo, hi) - 2)) for _ in range(n)]
 
 
 def start(cmd: list[str], port: int, log: Path) -> subprocess.Popen:
@@ -74,11 +86,11 @@ def rss(pid: int) -> dict[str, int]:
     }
 
 
-def measure(url: str, args, rerank: bool) -> dict:
+def measure(url: str, args, rerank: bool, words: list[str]) -> dict:
     client = httpx.Client(base_url=url, timeout=3600)
     out: dict = {}
     if rerank:
-        query, docs = texts(1, 7, 8, 16)[0], texts(args.docs, 8)
+        query, docs = texts(1, 7, 8, 16, words)[0], texts(args.docs, 8, words=words)
         client.post("/v1/rerank", json={"query": query, "documents": docs[:4]}).raise_for_status()  # warm-up
         times = []
         for _ in range(args.repeats):
@@ -89,17 +101,18 @@ def measure(url: str, args, rerank: bool) -> dict:
             assert len(r.json()["results"]) == args.docs
         out["rerank"] = {"docs": args.docs, "median_s": statistics.median(times), "runs_s": times}
         return out
-    batch = texts(args.n_batch, 1)
+    batch = texts(args.n_batch, 1, words=words)
     client.post("/v1/embeddings", json={"input": batch[:4]}).raise_for_status()  # warm-up
     t = time.perf_counter()
     r = client.post("/v1/embeddings", json={"input": batch})
     wall = time.perf_counter() - t
     r.raise_for_status()
     assert len(r.json()["data"]) == len(batch)
-    out["batch"] = {"inputs": len(batch), "seconds": wall, "inputs_per_s": len(batch) / wall}
+    tokens = r.json().get("usage", {}).get("prompt_tokens")  # both servers should read the same tokens
+    out["batch"] = {"inputs": len(batch), "tokens": tokens, "seconds": wall, "inputs_per_s": len(batch) / wall}
     if not args.n_single:
         return out
-    singles, latencies = texts(args.n_single, 2), []
+    singles, latencies = texts(args.n_single, 2, words=words), []
     t = time.perf_counter()
     for text in singles:
         t1 = time.perf_counter()
@@ -114,7 +127,9 @@ def measure(url: str, args, rerank: bool) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument(
-        "--files", nargs="*", default=["bert_base-f16", "bert_base-q8_0", "xlmr_rerank-f16", "xlmr_rerank-q8_0"]
+        "--files",
+        nargs="*",
+        default=[f"{m}-{t}" for m in ("bert_base", "xlmr_rerank", "gemma_embed") for t in ("f16", "q8_0")],
     )
     parser.add_argument("--rows", nargs="*", default=["llama", "ours"])
     parser.add_argument("--llama-np", nargs="*", type=int, default=[1, 4, 16])
@@ -127,9 +142,10 @@ def main() -> None:
     sys.path.insert(0, str(ROOT / "bench"))
     from retrieval_models import build
 
-    paths = build(out_dir)
+    paths = build(out_dir, tuple(dict.fromkeys(name.rsplit("-", 1)[0] for name in args.files)))
     for name in args.files:
         gguf, rerank = paths[name], name.startswith("xlmr_rerank")
+        words = one_token_words(paths[name.rsplit("-", 1)[0]])
         runs = []
         for row in args.rows:
             if row == "llama":
@@ -147,7 +163,7 @@ def main() -> None:
                 result = {
                     "file": name,
                     "row": row,
-                    **measure(f"http://127.0.0.1:{port}", args, rerank),
+                    **measure(f"http://127.0.0.1:{port}", args, rerank, words),
                     **rss(proc.pid),
                 }
             finally:
