@@ -7,6 +7,18 @@ from pathlib import Path
 
 import torch
 
+
+def jitter(model: torch.nn.Module, noise: float = 0.1, buffers: tuple[str, ...] = ()) -> None:
+    """Every parameter moved off its init by ``noise`` x N(0, 1), so every one matters
+    (norms and biases too); likewise the buffers whose names end with one of ``buffers``."""
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * noise)
+        for name, b in model.named_buffers():
+            if name.endswith(buffers):
+                b.add_(torch.randn_like(b) * noise)
+
+
 BASE = dict(
     vocab_size=320,
     hidden_size=64,
@@ -403,9 +415,7 @@ def make_gemma3_vision(folder: Path, image: int, boi: int, eoi: int, per_image: 
     )  # fmt: skip
     torch.manual_seed(0)
     model = transformers.Gemma3ForConditionalGeneration(config)
-    with torch.no_grad():  # every parameter matters (norms, projector, biases)
-        for p in model.parameters():
-            p.add_(torch.randn_like(p) * 0.1)
+    jitter(model)  # every parameter matters (norms, projector, biases)
     model.save_pretrained(folder)
     return model.eval()
 
@@ -459,9 +469,7 @@ def make_smolvlm(folder: Path, arch: str = "SmolVLM", **text):
     config = config_cls(text_config=text, vision_config=vision, scale_factor=2, image_token_id=image)
     torch.manual_seed(0)
     model = getattr(transformers, f"{arch}ForConditionalGeneration")(config)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(torch.randn_like(p) * 0.1)
+    jitter(model)
     model.save_pretrained(folder)
     processor = {"image_processor_type": f"{arch}ImageProcessor", "do_image_splitting": True, "resample": 1,
                  "size": {"longest_edge": 56}, "max_image_size": {"longest_edge": 28},
@@ -512,9 +520,7 @@ def make_qwen2_5_vl(folder: Path, window: int = 56, **text):
     )  # fmt: skip
     torch.manual_seed(0)
     model = transformers.Qwen2_5_VLForConditionalGeneration(config)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(torch.randn_like(p) * 0.1)
+    jitter(model)
     model.save_pretrained(folder)
     processor = {"image_processor_type": "Qwen2VLImageProcessor", "min_pixels": 56 * 56, "max_pixels": 112 * 112,
                  "patch_size": 14, "merge_size": 2, "temporal_patch_size": 2,
@@ -547,9 +553,7 @@ def make_qwen3_5_vl(folder: Path, moe: bool = False) -> tuple:
     )  # fmt: skip
     torch.manual_seed(0)
     model = getattr(transformers, f"{kind}ForConditionalGeneration")(config)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(torch.randn_like(p) * 0.1)
+    jitter(model)
     model.save_pretrained(folder)
     processor = {"image_processor_type": "Qwen2VLImageProcessor", "size": {"shortest_edge": 64 * 64,
                  "longest_edge": 128 * 128}, "patch_size": 16, "merge_size": 2, "temporal_patch_size": 2,
@@ -626,9 +630,7 @@ def make_published_qwen3_5_moe(folder: Path) -> Path:
     torch.manual_seed(0)
     config = transformers.Qwen3_5MoeConfig(text_config=text, vision_config=vision)
     model = transformers.Qwen3_5MoeForConditionalGeneration(config)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(torch.randn_like(p) * 0.1)
+    jitter(model)
     model.save_pretrained(folder)
     weights = load_file(str(folder / "model.safetensors"))
     stacked = {}
@@ -661,9 +663,7 @@ def make_published_gemma4(folder: Path) -> Path:
     text = {**BASE, **GEMMA4_TINY, "pad_token_id": 0}  # the multimodal model masks its placeholders with it
     config = transformers.Gemma4Config(text_config=text, vision_config=vision, audio_config=None)
     model = transformers.Gemma4ForConditionalGeneration(config)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(torch.randn_like(p) * 0.1)
+    jitter(model)
     model.save_pretrained(folder)
     config = json.loads((folder / "config.json").read_text())
     text = config["text_config"]

@@ -9,6 +9,7 @@ import string
 from pathlib import Path
 
 import torch
+from checkpoints import jitter
 
 BERT_TINY = dict(vocab_size=120, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
                  max_position_embeddings=64)  # fmt: skip
@@ -82,9 +83,7 @@ def make_bert_embedder(
         fields.update(bos_token_id=0, eos_token_id=2, type_vocab_size=1, **overrides)
         config = transformers.XLMRobertaConfig(**fields)
         model = transformers.XLMRobertaModel(config, add_pooling_layer=False)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(torch.randn_like(p) * 0.1)
+    jitter(model)
     model.save_pretrained(base)
     modules = [models.Transformer(str(base), max_seq_length=48), models.Pooling(config.hidden_size, pooling)]
     if normalize:
@@ -109,9 +108,7 @@ def make_cross_encoder(folder: Path, kind: str = "bert", seed: int = 0, **overri
         fields = {**BERT_TINY, "vocab_size": write_unigram(folder), "max_position_embeddings": 66, "pad_token_id": 1}
         fields.update(bos_token_id=0, eos_token_id=2, type_vocab_size=1, num_labels=1, **overrides)
         model = transformers.XLMRobertaForSequenceClassification(transformers.XLMRobertaConfig(**fields))
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(torch.randn_like(p) * 0.1)
+    jitter(model)
     model.save_pretrained(folder)
     if kind == "bert":  # as transformers saves it (its special tokens named: the converter reads them)
         transformers.AutoTokenizer.from_pretrained(folder).save_pretrained(folder)
@@ -141,9 +138,7 @@ def make_nomic_embedder(folder: Path, seed: int = 0) -> Path:
     config = transformers.NomicBertConfig(vocab_size=vocab, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
                                           intermediate_size=128, max_position_embeddings=2048)  # fmt: skip
     model = transformers.NomicBertModel(config)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(torch.randn_like(p) * 0.1)
+    jitter(model)
     model.save_pretrained(base)
     raw = json.loads((base / "config.json").read_text())
     raw |= NOMIC_PUBLISHED | {"n_embd": 64, "n_head": 4, "n_layer": 2, "n_inner": 128, "layer_norm_epsilon": 1e-12}
@@ -196,9 +191,7 @@ def make_modernbert_embedder(folder: Path, seed: int = 0, tokenizer: str = "word
                   eos_token_id=sep, cls_token_id=cls, sep_token_id=sep, max_position_embeddings=128,
                   norm_bias=True)  # fmt: skip
     model = transformers.ModernBertModel(transformers.ModernBertConfig(**{**fields, **overrides}))
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(torch.randn_like(p) * 0.1)
+    jitter(model)
     model.save_pretrained(base)
     modules = [models.Transformer(str(base), max_seq_length=48), models.Pooling(64, "mean"), models.Normalize()]
     SentenceTransformer(modules=modules, device="cpu").save(str(folder))
@@ -255,9 +248,7 @@ def make_embedding_gemma(folder: Path, seed: int = 0, dense: tuple[int, int] = (
     fields.update(overrides)
     hidden = fields["hidden_size"]
     model = transformers.Gemma3TextModel(transformers.Gemma3TextConfig(**fields))
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(torch.randn_like(p) * 0.1)
+    jitter(model)
     model.save_pretrained(base)
     identity = torch.nn.Identity()
     modules = [
@@ -300,12 +291,7 @@ def make_embedding_gemma2(folder: Path, seed: int = 0, composite: bool = False):
         if composite
         else transformers.EmbeddingGemma2TextModel(text)
     )
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(torch.randn_like(p) * 0.1)
-        for name, b in model.named_buffers():
-            if name.endswith("layer_scalar"):  # each layer's output scale (a saved buffer)
-                b.add_(torch.randn_like(b) * 0.1)
+    jitter(model, buffers=("layer_scalar",))  # each layer's output scale: a saved buffer
     model.save_pretrained(base)
     if not composite:
         modules = [models.Transformer(str(base), max_seq_length=48), models.Pooling(48, "mean"), models.Normalize()]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from checkpoints import jitter
 from encoders import make_bert_embedder
 
 from engine.core.encoder import EncoderEngine, is_encoder
@@ -221,9 +222,7 @@ def test_a_modernbert_cross_encoder_scores_as_transformers(tmp_path, pooling):
                   sep_token_id=ids["[SEP]"], bos_token_id=ids["[CLS]"], eos_token_id=ids["[SEP]"],
                   max_position_embeddings=128, num_labels=1, classifier_pooling=pooling)  # fmt: skip
     hf = transformers.ModernBertForSequenceClassification(transformers.ModernBertConfig(**fields))
-    with torch.no_grad():
-        for p in hf.parameters():
-            p.add_(torch.randn_like(p) * 0.1)
+    jitter(hf)
     hf.save_pretrained(folder)
     ours = EncoderEngine.from_pretrained(folder)
     assert ours.config.pooling == "rank"
