@@ -57,6 +57,7 @@ def _run_converters(groups: list[list[tuple[str, list[str]]]]) -> None:
 
 MTMD_PHOTO = "tools/mtmd/test-1.jpeg"  # the photo llama.cpp's multimodal tests use
 TEMPLATES = "models/templates/"  # ~70 real chat templates, copied from model repositories
+LLAMA_VOCAB = "src/llama-vocab.cpp"  # the pre-tokenizer names llama.cpp knows (tests/test_pre_tokenizers.py)
 
 
 def mtmd_photo():
@@ -68,13 +69,14 @@ def mtmd_photo():
 
 def converter_tree() -> Path:
     """The extracted converters (convert_hf_to_gguf.py, convert_lora_to_gguf.py,
-    conversion/, gguf-py/), libmtmd's test photo (tools/mtmd/test-1.jpeg) and the real
-    chat templates of models/templates/. Raises
+    conversion/, gguf-py/), libmtmd's test photo (tools/mtmd/test-1.jpeg), the real
+    chat templates of models/templates/ and llama.cpp's vocabulary source. Raises
     RuntimeError when they can be neither found nor downloaded."""
     import fcntl
 
     tree = CACHE / "tree"
-    wanted = ("convert_hf_to_gguf.py", "convert_lora_to_gguf.py", "conversion/", "gguf-py/", MTMD_PHOTO, TEMPLATES)
+    wanted = ("convert_hf_to_gguf.py", "convert_lora_to_gguf.py", "conversion/", "gguf-py/", MTMD_PHOTO, TEMPLATES,
+              LLAMA_VOCAB)  # fmt: skip
     if all((tree / name).exists() for name in wanted):
         return tree
     CACHE.mkdir(parents=True, exist_ok=True)
@@ -260,6 +262,47 @@ def requantize(
                 yield t.name, pack(rows, kind).reshape(*data.shape[:-1], -1), kind
 
     return write_gguf(src, dst, list(tensors()))
+
+
+BYTE_TOKENS = [f"<0x{b:02X}>" for b in range(256)]  # byte fallback of the raw-UTF-8 alphabets (Gemma 4's)
+
+
+def write_vocab_gguf(path: Path, name: str, vocab: dict) -> Path:
+    """A vocabulary-only GGUF (llama architecture, no tensors: what ``llama-tokenize``
+    reads) holding ``vocab`` ({"tokens", "merges", "specials": how many tokens come
+    first as control tokens}) under the pre-tokenizer ``name``, as the converter writes
+    one: the ``gemma4`` and ``whitespace`` names with their own tokenizer models,
+    ``<0xNN>`` byte tokens typed BYTE outside GPT-2's alphabet."""
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_context_length(256)
+    w.add_embedding_length(64)
+    w.add_block_count(1)
+    w.add_feed_forward_length(128)
+    w.add_head_count(4)
+    w.add_layer_norm_rms_eps(1e-5)
+    model = {"gemma4": "gemma4", "whitespace": "whitespace"}.get(name, "gpt2")
+    w.add_tokenizer_model(model)
+    w.add_tokenizer_pre(name)
+    tokens = vocab["tokens"]
+    kinds = []
+    for i, t in enumerate(tokens):
+        if i < vocab["specials"]:
+            kinds.append(gguf.TokenType.CONTROL)
+        elif t in BYTE_TOKENS and model != "gpt2":
+            kinds.append(gguf.TokenType.BYTE)
+        else:
+            kinds.append(gguf.TokenType.NORMAL)
+    w.add_token_list(tokens)
+    w.add_token_types(kinds)
+    w.add_token_merges(vocab["merges"])
+    w.add_bos_token_id(0)
+    w.add_eos_token_id(0)
+    w.add_add_bos_token(False)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
 
 
 def _fits(data: np.ndarray, qtype: gguf.GGMLQuantizationType) -> bool:

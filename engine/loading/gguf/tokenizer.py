@@ -1,10 +1,12 @@
 """A GGUF file's tokenizer rebuilt as a ``tokenizers`` tokenizer (the tokenizer.json a
 Hugging Face folder would carry), from the metadata llama.cpp's converter writes:
-``tokenizer.ggml.model`` (``gpt2``: byte-level BPE with merges; ``llama``: SentencePiece
-BPE with scores and byte fallback; ``gemma4``: BPE with merges over raw UTF-8), ``.pre``
-(which pre-tokenizer split a byte-level model was trained with), ``.tokens``,
-``.scores``, ``.token_type``, ``.merges``, ``.add_space_prefix``, the special token ids
-and ``tokenizer.chat_template``."""
+``tokenizer.ggml.model`` (``gpt2``: byte-pair merges, split as ``.pre`` names, every
+name the pinned llama.cpp knows: engine/text/splits.py; ``llama``: SentencePiece BPE
+with scores and byte fallback; ``gemma4``: BPE with merges over raw UTF-8;
+``whitespace``: BPE over raw UTF-8 cut at whitespace), ``.tokens``, ``.scores``,
+``.token_type``, ``.merges``, ``.add_space_prefix``, the special token ids and
+``tokenizer.chat_template``. The other vocabulary kinds llama.cpp reads are refused by
+name (``REFUSED``)."""
 
 from __future__ import annotations
 
@@ -14,43 +16,46 @@ from typing import Any
 from tokenizers import Tokenizer as HFTokenizer
 
 from engine.errors import CheckpointError
+from engine.text.splits import SPLITS, Split, split_of
 from engine.text.tokenizer import Tokenizer
 
 NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6  # llama.cpp's token types
+PRE_SPLITS = SPLITS  # every pre-tokenizer name the pinned llama.cpp knows
 
-# Splits before the byte-level step, by llama.cpp's pre-tokenizer name (the regexes of
-# the models' own tokenizer.json files). None: GPT-2's split, done by ByteLevel itself.
-_WORDS = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|"
-_REST = r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
-LLAMA3 = _WORDS + r"\p{N}{1,3}" + _REST  # numbers in runs of up to 3 digits
-QWEN2 = _WORDS + r"\p{N}" + _REST  # one digit at a time
-PRE_SPLITS: dict[str, str | None] = {
-    "default": None,
-    "gpt-2": None,
-    "gpt2": None,
-    "llama-bpe": LLAMA3,
-    "llama3": LLAMA3,
-    "smaug-bpe": LLAMA3,
-    "qwen2": QWEN2,
-    "deepseek-r1-qwen": QWEN2,
+# The vocabulary kinds llama.cpp reads that slotserve does not build for a decoder, and why.
+REFUSED = {
+    "bert": "a WordPiece vocabulary: BERT-style encoders are served as encoders, not for generation",
+    "t5": "a SentencePiece Unigram vocabulary: T5-style models are served only as XLM-RoBERTa encoders",
+    "rwkv": "RWKV's greedy trie vocabulary: RWKV models are not served",
+    "plamo2": "PLaMo 2's own vocabulary: PLaMo models are not served",
+    "hybriddna": "a DNA k-mer vocabulary: DNA models are not served",
+    "none": "the file carries no vocabulary",
+    "no_vocab": "the file carries no vocabulary",
+    "test": "llama.cpp's internal test vocabulary",
 }
+SUPPORTED = ("gpt2", "llama", "gemma4", "whitespace")
 
 
 def build_tokenizer(fields: dict[str, Any], where: str) -> HFTokenizer:
+    """Raises CheckpointError for a vocabulary kind or pre-tokenizer it cannot rebuild,
+    naming it and the reason."""
     model = fields.get("tokenizer.ggml.model")
-    if model not in ("gpt2", "llama", "gemma4"):
-        kind = f"GGUF tokenizer model '{model}'"
-        raise CheckpointError(
-            f"{where}: {kind} is not supported (only gpt2, byte-level BPE; llama, SentencePiece; gemma4)"
-        )
+    if model not in SUPPORTED:
+        why = REFUSED.get(model, f"not a vocabulary kind llama.cpp knows (supported: {', '.join(SUPPORTED)})")
+        raise CheckpointError(f"{where}: GGUF tokenizer model '{model}' is not supported: {why}")
     tokens: list[str] = fields.get("tokenizer.ggml.tokens") or []
     types: list[int] = fields.get("tokenizer.ggml.token_type") or [NORMAL] * len(tokens)
-    if model == "gpt2":
-        spec = _byte_level_spec(fields, tokens, types, where)
-    elif model == "gemma4":
-        spec = _gemma4_spec(fields, tokens, types)
-    else:
+    if model == "llama":
         spec = _sentencepiece_spec(fields, tokens, types)
+    else:
+        # llama.cpp splits a gemma4 or whitespace vocabulary its own way, whatever the file's pre name
+        pre = model if model in ("gemma4", "whitespace") else fields.get("tokenizer.ggml.pre")
+        split = split_of(pre)
+        if split is None:
+            raise CheckpointError(
+                f"{where}: GGUF pre-tokenizer '{pre}' is not one the pinned llama.cpp knows ({len(SPLITS)} names)"
+            )
+        spec = _merges_spec(fields, tokens, types, split)
     try:
         return HFTokenizer.from_str(json.dumps(spec))
     except Exception as exc:  # tokenizers raises plain Exceptions
@@ -83,31 +88,31 @@ def _spec(added: list[dict], pre_tokenizer: dict | None, decoder: dict, model: d
     }
 
 
-def _byte_level_spec(fields: dict[str, Any], tokens: list[str], types: list[int], where: str) -> dict:
-    pre = fields.get("tokenizer.ggml.pre") or "default"
-    if pre not in PRE_SPLITS:
-        known = ", ".join(sorted(PRE_SPLITS))
-        raise CheckpointError(f"{where}: GGUF pre-tokenizer '{pre}' is not supported (supported: {known})")
+def _merges_spec(fields: dict[str, Any], tokens: list[str], types: list[int], split: Split) -> dict:
+    """Byte-pair merges over the split's pieces: GPT-2's byte-level alphabet, or raw
+    UTF-8 with ``<0xNN>`` byte tokens for characters outside the vocabulary (Gemma 4's
+    spaces written as U+2581)."""
     merges: list[str] = fields.get("tokenizer.ggml.merges") or []
-    byte_level = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True}
-    split = PRE_SPLITS[pre]
-    if split is None:
-        pre_tokenizer = {**byte_level, "use_regex": True}
-    else:
-        regex = {"type": "Split", "pattern": {"Regex": split}, "behavior": "Isolated", "invert": False}
-        pre_tokenizer = {"type": "Sequence", "pretokenizers": [regex, {**byte_level, "use_regex": False}]}
+    bytes_ = split.alphabet == "bytes"
     model = {
         "type": "BPE",
         "unk_token": None,
         "fuse_unk": False,
-        "byte_fallback": False,
-        "ignore_merges": split is LLAMA3,
+        "byte_fallback": not bytes_,
+        "ignore_merges": split.ignore_merges,
         "vocab": {t: i for i, t in enumerate(tokens)},
         "merges": [m.split(" ", 1) for m in merges],
     }
-    added = _added(tokens, types, (CONTROL, USER_DEFINED, UNUSED))
-    normalizer = {"type": "NFC"} if split is QWEN2 else None
-    return _spec(added, pre_tokenizer, {**byte_level, "use_regex": True}, model, normalizer)
+    if bytes_:
+        decoder = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True}
+        added = _added(tokens, types, (CONTROL, USER_DEFINED, UNUSED))
+    else:
+        steps = [{"type": "ByteFallback"}, {"type": "Fuse"}]
+        if split.alphabet == "escaped":
+            steps.insert(0, {"type": "Replace", "pattern": {"String": "\u2581"}, "content": " "})
+        decoder = {"type": "Sequence", "decoders": steps}
+        added = _added(tokens, types, (UNKNOWN, CONTROL, USER_DEFINED, UNUSED))
+    return _spec(added, split.pre_tokenizer(), decoder, model, split.normalizer())
 
 
 def _sentencepiece_spec(fields: dict[str, Any], tokens: list[str], types: list[int]) -> dict:
@@ -148,31 +153,6 @@ def _sentencepiece_spec(fields: dict[str, Any], tokens: list[str], types: list[i
     }
     added = _added(tokens, types, (UNKNOWN, CONTROL, USER_DEFINED, UNUSED))
     return _spec(added, metaspace, {"type": "Sequence", "decoders": steps}, model)
-
-
-def _gemma4_spec(fields: dict[str, Any], tokens: list[str], types: list[int]) -> dict:
-    """Gemma 4's BPE (llama.cpp's ``gemma4``): spaces written as U+2581 by the
-    normalizer, the text split only at newlines, the file's merges over raw UTF-8,
-    characters outside the vocabulary as ``<0xNN>``; no space put in front."""
-    merges: list[str] = fields.get("tokenizer.ggml.merges") or []
-    split = {"type": "Split", "pattern": {"Regex": "[^\n]+|[\n]+"}, "behavior": "Isolated", "invert": False}
-    steps = [
-        {"type": "Replace", "pattern": {"String": "\u2581"}, "content": " "},
-        {"type": "ByteFallback"},
-        {"type": "Fuse"},
-    ]
-    model = {
-        "type": "BPE",
-        "unk_token": None,
-        "fuse_unk": False,
-        "byte_fallback": True,
-        "ignore_merges": False,
-        "vocab": {t: i for i, t in enumerate(tokens)},
-        "merges": [m.split(" ", 1) for m in merges],
-    }
-    normalizer = {"type": "Replace", "pattern": {"String": " "}, "content": "\u2581"}
-    added = _added(tokens, types, (UNKNOWN, CONTROL, USER_DEFINED, UNUSED))
-    return _spec(added, split, {"type": "Sequence", "decoders": steps}, model, normalizer)
 
 
 def gguf_tokenizer(checkpoint) -> Tokenizer:
