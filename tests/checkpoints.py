@@ -339,8 +339,16 @@ def write_gemma4_tokenizer(folder: Path, vocab_size: int = 1000) -> None:
 
 
 def make_checkpoint(
-    folder: Path, arch: str = "llama", seed: int = 0, noise: float = 0.1, tokenizer: str = "bytes", **overrides
+    folder: Path,
+    arch: str = "llama",
+    seed: int = 0,
+    noise: float = 0.1,
+    tokenizer: str = "bytes",
+    max_shard_size: str | None = None,
+    **overrides,
 ) -> Path:
+    """``max_shard_size``: the weights in shards of that size with their index
+    (``save_pretrained``'s sharding, as the hub's big folders come)."""
     import transformers
 
     classes = {
@@ -385,7 +393,7 @@ def make_checkpoint(
             if name.endswith("layer_scalar"):  # Gemma 4's per-layer output scale (a buffer)
                 b.add_(torch.randn_like(b) * noise)
     folder.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(folder)
+    model.save_pretrained(folder, **({"max_shard_size": max_shard_size} if max_shard_size else {}))
     if tokenizer == "spm":
         write_spm_tokenizer(folder, config.vocab_size)
     elif tokenizer == "gemma4":

@@ -46,16 +46,10 @@ def test_transformers4_config_spelling_loads_the_same(base, tmp_path):
 
 
 def test_sharded_checkpoint(base, tmp_path):
-    sharded = copy(base, tmp_path)
-    tensors = load_file(sharded / "model.safetensors")
-    (sharded / "model.safetensors").unlink()
-    names = sorted(tensors)
-    halves = {"model-00001-of-00002.safetensors": names[::2], "model-00002-of-00002.safetensors": names[1::2]}
-    weight_map = {}
-    for file, part in halves.items():
-        save_file({n: tensors[n].contiguous() for n in part}, sharded / file)
-        weight_map.update({n: file for n in part})
-    (sharded / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
+    """A folder as save_pretrained shards it (model-0000K-of-0000N.safetensors and the
+    index) answers as the same weights in one file."""
+    sharded = make_checkpoint(tmp_path / "sharded", "llama", tie_word_embeddings=False, max_shard_size="100KB")
+    assert (sharded / "model.safetensors.index.json").is_file() and len(list(sharded.glob("*.safetensors"))) >= 3
     want = Engine.from_pretrained(str(base)).generate([[4, 5]], GREEDY)[0].token_ids
     assert Engine.from_pretrained(str(sharded)).generate([[4, 5]], GREEDY)[0].token_ids == want
 

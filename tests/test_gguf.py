@@ -85,6 +85,8 @@ def converted(folder) -> dict[str, tuple[Path, Path]]:
         if name not in NO_MTP
     ]
     jobs += [(DEMO_MODEL, folder / "demo-q8_0.gguf", "q8_0")]  # the f32 one: conftest's demo_f32_gguf
+    # the converter's own split (the split.* keys gguf-split writes): qwen3-split-0000K-of-0000N.gguf
+    jobs += [(ckpts["qwen3-f16"], folder / "qwen3-split.gguf", "f16", ("--split-max-tensors", "7"))]
     convert_many(jobs)
     convert_many([(ckpts[name], folder / f"{name}.gguf", "f32") for name in NO_MTP], flags=("--no-mtp",))
     return {name: (ck, folder / f"{name}.gguf") for name, ck in ckpts.items()}
@@ -421,6 +423,32 @@ def test_a_sentencepiece_style_gguf_tokenizer_gives_the_hf_tokenizers_ids(conver
     ]
     pieces = [ours.token_bytes(i) for i in ours.encode("x hello", add_special=False)]
     assert b"".join(pieces) == leading + b"x hello"  # U+2581 is a space (what grammars match against)
+
+
+def test_a_split_gguf_loads_from_any_shard_as_the_whole_file(converted, folder, tmp_path):
+    """gguf-split's shards (NAME-0000K-of-0000N.gguf, split.* keys; here written by the
+    pinned converter's --split-max-tensors) are one model, as llama-server reads them:
+    the same tokens and logits as the unsplit file, from the first shard's name or any
+    other's; a missing shard is a clear error."""
+    shards = sorted(folder.glob("qwen3-split-*-of-*.gguf"))
+    assert len(shards) >= 3 and all(reader_of(s).fields["split.count"].contents() == len(shards) for s in shards)
+
+    def logits(engine: Engine, prompt: list[int]) -> torch.Tensor:
+        engine.add_sequence(prompt, SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True), seq_id=0)
+        steps = []
+        while engine.has_work:
+            steps += [ev.logits for ev in engine.step(keep_logits=True) if ev.logits is not None]
+        return torch.stack(steps)  # [4, V]
+
+    whole, prompts, want = engine_greedy(converted["qwen3-f16"][1])
+    for shard in (shards[0], shards[-1]):
+        engine, _, got = engine_greedy(shard)
+        assert got == want
+        assert torch.equal(logits(engine, prompts[0]), logits(whole, prompts[0]))
+    for shard in shards[:1] + shards[2:]:
+        shutil.copy(shard, tmp_path / shard.name)
+    with pytest.raises(CheckpointError, match=f"shard 2 of {len(shards)} is missing"):
+        Engine.from_pretrained(str(tmp_path / shards[0].name))
 
 
 def test_a_gguf_serves_over_http(f32):

@@ -10,7 +10,6 @@ What each architecture's metadata and tensors stand for is in archs.py and tenso
 
 from __future__ import annotations
 
-import mmap
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,7 +22,7 @@ import torch
 from engine.errors import CheckpointError
 from engine.kernels.blocks import KEPT, BlockWeight
 from engine.loading.gguf.archs import ARCHITECTURES, gguf_name
-from engine.loading.gguf.header import read_header
+from engine.loading.gguf.shards import OpenShards, read_model_header
 from engine.loading.gguf.tensors import expert_source, fused_rows
 
 SUPPORTED = KEPT | {gguf.GGMLQuantizationType.F32}
@@ -41,18 +40,18 @@ class GGUFCheckpoint:
         """``mmap``: tensors kept in blocks are read-only views of a private mapping of the
         file (its pages shared with the page cache and with other processes serving it,
         faulted in on first use); otherwise every tensor is read into memory of its own."""
-        self.path, self.mmap = path, mmap
         try:
-            header = read_header(path)
+            header, self.shards = read_model_header(path)
         except (ValueError, OSError) as exc:
             raise CheckpointError(f"{path}: not a readable GGUF file: {exc}") from exc
+        self.path, self.mmap = self.shards[0], mmap  # a split model: its first shard (shards.py)
         self.fields = header.fields
         self.tensors = header.tensors  # name -> (type, shape, offset, bytes); read with pread, one at a time
         self.arch = self.get("general.architecture")
         if self.arch not in ARCHITECTURES:
             supported = ", ".join(sorted(ARCHITECTURES))
             raise CheckpointError(f"{path}: GGUF architecture '{self.arch}' is not supported (supported: {supported})")
-        for name, (qtype, _, _, _) in self.tensors.items():
+        for name, (qtype, *_) in self.tensors.items():
             if qtype not in SUPPORTED:
                 kinds = ", ".join(sorted(t.name for t in SUPPORTED))
                 raise CheckpointError(f"{path}: tensor '{name}' has type {qtype.name}, not supported (only {kinds})")
@@ -86,15 +85,15 @@ class GGUFCheckpoint:
             found = expert_source(hf_name)[0]  # an expert's rows of the stacked tensor
         return self.tensors[found][:2] if found in self.tensors else None
 
-    def tensor(
-        self, name: str, fd: int, blocks: bool = False, mapped: mmap.mmap | None = None
-    ) -> torch.Tensor | BlockWeight:
+    def tensor(self, name: str, files: OpenShards, blocks: bool = False) -> torch.Tensor | BlockWeight:
         """One tensor in row-major (Hugging Face) shape: with ``blocks``, a 2-D tensor of a
-        kept type as its bytes (``BlockWeight``: a view of ``mapped`` when given; stacked
-        experts [E, out, in] as the 2-D [E * out, in]);
+        kept type as its bytes (``BlockWeight``: a view of the shard's mapping when
+        ``files`` maps them; stacked experts [E, out, in] as the 2-D [E * out, in]);
         otherwise float32 (float16 and bfloat16 stay as they are, for the copy into the
         model to convert). Read with ``os.preadv`` into a buffer of its own."""
-        qtype, shape, offset, n_bytes = self.tensors[name]
+        entry = self.tensors[name]
+        qtype, shape, offset, n_bytes = entry[:4]
+        fd, mapped = files.fd(entry), files.mapping(entry)
         keep = blocks and qtype in KEPT and len(shape) in (2, 3)
         rows = shape[0] * shape[1] if len(shape) == 3 else shape[0]  # stacked experts: [E * out, in]
         if keep and mapped is not None:
@@ -116,11 +115,11 @@ class GGUFCheckpoint:
 
     def small_tensor(self, name: str) -> torch.Tensor:
         """A small tensor the config is derived from (Gemma 4's ``rope_freqs``), in float."""
-        fd = os.open(self.path, os.O_RDONLY)
+        files = OpenShards(self.shards)
         try:
-            return self.tensor(name, fd).float()
+            return self.tensor(name, files).float()
         finally:
-            os.close(fd)
+            files.close()
 
     def name_map(self) -> Any:
         """The ``gguf`` package's map from Hugging Face names to this file's."""
@@ -135,10 +134,7 @@ class GGUFCheckpoint:
         names = self.name_map()
         arch = ARCHITECTURES[self.arch]
         kept: dict[str, torch.Tensor] = {}
-        fd = os.open(self.path, os.O_RDONLY)
-        # copy-on-write: writable for torch.frombuffer, never written; the mapping lives
-        # as long as the tensors that view it (closing the descriptor leaves it valid)
-        mapped = mmap.mmap(fd, 0, access=mmap.ACCESS_COPY) if self.mmap and keep else None
+        files = OpenShards(self.shards, mapped=self.mmap and bool(keep))
         blocks = False  # whether the HF name being read is one kept in blocks
 
         def read(name: str) -> torch.Tensor | BlockWeight:
@@ -146,7 +142,7 @@ class GGUFCheckpoint:
                 return kept[name]
             if name not in self.tensors:
                 raise CheckpointError(f"{self.path}: no tensor '{name}'")
-            tensor = self.tensor(name, fd, blocks, mapped)
+            tensor = self.tensor(name, files, blocks)
             if len(self.tensors[name][1]) == 3:  # [experts, out, in]: one HF tensor per expert
                 if kept and next(iter(kept)).split(".")[1] != name.split(".")[1]:
                     kept.clear()  # a new layer
@@ -164,7 +160,7 @@ class GGUFCheckpoint:
                     tensor = read(found)
                 yield self.path.name, hf_name, tensor
         finally:
-            os.close(fd)
+            files.close()
 
 
 def _model_arch(name: str) -> gguf.MODEL_ARCH:

@@ -175,7 +175,7 @@ class EncoderFile:
         as the file's bytes."""
         return frozenset(
             target
-            for name, (qtype, shape, _, _) in self.tensors.items()
+            for name, (qtype, shape, *_) in self.tensors.items()
             if qtype in KEPT and len(shape) == 2 and (target := hf_name(name, self.arch)) is not None
         )
 
@@ -187,7 +187,7 @@ class EncoderFile:
         mapped = mmap.mmap(fd, 0, access=mmap.ACCESS_COPY) if blocks else None  # never written
         kept = self.block_names() if blocks else frozenset()
         try:
-            for name, (qtype, shape, offset, n_bytes) in self.tensors.items():
+            for name, (qtype, shape, offset, n_bytes, _) in self.tensors.items():
                 target = hf_name(name, self.arch)
                 if target is None:
                     continue
@@ -206,7 +206,7 @@ class EncoderFile:
 
     def _read(self, name: str, fd: int | None = None) -> torch.Tensor:
         """The tensor ``name`` dequantized to float32, in its shape."""
-        qtype, shape, offset, n_bytes = self.tensors[name]
+        qtype, shape, offset, n_bytes = self.tensors[name][:4]
         own = fd is None
         fd = os.open(self.path, os.O_RDONLY) if own else fd
         try:

@@ -36,6 +36,7 @@ class TensorEntry(NamedTuple):
     shape: tuple[int, ...]  # row-major (outermost first)
     offset: int  # from the start of the file
     n_bytes: int
+    shard: int = 0  # which file of a split model (engine/loading/gguf/shards.py)
 
 
 class GGUFHeader(NamedTuple):

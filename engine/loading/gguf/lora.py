@@ -13,7 +13,6 @@ Read into the pairs a PEFT folder gives (engine/loading/lora_adapter.py):
 
 from __future__ import annotations
 
-import os
 import re
 from pathlib import Path
 from typing import Any
@@ -23,6 +22,7 @@ import torch
 from engine.errors import CheckpointError
 from engine.loading.gguf.archs import ARCHITECTURES
 from engine.loading.gguf.checkpoint import GGUFCheckpoint
+from engine.loading.gguf.shards import OpenShards
 from engine.loading.lora_adapter import LoRAAdapter
 from engine.models.config import ModelConfig
 
@@ -71,15 +71,15 @@ def load_gguf_lora(path: Path, base: ModelConfig, dtype: torch.dtype = torch.flo
         raise CheckpointError(f"{path}: activated LoRA (aLoRA) adapters are not served")
     alpha = float(ck.get("adapter.lora.alpha") or 0.0)
     halves: dict[tuple[int, str], dict[str, torch.Tensor]] = {}
-    fd = os.open(path, os.O_RDONLY)
+    files = OpenShards(ck.shards)
     try:
         for name in ck.tensors:
             m = _NAME.match(name)
             if m is None or m[2] not in MODULES:
                 raise CheckpointError(f"{path}: tensor {name!r} adapts no attention or MLP projection")
-            halves.setdefault((int(m[1]), m[2]), {})[m[3]] = ck.tensor(name, fd).float()
+            halves.setdefault((int(m[1]), m[2]), {})[m[3]] = ck.tensor(name, files).float()
     finally:
-        os.close(fd)
+        files.close()
     heads = _BaseHeads(ck.arch, base, ck.tensors)
     hook = ARCHITECTURES[ck.arch].tensor
     adapter = LoRAAdapter(

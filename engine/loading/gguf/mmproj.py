@@ -14,7 +14,6 @@ taps: a file with them is refused.
 from __future__ import annotations
 
 import dataclasses
-import os
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,6 +23,7 @@ import torch
 from engine.errors import CheckpointError
 from engine.loading.gguf.checkpoint import GGUFCheckpoint
 from engine.loading.gguf.header import read_header
+from engine.loading.gguf.shards import OpenShards
 from engine.models.config import MediaConfig
 
 QWEN = "qwen2.5vl_merger"
@@ -87,6 +87,7 @@ class MmprojFile(GGUFCheckpoint):
 
     def __init__(self, path: Path):
         self.path, self.mmap = Path(path), False
+        self.shards = [self.path]
         try:
             header = read_header(self.path)
         except (ValueError, OSError) as exc:
@@ -185,16 +186,17 @@ class MmprojFile(GGUFCheckpoint):
     def kind(self) -> str:
         return self.get("clip.projector_type")
 
-    def _qwen_tensor(self, ours: str, fd: int) -> torch.Tensor | None:
+    def _qwen_tensor(self, ours: str, files: OpenShards) -> torch.Tensor | None:
         """Qwen's fused q/k/v (the file keeps three) and 3-D patch embedding (two 2-D
         halves, one per frame in time); None for any other tensor."""
         m = re.fullmatch(r"visual\.blocks\.(\d+)\.attn\.qkv\.(weight|bias)", ours)
         if m is not None and f"v.blk.{m.group(1)}.attn_qkv.{m.group(2)}" in self.tensors:  # Qwen3.5's: kept fused
-            return self.tensor(f"v.blk.{m.group(1)}.attn_qkv.{m.group(2)}", fd)
+            return self.tensor(f"v.blk.{m.group(1)}.attn_qkv.{m.group(2)}", files)
         if m is not None:
-            return torch.cat([self.tensor(f"v.blk.{m.group(1)}.attn_{x}.{m.group(2)}", fd) for x in "qkv"])
+            return torch.cat([self.tensor(f"v.blk.{m.group(1)}.attn_{x}.{m.group(2)}", files) for x in "qkv"])
         if ours == "visual.patch_embed.proj.weight":
-            return torch.stack([self.tensor("v.patch_embd.weight", fd), self.tensor("v.patch_embd.weight.1", fd)], 2)
+            halves = [self.tensor(name, files) for name in ("v.patch_embd.weight", "v.patch_embd.weight.1")]
+            return torch.stack(halves, 2)
         return None
 
     def iter_weights(self, names: list[str], shapes: dict[str, torch.Size]) -> Iterator[tuple[str, str, torch.Tensor]]:
@@ -202,15 +204,15 @@ class MmprojFile(GGUFCheckpoint):
         (``shapes``; the projection matrix may be stored the other way round). The
         projector's Gemma RMSNorm weight is stored with the 1 its norm adds (the
         converter's): taken off again."""
-        fd = os.open(self.path, os.O_RDONLY)
+        files = OpenShards(self.shards)
         try:
             for ours in names:
-                tensor = self._qwen_tensor(ours, fd) if self.kind in (QWEN, QWEN3) else None
+                tensor = self._qwen_tensor(ours, files) if self.kind in (QWEN, QWEN3) else None
                 if tensor is None:
                     found = file_name(ours, self.kind)
                     if found not in self.tensors:
                         raise CheckpointError(f"{self.path}: no tensor '{found}' (for '{ours}')")
-                    tensor = self.tensor(found, fd)
+                    tensor = self.tensor(found, files)
                 if ours.endswith("mm_soft_emb_norm.weight"):
                     tensor = tensor.float() - 1.0
                 want = shapes[ours]
@@ -218,4 +220,4 @@ class MmprojFile(GGUFCheckpoint):
                     tensor = tensor.T
                 yield self.path.name, ours, tensor.reshape(want) if tensor.numel() == want.numel() else tensor
         finally:
-            os.close(fd)
+            files.close()
