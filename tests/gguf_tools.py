@@ -3,9 +3,10 @@ llama-cpp-python source package (PyPI) vendors: downloaded once into a cache fol
 ($SLOTSERVE_CACHE, default ~/.cache/slotserve), then run with this interpreter.
 
 The converter identifies a BPE pre-tokenizer by hashing the tokens of a fixed text and
-refuses tokenizers it has no hash for, as the demo model's is: ``convert`` then names
-it ``gpt-2`` (the demo tokenizer is byte-level BPE with GPT-2's split). Nothing else of
-the converter is touched.
+refuses tokenizers it has no hash for, as every tiny vocabulary is: ``convert`` names
+the family's pre-tokenizer when told it (``pre=``: a vocabulary trained with that
+family's split, tests/family_tokenizers.py), else ``gpt-2`` (the demo tokenizer is
+byte-level BPE with GPT-2's split). Nothing else of the converter is touched.
 """
 
 from __future__ import annotations
@@ -30,20 +31,24 @@ tree, runs = sys.argv[1], json.loads(sys.argv[2])
 sys.path[:0] = [tree, tree + "/gguf-py"]
 import conversion.base as base
 known = base.TextModel.get_vocab_base_pre
+forced = None
 def get_vocab_base_pre(self, tokenizer):
+    if forced:
+        return forced
     try:
         return known(self, tokenizer)
     except NotImplementedError:
         return "gpt-2"
 base.TextModel.get_vocab_base_pre = get_vocab_base_pre
-for script, args in runs:  # one interpreter for several conversions: the imports are paid once
+for script, args, forced in runs:  # one interpreter for several conversions: the imports are paid once
     sys.argv = [tree + "/" + script, *args]
     runpy.run_path(sys.argv[0], run_name="__main__")
 """
 
 
-def _run_converters(groups: list[list[tuple[str, list[str]]]]) -> None:
-    """Each group of (script, args) runs in one interpreter, the groups side by side."""
+def _run_converters(groups: list[list[tuple[str, list[str], str | None]]]) -> None:
+    """Each group of (script, args, pre-tokenizer name or None) runs in one interpreter,
+    the groups side by side."""
     tree = converter_tree()
     running = []
     for runs in groups:
@@ -152,20 +157,23 @@ def download_sdist(folder: Path = CACHE) -> Path:
     return archives[-1]
 
 
-def convert(folder: Path, out: Path, outtype: str = "f32", flags: tuple[str, ...] = ()) -> Path:
+def convert(folder: Path, out: Path, outtype: str = "f32", flags: tuple[str, ...] = (), pre: str | None = None) -> Path:
     """``folder`` (a Hugging Face checkpoint) as a GGUF at ``out``, written by llama.cpp's
     converter (``flags``: more of its options, e.g. ``--no-mtp`` for a Qwen3.5 without
-    multi-token-prediction layers)."""
-    return convert_many([(folder, out, outtype)], flags=flags)[0]
+    multi-token-prediction layers; ``pre``: the pre-tokenizer name its family's files carry)."""
+    return convert_many([(folder, out, outtype)], flags=flags, pre=pre)[0]
 
 
-def convert_many(jobs: list[tuple], processes: int = 2, flags: tuple[str, ...] = ()) -> list[Path]:
+def convert_many(
+    jobs: list[tuple], processes: int = 2, flags: tuple[str, ...] = (), pre: str | None = None
+) -> list[Path]:
     """Several conversions, in ``processes`` interpreters side by side: (source, out,
-    type) triples, or (source, out, type, the job's own flags beside ``flags``)."""
+    type) triples, or (source, out, type, the job's own flags beside ``flags``), or
+    (..., its own flags, its pre-tokenizer name beside ``pre``)."""
     runs = []
     for src, out, outtype, *own in jobs:
         args = ["--outfile", str(out), "--outtype", outtype, *flags, *(own[0] if own else ()), str(src)]
-        runs.append(("convert_hf_to_gguf.py", args))
+        runs.append(("convert_hf_to_gguf.py", args, own[1] if len(own) > 1 else pre))
     _run_converters([runs[i::processes] for i in range(processes) if runs[i::processes]])
     return [job[1] for job in jobs]
 
@@ -174,9 +182,9 @@ def convert_with_lora(base: Path, adapter: Path, base_out: Path, lora_out: Path)
     """``base`` (a Hugging Face checkpoint) and ``adapter`` (a PEFT folder trained on it)
     as GGUFs, float32, by llama.cpp's convert_hf_to_gguf.py and convert_lora_to_gguf.py,
     in one interpreter."""
-    hf = ("convert_hf_to_gguf.py", ["--outfile", str(base_out), "--outtype", "f32", str(base)])
+    hf = ("convert_hf_to_gguf.py", ["--outfile", str(base_out), "--outtype", "f32", str(base)], None)
     lora_args = ["--base", str(base), "--outfile", str(lora_out), "--outtype", "f32", str(adapter)]
-    lora = ("convert_lora_to_gguf.py", lora_args)
+    lora = ("convert_lora_to_gguf.py", lora_args, None)
     _run_converters([[hf, lora]])
     return base_out, lora_out
 

@@ -425,6 +425,32 @@ def test_a_sentencepiece_style_gguf_tokenizer_gives_the_hf_tokenizers_ids(conver
     assert b"".join(pieces) == leading + b"x hello"  # U+2581 is a space (what grammars match against)
 
 
+def test_a_gpt_oss_file_reads_yarn_as_llama_cpp_does(converted, tmp_path):
+    """The converter drops gpt-oss's ``truncate: false``; llama.cpp then floors and ceils
+    YaRN's correction range (ggml_rope_yarn_corr_dims): the file's logits are
+    transformers' with ``truncate: true`` on the same weights, not the folder's."""
+    from transformers import AutoModelForCausalLM
+
+    ckpt, path = converted["gpt_oss"]
+    assert json.loads((ckpt / "config.json").read_text())["rope_parameters"]["truncate"] is False
+    engine = Engine.from_pretrained(str(path), n_seq_max=1)
+    prompt = ARCH_PROMPTS[0] * 3  # 27 positions
+    engine.add_sequence(prompt, SamplingParams(temperature=0.0, max_tokens=1), seq_id=0)
+    ours = next(ev.logits for ev in engine.step(keep_logits=True) if ev.logits is not None)
+    as_file = tmp_path / "truncated"
+    shutil.copytree(ckpt, as_file)
+    cfg = json.loads((as_file / "config.json").read_text())
+    cfg["rope_parameters"]["truncate"] = True  # the oracle reads YaRN as the file describes it
+    (as_file / "config.json").write_text(json.dumps(cfg))
+    want = {}
+    for name, folder in (("file", as_file), ("folder", ckpt)):
+        model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+        with torch.no_grad():
+            want[name] = model(torch.tensor([prompt])).logits[0, -1]
+    assert (ours - want["file"]).abs().max() < 1e-4
+    assert (ours - want["folder"]).abs().max() > 1e-3
+
+
 def test_a_split_gguf_loads_from_any_shard_as_the_whole_file(converted, folder, tmp_path):
     """gguf-split's shards (NAME-0000K-of-0000N.gguf, split.* keys; here written by the
     pinned converter's --split-max-tensors) are one model, as llama-server reads them:

@@ -86,8 +86,8 @@ def convert_pair(text: Path, vision: Path, root: Path, flags: tuple[str, ...] = 
 
     model, mmproj = root / "model.gguf", root / "mmproj.gguf"
     _run_converters([[
-        ("convert_hf_to_gguf.py", ["--outfile", str(model), "--outtype", "f32", *flags, str(text)]),
-        ("convert_hf_to_gguf.py", ["--outfile", str(mmproj), "--outtype", "f32", "--mmproj", str(vision)]),
+        ("convert_hf_to_gguf.py", ["--outfile", str(model), "--outtype", "f32", *flags, str(text)], None),
+        ("convert_hf_to_gguf.py", ["--outfile", str(mmproj), "--outtype", "f32", "--mmproj", str(vision)], None),
     ]])  # fmt: skip
     return model, mmproj
 

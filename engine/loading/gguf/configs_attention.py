@@ -241,10 +241,11 @@ def glm4_moe_config(ck: GGUFMetadata) -> dict:
 
 
 def gpt_oss_config(ck: GGUFMetadata) -> dict:
-    """gpt-oss: YaRN as written (its ramp not truncated, transformers' reading of the
-    release), the experts' sizes, every other layer sliding from the first (llama.cpp's
-    rule: the file names the window, not the layers) and the clamped SwiGLU's constants
-    llama.cpp fixes (alpha 1.702, limit 7)."""
+    """gpt-oss: YaRN as llama.cpp reads the file (the converter drops the folder's
+    ``truncate: false``; ggml_rope_yarn_corr_dims floors and ceils the correction range,
+    which is transformers' ``truncate: true``), the experts' sizes, every other layer
+    sliding from the first (llama.cpp's rule: the file names the window, not the layers)
+    and the clamped SwiGLU's constants llama.cpp fixes (alpha 1.702, limit 7)."""
     a = ck.arch
     cfg = base_config(ck, "gpt_oss")
     n = cfg["num_hidden_layers"]
@@ -255,7 +256,7 @@ def gpt_oss_config(ck: GGUFMetadata) -> dict:
         "original_max_position_embeddings": ck.get(f"{a}.rope.scaling.original_context_length"),
         "beta_fast": ck.get(f"{a}.rope.scaling.yarn_beta_fast", 32.0),
         "beta_slow": ck.get(f"{a}.rope.scaling.yarn_beta_slow", 1.0),
-        "truncate": False,
+        "truncate": True,
     }
     cfg.update(
         num_local_experts=ck.get(f"{a}.expert_count"),
