@@ -39,6 +39,7 @@ from engine.models.embedding_gemma2 import EmbeddingGemma2Encoder
 from engine.models.encoder_base import EncoderModel
 from engine.models.modernbert import ModernBertEncoder
 from engine.models.nomic_bert import NomicBertEncoder
+from engine.text.tokenizer_classes import folder_tokenizer
 
 ARCHITECTURES = {**BERTS, "NomicBertModel": "nomic", "ModernBertModel": "modernbert"}  # architecture -> kind
 ARCHITECTURES["Gemma3TextModel"] = "embedding-gemma"  # with use_bidirectional_attention (else a decoder)
@@ -110,13 +111,19 @@ def _max_seq_length(folder: Path) -> int | None:
     return None
 
 
-def _special_names(folder: Path) -> tuple[str | None, str | None]:
-    """(first, last) special token of ``tokenizer_config.json``: ``bos_token`` else
-    ``cls_token``, ``eos_token`` else ``sep_token`` (None where it names none)."""
+def _tokenizer_config(folder: Path) -> dict:
+    """``tokenizer_config.json`` ({} where there is none or it does not parse as an object)."""
     try:
         cfg = json.loads((folder / "tokenizer_config.json").read_text())
     except (OSError, ValueError):
-        return None, None
+        return {}
+    return cfg if isinstance(cfg, dict) else {}
+
+
+def _special_names(folder: Path) -> tuple[str | None, str | None]:
+    """(first, last) special token of ``tokenizer_config.json``: ``bos_token`` else
+    ``cls_token``, ``eos_token`` else ``sep_token`` (None where it names none)."""
+    cfg = _tokenizer_config(folder)
 
     def name(*keys: str) -> str | None:
         for key in keys:
@@ -196,7 +203,7 @@ class EncoderEngine:
             served = ", ".join([*ARCHITECTURES, *CLASSIFIERS])
             raise CheckpointError(f"{folder / 'config.json'}: not an encoder slotserve serves ({served})")
         model = _loaded(raw, arch, iter_tensors(weight_files(folder)))
-        tokenizer = HFTokenizer.from_file(str(folder / "tokenizer.json"))
+        tokenizer = folder_tokenizer(folder, _tokenizer_config(folder))
         limit = min(model.max_positions, _max_seq_length(folder) or model.max_positions)
         modules = _st_modules(folder)
         dense = folder_dense(folder, modules)

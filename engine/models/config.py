@@ -269,9 +269,7 @@ def parse_model_config(raw: dict, path: Path) -> ModelConfig:
         model_type=str(raw.get("model_type", "")),
         vocab_size=int(_require(raw, "vocab_size", path)),
         hidden_size=hidden,
-        intermediate_size=_ffn(raw.get("intermediate_size") or int(raw.get("expand", 2) * hidden))
-        if recurrent
-        else _ffn(_require(raw, "intermediate_size", path)),
+        intermediate_size=_ffn_size(raw, path, recurrent, hidden),
         n_layers=n_layers,
         n_heads=n_heads,
         n_kv_heads=int(raw.get("num_key_value_heads") or n_heads),
@@ -290,6 +288,17 @@ def parse_model_config(raw: dict, path: Path) -> ModelConfig:
         rope_local=_rope_local(raw, path),
         raw=raw,
     )
+
+
+def _ffn_size(raw: dict, path: Path, recurrent: bool, hidden: int) -> int:
+    """The dense MLP's width: ``intermediate_size``; a Mamba's ``expand`` x hidden; an
+    expert's width where every layer's MLP is experts and the config writes no dense size
+    (transformers' Qwen3_5MoeTextConfig)."""
+    if recurrent:
+        return _ffn(raw.get("intermediate_size") or int(raw.get("expand", 2) * hidden))
+    if raw.get("intermediate_size") is None and raw.get("moe_intermediate_size") is not None:
+        return _ffn(raw["moe_intermediate_size"])
+    return _ffn(_require(raw, "intermediate_size", path))
 
 
 def load_model_config(folder: Path) -> ModelConfig:

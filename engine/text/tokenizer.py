@@ -17,6 +17,7 @@ from engine.text.breakers import overlapping_sequences
 from engine.text.chat_template import ChatTemplate
 from engine.text.fim import find_fim_tokens
 from engine.text.llama_formats import FormattedTemplate
+from engine.text.tokenizer_classes import folder_tokenizer
 
 
 def _read_json(path: Path, required: bool) -> dict[str, Any]:
@@ -102,16 +103,12 @@ class Tokenizer:
 
     @classmethod
     def from_folder(cls, folder: Path, config_eos: tuple[int, ...] = ()) -> Tokenizer:
-        """A Hugging Face folder's tokenizer.json, with tokenizer_config.json's special
-        tokens and template and generation_config.json's EOS ids. Raises CheckpointError."""
-        path = folder / "tokenizer.json"
-        if not path.is_file():
-            raise CheckpointError(f"{path}: file not found")
-        try:
-            hf = HFTokenizer.from_file(str(path))
-        except Exception as exc:  # tokenizers raises plain Exception subclasses
-            raise CheckpointError(f"{path}: cannot parse tokenizer: {exc}") from exc
+        """A Hugging Face folder's tokenizer.json through the pipeline of the class its
+        tokenizer_config.json names, as transformers 5 builds it (tokenizer_classes.py),
+        with tokenizer_config.json's special tokens and template and
+        generation_config.json's EOS ids. Raises CheckpointError."""
         tok_cfg = _read_json(folder / "tokenizer_config.json", required=False)
+        hf = folder_tokenizer(folder, tok_cfg)
         gen_cfg = _read_json(folder / "generation_config.json", required=False)
         eos = set(config_eos)
         gen_eos = gen_cfg.get("eos_token_id")
