@@ -198,11 +198,11 @@ def make_modernbert_embedder(folder: Path, seed: int = 0, tokenizer: str = "word
     return folder
 
 
-def write_gemma_spm(folder: Path) -> int:
+def write_gemma_spm(folder: Path, symbols: tuple[str, ...] = ()) -> int:
     """Gemma's tokenizer as published: a SentencePiece BPE (byte fallback, no space in
-    front, digits split; <pad> <eos> <bos> <unk> first) as ``tokenizer.model``, and the
-    tokenizer.json transformers converts it to, adding <bos> and <eos> as EmbeddingGemma's
-    does. Returns the vocabulary size."""
+    front, digits split; <pad> <eos> <bos> <unk> first, then ``symbols``: the chat
+    markers) as ``tokenizer.model``, and the tokenizer.json transformers converts it to,
+    adding <bos> and <eos> as EmbeddingGemma's does. Returns the vocabulary size."""
     import io
 
     import sentencepiece as spm
@@ -215,6 +215,7 @@ def write_gemma_spm(folder: Path) -> int:
         byte_fallback=True, normalization_rule_name="identity", remove_extra_whitespaces=False, split_digits=True,
         allow_whitespace_only_pieces=True, add_dummy_prefix=False, pad_id=0, eos_id=1, bos_id=2, unk_id=3,
         pad_piece="<pad>", eos_piece="<eos>", bos_piece="<bos>", unk_piece="<unk>", minloglevel=2, num_threads=1,
+        user_defined_symbols=list(symbols),
     )  # fmt: skip
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "tokenizer.model").write_bytes(model.getvalue())

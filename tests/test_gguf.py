@@ -407,14 +407,15 @@ def test_mxfp4_experts_stay_in_blocks_and_answer_as_transformers_on_their_values
 
 @pytest.mark.parametrize("name,kind,leading", [("llama-spm", "llama", b" "), ("gemma4", "gemma4", b"")])
 def test_a_sentencepiece_style_gguf_tokenizer_gives_the_hf_tokenizers_ids(converted, name, kind, leading):
-    """SentencePiece (scores, a space put in front) and Gemma 4's BPE (the file's merges
-    over raw UTF-8 with byte fallback, no space in front)."""
+    """SentencePiece (scores, a space put in front of the text and of the text after each
+    special token: llama.cpp's rule, transformers' ``legacy`` Llama tokenizer) and Gemma
+    4's BPE (the file's merges over raw UTF-8 with byte fallback, no space in front)."""
     from transformers import AutoTokenizer
 
     ckpt, path = converted[name]
     assert GGUFCheckpoint(path).get("tokenizer.ggml.model") == kind
     ours = Engine.from_pretrained(str(path), n_seq_max=1).tokenizer
-    hf = AutoTokenizer.from_pretrained(ckpt)
+    hf = AutoTokenizer.from_pretrained(ckpt, **({"legacy": True} if kind == "llama" else {}))
     texts = _strings(200)
     assert [ours.encode(t, add_special=False) for t in texts] == [hf.encode(t, add_special_tokens=False) for t in texts]
     assert [ours.encode(t) for t in texts[:20]] == [hf.encode(t) for t in texts[:20]]  # add_bos from the file

@@ -62,16 +62,45 @@ def build_tokenizer(fields: dict[str, Any], where: str) -> HFTokenizer:
         raise CheckpointError(f"{where}: cannot rebuild the tokenizer from GGUF metadata: {exc}") from exc
 
 
-def _added(tokens: list[str], types: list[int], kinds: tuple[int, ...]) -> list[dict]:
+def _added(
+    tokens: list[str], types: list[int], kinds: tuple[int, ...], strips: dict[int, str] | None = None
+) -> list[dict]:
     """Tokens matched whole before the model runs: special unless user-defined. Unused
     tokens (Gemma's ``<unusedN>``) are special too, as in the checkpoints' tokenizer.json:
-    a model that emits one prints nothing, as llama-server prints nothing for it."""
+    a model that emits one prints nothing, as llama-server prints nothing for it.
+    ``strips``: id -> "lstrip" / "rstrip", the whitespace a token swallows (``strip_rules``)."""
+    strips = strips or {}
     return [
-        {"id": i, "content": t, "single_word": False, "lstrip": False, "rstrip": False, "normalized": False,
-         "special": types[i] != USER_DEFINED}
+        {"id": i, "content": t, "single_word": False, "lstrip": strips.get(i) == "lstrip",
+         "rstrip": strips.get(i) == "rstrip", "normalized": False, "special": types[i] != USER_DEFINED}
         for i, t in enumerate(tokens)
         if types[i] in kinds
     ]  # fmt: skip
+
+
+def strip_rules(fields: dict[str, Any], tokens: list[str], types: list[int]) -> dict[int, str]:
+    """The whitespace llama.cpp lets some special tokens swallow, by the file's name (the
+    GGUF carries no per-token attribute; llama-vocab.cpp sets them by name): Phi-3's
+    special tokens take the whitespace after them (but ``<unk>``, ``<s>``,
+    ``<|endoftext|>``), the ``<mask>`` of jina-v2 and ``[MASK]`` of ModernBERT the
+    whitespace before."""
+    name = str(fields.get("general.name") or "").lower()
+    pre = str(fields.get("tokenizer.ggml.pre") or "")
+    arch = str(fields.get("general.architecture") or "")
+    ids = {t: i for i, t in enumerate(tokens)}
+    if any(k in pre for k in ("jina-v2-de", "jina-v2-es", "jina-v2-code")) or arch in (
+        "nomic-bert-moe",
+        "jina-bert-v3",
+    ):
+        return {ids["<mask>"]: "lstrip"} if "<mask>" in ids else {}
+    if "phi-3" in name or "phi3" in name:
+        special = (CONTROL, USER_DEFINED, UNKNOWN)
+        rules = {i: "rstrip" for i, kind in enumerate(types) if kind in special}
+        rules |= {ids["</s>"]: "rstrip"} if "</s>" in ids else {}
+        return {i: r for i, r in rules.items() if tokens[i] not in ("<unk>", "<s>", "<|endoftext|>")}
+    if "modern-bert" in name:
+        return {ids["[MASK]"]: "lstrip"} if "[MASK]" in ids else {}
+    return {}
 
 
 def _spec(added: list[dict], pre_tokenizer: dict | None, decoder: dict, model: dict, normalizer=None) -> dict:
@@ -105,13 +134,13 @@ def _merges_spec(fields: dict[str, Any], tokens: list[str], types: list[int], sp
     }
     if bytes_:
         decoder = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True}
-        added = _added(tokens, types, (CONTROL, USER_DEFINED, UNUSED))
+        added = _added(tokens, types, (CONTROL, USER_DEFINED, UNUSED), strip_rules(fields, tokens, types))
     else:
         steps = [{"type": "ByteFallback"}, {"type": "Fuse"}]
         if split.alphabet == "escaped":
             steps.insert(0, {"type": "Replace", "pattern": {"String": "\u2581"}, "content": " "})
         decoder = {"type": "Sequence", "decoders": steps}
-        added = _added(tokens, types, (UNKNOWN, CONTROL, USER_DEFINED, UNUSED))
+        added = _added(tokens, types, (UNKNOWN, CONTROL, USER_DEFINED, UNUSED), strip_rules(fields, tokens, types))
     return _spec(added, split.pre_tokenizer(), decoder, model, split.normalizer())
 
 
@@ -131,9 +160,10 @@ def _sentencepiece_spec(fields: dict[str, Any], tokens: list[str], types: list[i
             if left in vocab and right in vocab:
                 merges.append(((-scores[i], i, vocab[left], vocab[right]), left, right))
     merges.sort()
-    # "first": one space in front of the text, none after each special token (transformers'
-    # non-legacy Llama tokenizer; llama.cpp puts one after special tokens too)
-    metaspace = {"type": "Metaspace", "replacement": "\u2581", "prepend_scheme": "first" if prefix else "never",
+    # "always": a space in front of the text and of every piece of text after a special
+    # token, as llama.cpp's SentencePiece tokenizer puts one (and transformers' legacy
+    # Llama conversion, which SentencePiece folders' tokenizer.json files carry)
+    metaspace = {"type": "Metaspace", "replacement": "\u2581", "prepend_scheme": "always" if prefix else "never",
                  "split": False}  # fmt: skip
     steps = [
         {"type": "Replace", "pattern": {"String": "\u2581"}, "content": " "},
@@ -151,7 +181,7 @@ def _sentencepiece_spec(fields: dict[str, Any], tokens: list[str], types: list[i
         "vocab": vocab,
         "merges": [[left, right] for _, left, right in merges],
     }
-    added = _added(tokens, types, (UNKNOWN, CONTROL, USER_DEFINED, UNUSED))
+    added = _added(tokens, types, (UNKNOWN, CONTROL, USER_DEFINED, UNUSED), strip_rules(fields, tokens, types))
     return _spec(added, metaspace, {"type": "Sequence", "decoders": steps}, model)
 
 
