@@ -249,6 +249,7 @@ def write_byte_tokenizer(folder: Path, eos: str | None = None, specials: tuple[s
     tok.add_special_tokens(["<eos>", *specials])
     tok.save(str(folder / "tokenizer.json"))
     cfg = {
+        "tokenizer_class": "PreTrainedTokenizerFast",  # tokenizer.json as written, whatever the model type
         "eos_token": eos,
         "chat_template": "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}",
     }
@@ -441,7 +442,8 @@ def write_vision_tokenizer(folder: Path) -> tuple[int, int, int, int]:
     tok = Tokenizer.from_file(str(folder / "tokenizer.json"))
     tok.add_special_tokens(["<start_of_image>", "<image_soft_token>", "<end_of_image>", "<pad1>", "<pad2>"])
     tok.save(str(folder / "tokenizer.json"))
-    (folder / "tokenizer_config.json").write_text(json.dumps({"chat_template": VISION_TEMPLATE}))
+    cfg = {"tokenizer_class": "PreTrainedTokenizerFast", "chat_template": VISION_TEMPLATE}  # as written
+    (folder / "tokenizer_config.json").write_text(json.dumps(cfg))
     image, boi, eoi = (tok.token_to_id(t) for t in ("<image_soft_token>", "<start_of_image>", "<end_of_image>"))
     return image, boi, eoi, tok.get_vocab_size()
 

@@ -129,3 +129,28 @@ def pytest_collection_modifyitems(config, items):
     """Order modules longest first (a stable sort: the tests of a module keep their order);
     pyproject's --no-loadscope-reorder makes xdist hand them out in this order."""
     items.sort(key=lambda item: -LONGEST.get(item.path.name, 0))
+
+
+@pytest.fixture(scope="session")
+def family_files(tmp_path_factory):
+    """family -> (folder, GGUF) of tests/family_files.py, built once in a run; the GGUF is
+    converted from the folder as the hub spells its config where transformers 5's
+    spelling is one the pinned converter cannot read (family_files.hub_spelling)."""
+    from family_files import FAMILIES, build, hub_spelling
+    from gguf_tools import convert_many, converter_tree
+    from unavailable import unavailable
+
+    def make(root):
+        try:
+            converter_tree()
+        except RuntimeError as exc:
+            unavailable(f"llama.cpp's converter, the GGUF oracle, cannot be had: {exc}", "SLOTSERVE_SKIP_GGUF")
+        made, jobs = {}, []
+        for name, fam in sorted(FAMILIES.items()):
+            folder = build(root / name, name)
+            made[name] = (folder, root / f"{name}.gguf")
+            jobs.append((hub_spelling(folder, root / f"{name}-hub", name), made[name][1], "f32", fam.flags, fam.pre))
+        convert_many(jobs)
+        return made
+
+    return once_per_run(tmp_path_factory, "family-files", make)

@@ -57,7 +57,7 @@ def _run_converters(groups: list[list[tuple[str, list[str], str | None]]]) -> No
     for runs, proc in running:
         _, err = proc.communicate(timeout=600)
         if proc.returncode != 0:
-            raise RuntimeError(f"{', '.join(sorted({s for s, _ in runs}))} failed: {err[-2000:]}")
+            raise RuntimeError(f"{', '.join(sorted({run[0] for run in runs}))} failed: {err[-2000:]}")
 
 
 MTMD_PHOTO = "tools/mtmd/test-1.jpeg"  # the photo llama.cpp's multimodal tests use

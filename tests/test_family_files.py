@@ -12,7 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 import torch
-from family_files import FAMILIES, build, hub_spelling
+from family_files import FAMILIES
 from server_proc import ServerProcess
 
 from engine import Engine, SamplingParams
@@ -23,29 +23,8 @@ N_NEW = 8
 
 
 @pytest.fixture(scope="module")
-def files(tmp_path_factory) -> dict[str, tuple[Path, Path]]:
-    """family -> (folder, GGUF), built once per run; the GGUF is converted from the folder
-    as the hub spells its config where transformers 5's spelling is one the pinned
-    converter cannot read (family_files.hub_spelling)."""
-    from conftest import once_per_run
-    from gguf_tools import convert_many, converter_tree
-    from unavailable import unavailable
-
-    def make(root: Path) -> dict[str, tuple[Path, Path]]:
-        try:
-            converter_tree()
-        except RuntimeError as exc:
-            unavailable(f"llama.cpp's converter, the GGUF oracle, cannot be had: {exc}", "SLOTSERVE_SKIP_GGUF")
-        made, jobs = {}, []
-        for name in NAMES:
-            folder = build(root / name, name)
-            source = hub_spelling(folder, root / f"{name}-hub", name)
-            made[name] = (folder, root / f"{name}.gguf")
-            jobs.append((source, made[name][1], "f32", FAMILIES[name].flags, FAMILIES[name].pre))
-        convert_many(jobs)
-        return made
-
-    return once_per_run(tmp_path_factory, "family-files", make)
+def files(family_files) -> dict[str, tuple[Path, Path]]:
+    return family_files
 
 
 def prompt_ids(folder: Path) -> list[int]:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import random
 import shutil
 import subprocess
@@ -47,6 +46,7 @@ from unavailable import unavailable
 from engine import DEMO_MODEL, Engine, SamplingParams
 from engine.errors import CheckpointError
 from engine.loading.gguf.checkpoint import GGUFCheckpoint
+from engine.loading.gguf.shards import OpenShards
 
 PROMPTS = ["def fibonacci(n):", "import os\n\n", "class Stack:\n    def push(self, item):"]
 N_NEW = 24
@@ -405,6 +405,21 @@ def test_mxfp4_experts_stay_in_blocks_and_answer_as_transformers_on_their_values
     assert _greedy(path, ARCH_PROMPTS, cache_type_k="f32", cache_type_v="f32") == expect
 
 
+def _sentencepiece_ids(folder: Path, text: str, added: dict[str, int]) -> list[int]:
+    """``text`` through the folder's tokenizer.model: the added tokens matched whole, each
+    piece of text between them encoded by SentencePiece (its space in front of each)."""
+    import re
+
+    import sentencepiece as spm
+
+    sp = spm.SentencePieceProcessor(model_file=str(folder / "tokenizer.model"))
+    pattern = "(" + "|".join(map(re.escape, sorted(added, key=len, reverse=True))) + ")"
+    ids: list[int] = []
+    for i, piece in enumerate(re.split(pattern, text)):
+        ids += [added[piece]] if i % 2 else (sp.encode(piece) if piece else [])
+    return ids
+
+
 @pytest.mark.parametrize("name,kind,leading", [("llama-spm", "llama", b" "), ("gemma4", "gemma4", b"")])
 def test_a_sentencepiece_style_gguf_tokenizer_gives_the_hf_tokenizers_ids(converted, name, kind, leading):
     """SentencePiece (scores, a space put in front of the text and of the text after each
@@ -417,11 +432,18 @@ def test_a_sentencepiece_style_gguf_tokenizer_gives_the_hf_tokenizers_ids(conver
     ours = Engine.from_pretrained(str(path), n_seq_max=1).tokenizer
     hf = AutoTokenizer.from_pretrained(ckpt, **({"legacy": True} if kind == "llama" else {}))
     texts = _strings(200)
-    assert [ours.encode(t, add_special=False) for t in texts] == [hf.encode(t, add_special_tokens=False) for t in texts]
-    assert [ours.encode(t) for t in texts[:20]] == [hf.encode(t) for t in texts[:20]]  # add_bos from the file
-    assert [ours.decode(ours.encode(t)) for t in texts] == [
-        hf.decode(hf.encode(t), skip_special_tokens=True) for t in texts
-    ]
+    want = [hf.encode(t, add_special_tokens=False) for t in texts]
+    if kind == "llama":  # SentencePiece itself on each piece of text between special tokens, as llama.cpp runs it
+        want = [_sentencepiece_ids(ckpt, t, hf.get_added_vocab()) for t in texts]
+    assert [ours.encode(t, add_special=False) for t in texts] == want
+    assert [ours.encode(t) for t in texts[:20]] == [hf.encode("")[:1] + ids for ids in want[:20]]  # the file's add_bos
+    if kind == "llama":  # the text back as it was; after a special token with the space llama.cpp put in front
+        plain = [t for t in texts if "<|" not in t]
+        assert len(plain) > 20 and [ours.decode(ours.encode(t)) for t in plain] == plain
+    else:
+        assert [ours.decode(ours.encode(t)) for t in texts] == [
+            hf.decode(hf.encode(t), skip_special_tokens=True) for t in texts
+        ]
     pieces = [ours.token_bytes(i) for i in ours.encode("x hello", add_special=False)]
     assert b"".join(pieces) == leading + b"x hello"  # U+2581 is a space (what grammars match against)
 
@@ -545,14 +567,14 @@ def test_k_quants_dequantize_to_the_values_packed_by_hand(tmp_path):
     w.write_tensors_to_file()
     w.close()
     ck = GGUFCheckpoint(tmp_path / "k.gguf")
-    fd = os.open(ck.path, os.O_RDONLY)
+    files = OpenShards(ck.shards)
     try:
         for name, values in expected.items():
-            got = ck.tensor(name, fd)
+            got = ck.tensor(name, files)
             assert tuple(got.shape) == values.shape
             torch.testing.assert_close(got.double(), torch.from_numpy(values), rtol=1e-5, atol=1e-5)
     finally:
-        os.close(fd)
+        files.close()
 
 
 SPEC_ARCHS = ["qwen3-f16", "qwen3_5", "qwen3_5_moe", "qwen3_next", "gemma3", "gemma4", "lfm2", "lfm2_moe",

@@ -328,7 +328,7 @@ def test_a_server_reports_its_weights_by_type(demo_f32_gguf, tmp_path):
         assert r.status_code == 200 and r.json()["tokens_predicted"] == 8
         weights = httpx.get(srv.url + "/props").json()["weights"]
         in_file: dict[str, int] = {}
-        for qtype, _, _, n in GGUFCheckpoint(path).tensors.values():
+        for qtype, _, _, n, _ in GGUFCheckpoint(path).tensors.values():
             in_file[qtype.name] = in_file.get(qtype.name, 0) + n
         assert set(weights["types"]) == set(in_file) == {"Q4_K", "Q8_0", "F32"}
         for name in ("Q4_K", "Q8_0"):  # the file's bytes, or the same values repacked (Q4_K: scales in bytes)

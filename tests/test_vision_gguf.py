@@ -138,6 +138,15 @@ def smol_files(tmp_path_factory):
     for name in ("tokenizer.json", "tokenizer_config.json"):
         (folder / name).unlink()
     write_spm_tokenizer(folder, 1000, tuple(SMOLVLM_TOKENS))
+    spec = json.loads((folder / "tokenizer.json").read_text())
+    ids = json.loads((folder / "added_tokens.json").read_text())
+    known = {t["content"] for t in spec["added_tokens"]}
+    spec["added_tokens"] += [  # SmolVLM's image markers are added tokens, as in its published tokenizer.json
+        {"id": ids[t], "content": t, "single_word": False, "lstrip": False, "rstrip": False, "normalized": False,
+         "special": True}
+        for t in SMOLVLM_TOKENS if t not in known
+    ]  # fmt: skip
+    (folder / "tokenizer.json").write_text(json.dumps(spec))
     config = json.loads((folder / "config.json").read_text())
     config["image_token_id"] = json.loads((folder / "added_tokens.json").read_text())["<image>"]  # the new vocabulary's
     (folder / "config.json").write_text(json.dumps(config))

@@ -160,11 +160,14 @@ def _sentencepiece_spec(fields: dict[str, Any], tokens: list[str], types: list[i
             if left in vocab and right in vocab:
                 merges.append(((-scores[i], i, vocab[left], vocab[right]), left, right))
     merges.sort()
-    # "always": a space in front of the text and of every piece of text after a special
-    # token, as llama.cpp's SentencePiece tokenizer puts one (and transformers' legacy
-    # Llama conversion, which SentencePiece folders' tokenizer.json files carry)
-    metaspace = {"type": "Metaspace", "replacement": "\u2581", "prepend_scheme": "always" if prefix else "never",
-                 "split": False}  # fmt: skip
+    # a space in front of the text and of every piece of text after a special token, even
+    # one that starts with a space (llama.cpp's SentencePiece tokenizer; transformers'
+    # legacy Llama tokenizer.json: Prepend and Replace normalizers, applied per piece of
+    # text between special tokens); the text is not split before the merges
+    escape = {"type": "Replace", "pattern": {"String": " "}, "content": "\u2581"}
+    normalizer = (
+        {"type": "Sequence", "normalizers": [{"type": "Prepend", "prepend": "\u2581"}, escape]} if prefix else escape
+    )
     steps = [
         {"type": "Replace", "pattern": {"String": "\u2581"}, "content": " "},
         {"type": "ByteFallback"},
@@ -182,7 +185,7 @@ def _sentencepiece_spec(fields: dict[str, Any], tokens: list[str], types: list[i
         "merges": [[left, right] for _, left, right in merges],
     }
     added = _added(tokens, types, (UNKNOWN, CONTROL, USER_DEFINED, UNUSED), strip_rules(fields, tokens, types))
-    return _spec(added, metaspace, {"type": "Sequence", "decoders": steps}, model)
+    return _spec(added, None, {"type": "Sequence", "decoders": steps}, model, normalizer)
 
 
 def gguf_tokenizer(checkpoint) -> Tokenizer:
