@@ -119,3 +119,17 @@ def test_served_with_a_conversation_cached_and_its_slot_saved_and_restored(files
         again = chat(turn)  # from the restored slot
         assert again["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
         assert again["choices"][0]["message"] == second["choices"][0]["message"]
+
+
+@pytest.mark.parametrize("name", ["granitemoehybrid", "falcon_h1"])
+def test_the_hubs_spelling_of_the_config_answers_as_transformers_5s(files, name):
+    """Granite 4.0's layer kinds as ``mamba`` / ``attention`` and Falcon-H1's ``head_dim``,
+    as the hub's configs spell them (the GGUF's source, family_files.hub_spelling): the
+    same model as the folder transformers 5 saved."""
+    folder, _ = files[name]
+    hub = folder.with_name(f"{name}-hub")
+    assert (hub / "config.json").read_text() != (folder / "config.json").read_text()
+    ids = prompt_ids(folder)
+    want, want_logits = engine_run(folder, ids)
+    got, logits = engine_run(hub, ids)
+    assert got == want and torch.equal(logits, want_logits)
