@@ -92,16 +92,10 @@ def whole_words(tok, vocab: set[str], n: int = 48) -> list[str]:
 
 def train(split: Split) -> dict:
     """A vocabulary trained with ``split``: {"tokens": [...], "merges": [...], "specials": n}."""
-    from tokenizers import Tokenizer, pre_tokenizers, trainers
+    from family_tokenizers import untrained
+    from tokenizers import pre_tokenizers, trainers
 
-    spec = {
-        "version": "1.0", "truncation": None, "padding": None, "added_tokens": [], "normalizer": split.normalizer(),
-        "pre_tokenizer": split.pre_tokenizer(), "post_processor": None, "decoder": None,
-        "model": {"type": "BPE", "vocab": {}, "merges": [], "dropout": None, "unk_token": None,
-                  "continuing_subword_prefix": None, "end_of_word_suffix": None, "fuse_unk": False,
-                  "byte_fallback": False, "ignore_merges": False},
-    }  # fmt: skip
-    tok = Tokenizer.from_str(json.dumps(spec))
+    tok = untrained(split)
     alphabet = pre_tokenizers.ByteLevel.alphabet() if split.alphabet == "bytes" else []
     trainer = trainers.BpeTrainer(
         vocab_size=VOCAB_SIZE, special_tokens=SPECIALS, initial_alphabet=alphabet, show_progress=False

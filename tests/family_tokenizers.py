@@ -18,6 +18,21 @@ TRAINING = [
 ]
 
 
+def untrained(split) -> Tokenizer:  # noqa: F821 (tokenizers' class, imported where used)
+    """An empty byte-pair tokenizer with ``split`` (engine/text/splits.py), for a trainer."""
+    from tokenizers import Tokenizer
+
+    spec = {
+        "version": "1.0", "truncation": None, "padding": None, "added_tokens": [], "normalizer": split.normalizer(),
+        "pre_tokenizer": split.pre_tokenizer(), "post_processor": None,
+        "decoder": {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True},
+        "model": {"type": "BPE", "vocab": {}, "merges": [], "dropout": None, "unk_token": None,
+                  "continuing_subword_prefix": None, "end_of_word_suffix": None, "fuse_unk": False,
+                  "byte_fallback": False, "ignore_merges": split.ignore_merges},
+    }  # fmt: skip
+    return Tokenizer.from_str(json.dumps(spec))
+
+
 def write_family_tokenizer(
     folder: Path,
     pre: str,
@@ -29,20 +44,11 @@ def write_family_tokenizer(
     """tokenizer.json (byte-level BPE, ``vocab_size`` entries with the specials, trained
     with the split llama.cpp calls ``pre``) and tokenizer_config.json naming
     ``tokenizer_class`` (``config``: more of its fields: eos_token, chat_template...)."""
-    from tokenizers import Tokenizer, pre_tokenizers, trainers
+    from tokenizers import pre_tokenizers, trainers
 
     from engine.text.splits import SPLITS
 
-    split = SPLITS[pre]
-    spec = {
-        "version": "1.0", "truncation": None, "padding": None, "added_tokens": [], "normalizer": split.normalizer(),
-        "pre_tokenizer": split.pre_tokenizer(), "post_processor": None,
-        "decoder": {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True},
-        "model": {"type": "BPE", "vocab": {}, "merges": [], "dropout": None, "unk_token": None,
-                  "continuing_subword_prefix": None, "end_of_word_suffix": None, "fuse_unk": False,
-                  "byte_fallback": False, "ignore_merges": split.ignore_merges},
-    }  # fmt: skip
-    tok = Tokenizer.from_str(json.dumps(spec))
+    tok = untrained(SPLITS[pre])
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
         special_tokens=list(specials),

@@ -20,7 +20,6 @@ from engine.text.splits import SPLITS, Split, split_of
 from engine.text.tokenizer import Tokenizer
 
 NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6  # llama.cpp's token types
-PRE_SPLITS = SPLITS  # every pre-tokenizer name the pinned llama.cpp knows
 
 # The vocabulary kinds llama.cpp reads that slotserve does not build for a decoder, and why.
 REFUSED = {
