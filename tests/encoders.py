@@ -148,14 +148,18 @@ def make_nomic_embedder(folder: Path, seed: int = 0) -> Path:
     return folder
 
 
+MODERNBERT_SPECIALS = ("[UNK]", "[CLS]", "[SEP]", "[PAD]", "[MASK]")
+
+
 def write_modernbert_bytes(folder: Path) -> dict[str, int]:
-    """ModernBERT's kind of tokenizer: a byte-level BPE (here without merges) with [CLS]
-    text [SEP] (pairs: [CLS] a [SEP] b [SEP]), as llama.cpp's converter takes it. Returns
-    the special tokens' ids."""
-    from checkpoints import write_byte_tokenizer
+    """ModernBERT's kind of tokenizer as published: a byte-level BPE trained with its own
+    split (llama.cpp's ``modern-bert``), [CLS] text [SEP] (pairs: [CLS] a [SEP] b [SEP]),
+    the generic tokenizer class. Returns the special tokens' ids and, under ``size``, the
+    vocabulary's size."""
+    from family_tokenizers import write_family_tokenizer
 
     folder.mkdir(parents=True, exist_ok=True)
-    write_byte_tokenizer(folder, specials=("[CLS]", "[SEP]", "[PAD]", "[MASK]", "[UNK]"))
+    write_family_tokenizer(folder, "modern-bert", 400, MODERNBERT_SPECIALS)
     tok = json.loads((folder / "tokenizer.json").read_text())
     ids = {t["content"]: t["id"] for t in tok["added_tokens"]}
     a, b = ({"Sequence": {"id": s, "type_id": 0}} for s in "AB")
@@ -163,11 +167,14 @@ def write_modernbert_bytes(folder: Path) -> dict[str, int]:
     specials = {t: {"id": t, "ids": [ids[t]], "tokens": [t]} for t in ("[CLS]", "[SEP]")}
     tok["post_processor"] = {"type": "TemplateProcessing", "single": [cls, a, sep], "pair": [cls, a, sep, b, sep],
                              "special_tokens": specials}  # fmt: skip
+    for added in tok["added_tokens"]:
+        added["special"] = True
+        added["lstrip"] = added["content"] == "[MASK]"  # as ModernBERT's tokenizer.json has it
     (folder / "tokenizer.json").write_text(json.dumps(tok))
     cfg = json.loads((folder / "tokenizer_config.json").read_text())
     cfg.update(cls_token="[CLS]", sep_token="[SEP]", pad_token="[PAD]", mask_token="[MASK]", unk_token="[UNK]")
-    (folder / "tokenizer_config.json").write_text(json.dumps({**cfg, "eos_token": None}))
-    return ids
+    (folder / "tokenizer_config.json").write_text(json.dumps(cfg))
+    return {**ids, "size": len(tok["model"]["vocab"])}
 
 
 def make_modernbert_embedder(folder: Path, seed: int = 0, tokenizer: str = "wordpiece", **overrides) -> Path:
@@ -183,7 +190,7 @@ def make_modernbert_embedder(folder: Path, seed: int = 0, tokenizer: str = "word
     torch.manual_seed(seed)
     if tokenizer == "bytes":
         ids = write_modernbert_bytes(base)
-        vocab, pad, cls, sep = len(ids) + 256, ids["[PAD]"], ids["[CLS]"], ids["[SEP]"]
+        vocab, pad, cls, sep = ids["size"], ids["[PAD]"], ids["[CLS]"], ids["[SEP]"]
     else:
         vocab, pad, cls, sep = write_wordpiece(base), 0, 2, 3
     fields = dict(vocab_size=vocab, hidden_size=64, intermediate_size=96, num_hidden_layers=4, num_attention_heads=4,
@@ -198,11 +205,12 @@ def make_modernbert_embedder(folder: Path, seed: int = 0, tokenizer: str = "word
     return folder
 
 
-def write_gemma_spm(folder: Path, symbols: tuple[str, ...] = ()) -> int:
+def write_gemma_spm(folder: Path, symbols: tuple[str, ...] = (), add_eos: bool = True) -> int:
     """Gemma's tokenizer as published: a SentencePiece BPE (byte fallback, no space in
     front, digits split; <pad> <eos> <bos> <unk> first, then ``symbols``: the chat
     markers) as ``tokenizer.model``, and the tokenizer.json transformers converts it to,
-    adding <bos> and <eos> as EmbeddingGemma's does. Returns the vocabulary size."""
+    adding <bos> and (``add_eos``: as EmbeddingGemma's does; Gemma's chat models do not)
+    <eos>. Returns the vocabulary size."""
     import io
 
     import sentencepiece as spm
@@ -219,7 +227,7 @@ def write_gemma_spm(folder: Path, symbols: tuple[str, ...] = ()) -> int:
     )  # fmt: skip
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "tokenizer.model").write_bytes(model.getvalue())
-    cfg = {"tokenizer_class": "GemmaTokenizer", "add_bos_token": True, "add_eos_token": True, "bos_token": "<bos>",
+    cfg = {"tokenizer_class": "GemmaTokenizer", "add_bos_token": True, "add_eos_token": add_eos, "bos_token": "<bos>",
            "eos_token": "<eos>", "pad_token": "<pad>", "unk_token": "<unk>"}  # fmt: skip
     (folder / "tokenizer_config.json").write_text(json.dumps(cfg))
     tok = AutoTokenizer.from_pretrained(folder)  # converted from the SentencePiece model

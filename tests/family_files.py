@@ -224,17 +224,13 @@ def _mark_special(folder: Path, specials: tuple[str, ...], rstrip: tuple[str, ..
     (folder / "tokenizer_config.json").write_text(json.dumps(cfg))
 
 
-def build(folder: Path, name: str, seed: int = 0) -> Path:
-    """The folder of family ``name``: tokenizer and chat template first, then the model
-    (random weights, every one moved off its init) saved by ``save_pretrained``."""
-    import torch
-    import transformers
-    from checkpoints import jitter, write_gemma4_tokenizer, write_spm_tokenizer
+def write_tokenizer(folder: Path, fam: Family) -> None:
+    """The family's tokenizer (tokenizer.json, tokenizer_config.json naming its class)
+    and its chat template (chat_template.jinja) in ``folder``."""
+    from checkpoints import write_gemma4_tokenizer, write_spm_tokenizer
     from encoders import write_gemma_spm
     from family_tokenizers import write_family_tokenizer
-    from tokenizers import Tokenizer as HFTokenizer
 
-    fam = FAMILIES[name]
     folder.mkdir(parents=True, exist_ok=True)
     cfg = {"bos_token": fam.bos, "eos_token": fam.eos, "add_bos_token": fam.bos is not None}
     if fam.tokenizer == "bpe":
@@ -243,7 +239,7 @@ def build(folder: Path, name: str, seed: int = 0) -> Path:
         own = ("<s>", "</s>", "<unk>", "<|im_start|>", "<|im_end|>")  # the trainer's (tests/checkpoints.py)
         write_spm_tokenizer(folder, VOCAB, symbols=tuple(s for s in fam.specials if s not in own))
     elif fam.tokenizer == "gemma-spm":
-        write_gemma_spm(folder, symbols=fam.specials)
+        write_gemma_spm(folder, symbols=fam.specials, add_eos=False)
     else:
         write_gemma4_tokenizer(folder, VOCAB)
     _mark_special(folder, fam.specials, fam.rstrip)
@@ -254,6 +250,18 @@ def build(folder: Path, name: str, seed: int = 0) -> Path:
     (folder / "chat_template.jinja").unlink(missing_ok=True)  # the tokenizer writers' own
     if fam.template:
         (folder / "chat_template.jinja").write_text((templates_dir() / f"{fam.template}.jinja").read_text())
+
+
+def build(folder: Path, name: str, seed: int = 0) -> Path:
+    """The folder of family ``name``: tokenizer and chat template first, then the model
+    (random weights, every one moved off its init) saved by ``save_pretrained``."""
+    import torch
+    import transformers
+    from checkpoints import jitter
+    from tokenizers import Tokenizer as HFTokenizer
+
+    fam = FAMILIES[name]
+    write_tokenizer(folder, fam)
     vocab = HFTokenizer.from_file(str(folder / "tokenizer.json"))
     ids = {t: vocab.token_to_id(t) for t in (fam.bos, fam.eos) if t is not None}
     torch.manual_seed(seed)

@@ -217,7 +217,7 @@ def test_a_modernbert_cross_encoder_scores_as_transformers(tmp_path, pooling):
     folder = tmp_path / "mb-rr"
     ids = write_modernbert_bytes(folder)
     torch.manual_seed(0)
-    fields = dict(vocab_size=len(ids) + 256, hidden_size=64, intermediate_size=96, num_hidden_layers=3,
+    fields = dict(vocab_size=ids["size"], hidden_size=64, intermediate_size=96, num_hidden_layers=3,
                   num_attention_heads=4, local_attention=8, pad_token_id=ids["[PAD]"], cls_token_id=ids["[CLS]"],
                   sep_token_id=ids["[SEP]"], bos_token_id=ids["[CLS]"], eos_token_id=ids["[SEP]"],
                   max_position_embeddings=128, num_labels=1, classifier_pooling=pooling)  # fmt: skip
@@ -229,7 +229,8 @@ def test_a_modernbert_cross_encoder_scores_as_transformers(tmp_path, pooling):
     pairs = ours.encode_pairs("the slot cache", TEXTS[:2] + SCRIPTS)
     with torch.no_grad():
         expected = torch.stack([hf.eval()(torch.tensor([p])).logits[0] for p, _ in pairs])
-    for engine in (ours, EncoderEngine.from_pretrained(convert(folder, tmp_path / "mb-rr.gguf"))):
+    from_file = EncoderEngine.from_pretrained(convert(folder, tmp_path / "mb-rr.gguf", pre="modern-bert"))
+    for engine in (ours, from_file):
         assert engine.encode_pairs("the slot cache", TEXTS[:2] + SCRIPTS) == pairs
         got = torch.stack(engine.embed([p[0] for p in pairs], "rank", [p[1] for p in pairs]))
         torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-4)
@@ -240,11 +241,11 @@ def test_a_gguf_modernbert_file_gives_its_folders_tokens_and_vectors(tmp_path):
     flags, global and local rotary bases, the window and its pattern, norm biases): the
     folder's tokens, pairs and vectors."""
     from encoders import make_modernbert_embedder
-    from gguf_tools import convert
+    from gguf_tools import convert, reader_of
 
     folder = make_modernbert_embedder(tmp_path / "mb", tokenizer="bytes")
-    gguf_file = convert(folder, tmp_path / "mb.gguf")
-    assert is_encoder(gguf_file)
+    gguf_file = convert(folder, tmp_path / "mb.gguf", pre="modern-bert")
+    assert is_encoder(gguf_file) and reader_of(gguf_file).fields["tokenizer.ggml.pre"].contents() == "modern-bert"
     ours, theirs = EncoderEngine.from_pretrained(gguf_file, "mean", True), EncoderEngine.from_pretrained(folder)
     texts = [t for t in TEXTS + SCRIPTS if len(theirs.encode([t])[0]) < 48]  # the folder cuts at 48, the file at 128
     assert ours.encode(texts) == theirs.encode(texts)

@@ -7,6 +7,7 @@ restored."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import httpx
@@ -16,10 +17,12 @@ from family_files import FAMILIES
 from server_proc import ServerProcess
 
 from engine import Engine, SamplingParams
+from engine.loading.gguf.checkpoint import GGUFCheckpoint
 
 NAMES = sorted(FAMILIES)
 MESSAGES = [{"role": "user", "content": "Write a haiku about slots."}]
 N_NEW = 8
+CONVERTS_AS = {"mistral": ["LlamaForCausalLM"]}  # the converter writes Mistral's models as llama
 
 
 @pytest.fixture(scope="module")
@@ -78,6 +81,8 @@ def test_the_prompt_is_the_familys_template_and_tokenizer(files, name):
 @pytest.mark.parametrize("name", NAMES)
 def test_the_folder_and_its_gguf_answer_as_transformers(files, tmp_path, name):
     folder, gguf = files[name]
+    arch = CONVERTS_AS.get(name) or json.loads((folder / "config.json").read_text())["architectures"]
+    assert GGUFCheckpoint(gguf).hf_config()["architectures"] == arch
     ids = prompt_ids(folder)
     want, want_logits = transformers_run(folder, ids)
     got, logits = engine_run(folder, ids)

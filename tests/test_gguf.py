@@ -18,27 +18,8 @@ import gguf
 import numpy as np
 import pytest
 import torch
-from checkpoints import (
-    FALCON_H1_TINY,
-    GEMMA3N_TINY,
-    GEMMA4_TINY,
-    GLM4_MOE_TINY,
-    GPT_OSS_TINY,
-    GRANITE_HYBRID_TINY,
-    JAMBA_TINY,
-    LFM2_MOE_TINY,
-    LFM2_TINY,
-    NEMOTRON_H_TINY,
-    PHI3_TINY,
-    QWEN2_MOE_TINY,
-    QWEN3_5_MOE_TINY,
-    QWEN3_5_TINY,
-    QWEN3_MOE_TINY,
-    QWEN3_NEXT_TINY,
-    SMOLLM3_TINY,
-    make_checkpoint,
-    write_byte_tokenizer,
-)
+from checkpoints import make_checkpoint
+from family_files import FAMILIES
 from gguf_tools import convert_many, converter_tree, reader_of, requantize, write_gguf
 from safetensors.torch import load_file, save_file
 from unavailable import unavailable
@@ -61,35 +42,23 @@ def folder(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("gguf")
 
 
-ARCHS = ["gemma2", "gemma3", "gemma3n", "mamba2", "granitemoehybrid", "falconh1", "jamba", "lfm2", "lfm2_moe",
-         "qwen3_5", "qwen3_5_moe", "qwen3_next", "nemotron_h", "gemma4", "qwen3_moe", "qwen2_moe", "glm4_moe",
-         "smollm3", "phi3", "gpt_oss"]  # fmt: skip
-# the converter expects multi-token-prediction layers unless told there are none
-NO_MTP = ("qwen3_5", "qwen3_5_moe", "qwen3_next")
-
-
 @pytest.fixture(scope="module")
-def converted(folder) -> dict[str, tuple[Path, Path]]:
-    """name -> (HF folder, its GGUF): every conversion of this module, run up front by
-    two converter processes side by side."""
-    ckpts = {arch: _tiny(folder, arch) for arch in ARCHS}
-    ckpts["llama-spm"] = make_checkpoint(folder / "tiny-llama-spm", "llama", tokenizer="spm", vocab_size=1000)
+def converted(folder, family_files) -> dict[str, tuple[Path, Path]]:
+    """name -> (HF folder, its GGUF): this module's own files, converted up front, and
+    every family of tests/family_files.py (as users' files are shaped: config class,
+    tokenizer, pre name) by its family name."""
+    ckpts = {"llama-spm": make_checkpoint(folder / "tiny-llama-spm", "llama", tokenizer="spm", vocab_size=1000)}
     for arch in ("qwen2", "qwen3"):
         ckpts[f"{arch}-f16"] = make_checkpoint(folder / f"tiny-{arch}", arch)
     ckpts["rss"] = make_checkpoint(  # ~52 MB of float32: the peak-memory test's
         folder / "rss-model", hidden_size=512, intermediate_size=1536, num_hidden_layers=10, vocab_size=8192
     )
-    jobs = [
-        (ck, folder / f"{name}.gguf", "f16" if name.endswith("-f16") else "f32")
-        for name, ck in ckpts.items()
-        if name not in NO_MTP
-    ]
+    jobs = [(ck, folder / f"{name}.gguf", "f16" if name.endswith("-f16") else "f32") for name, ck in ckpts.items()]
     jobs += [(DEMO_MODEL, folder / "demo-q8_0.gguf", "q8_0")]  # the f32 one: conftest's demo_f32_gguf
     # the converter's own split (the split.* keys gguf-split writes): qwen3-split-0000K-of-0000N.gguf
     jobs += [(ckpts["qwen3-f16"], folder / "qwen3-split.gguf", "f16", ("--split-max-tensors", "7"))]
     convert_many(jobs)
-    convert_many([(ckpts[name], folder / f"{name}.gguf", "f32") for name in NO_MTP], flags=("--no-mtp",))
-    return {name: (ck, folder / f"{name}.gguf") for name, ck in ckpts.items()}
+    return {name: (ck, folder / f"{name}.gguf") for name, ck in ckpts.items()} | family_files
 
 
 @pytest.fixture(scope="module")
@@ -224,47 +193,17 @@ def test_peak_memory_while_loading_stays_under_one_and_a_half_times_the_model(co
     assert peak - before < 1.5 * size, json.dumps({"grew_by": peak - before, "model": size})
 
 
-def _tiny(folder: Path, arch: str) -> Path:
-    """A tiny HF checkpoint of ``arch`` the converter takes: SentencePiece tokenizers
-    where it insists on one, transformers 4's layer names for Granite's layer list
-    (this converter reads only those), the query scale llama.cpp assumes for Gemma."""
-    extra = {"granitemoehybrid": GRANITE_HYBRID_TINY, "falconh1": FALCON_H1_TINY, "jamba": JAMBA_TINY,
-             "lfm2": LFM2_TINY, "qwen3_5": QWEN3_5_TINY,
-             "qwen3_5_moe": QWEN3_5_MOE_TINY,
-             "lfm2_moe": {**LFM2_MOE_TINY, "routed_scaling_factor": 1.0},  # the file has no scale: llama.cpp's 1
-             # llama.cpp's Qwen3-Next has experts in every layer and renormalizes their weights
-             "qwen3_next": {**QWEN3_NEXT_TINY, "mlp_only_layers": [], "norm_topk_prob": True},
-             "nemotron_h": NEMOTRON_H_TINY,
-             "gemma4": {**GEMMA4_TINY, "vocab_size_per_layer_input": 1000},
-             "gemma3n": {**GEMMA3N_TINY, "vocab_size_per_layer_input": 1000},
-             "qwen3_moe": {**QWEN3_MOE_TINY, "mlp_only_layers": []},  # llama.cpp's: experts in every layer
-             "qwen2_moe": QWEN2_MOE_TINY, "glm4_moe": GLM4_MOE_TINY, "smollm3": SMOLLM3_TINY,
-             "phi3": PHI3_TINY,
-             # llama.cpp fixes the clamped SwiGLU's limit at 7
-             "gpt_oss": {k: v for k, v in GPT_OSS_TINY.items() if k != "swiglu_limit"}}.get(arch, {})  # fmt: skip
-    spm = arch.startswith("gemma") or arch in ("jamba", "phi3")  # Phi-3's converter wants tokenizer.model
-    if spm:
-        extra = {**extra, "vocab_size": 1000}
-    tokenizer = "gemma4" if arch == "gemma4" else "spm" if spm else "bytes"  # Gemma 4's converter wants its BPE
-    if arch in ("gemma2", "gemma3"):  # windows the prompts outgrow; 6 layers: Gemma 3's 6th is global
-        extra = {**extra, "query_pre_attn_scalar": 16, "sliding_window": 4, "num_hidden_layers": 6}
-    ckpt = make_checkpoint(folder / f"tiny-{arch}", arch, tokenizer=tokenizer, **extra)
-    if arch == "glm4_moe":  # the converter sets GLM's special tokens from these
-        write_byte_tokenizer(ckpt, specials=("<|endoftext|>", "[gMASK]", "<sop>", "<|user|>", "<|observation|>"))
-    if arch == "granitemoehybrid":
-        cfg = json.loads((ckpt / "config.json").read_text())
-        cfg["layer_types"] = ["attention" if t == "full_attention" else "mamba" for t in cfg["layer_types"]]
-        (ckpt / "config.json").write_text(json.dumps(cfg))
-    return ckpt
-
-
-def _greedy(path: Path, prompts: list[list[int]], **config) -> list[list[int]]:
+def _greedy(path: Path, prompts: list[list[int]], n: int = N_NEW, **config) -> list[list[int]]:
     engine = Engine.from_pretrained(str(path), n_seq_max=len(prompts), **config)
-    params = SamplingParams(temperature=0.0, max_tokens=N_NEW, ignore_eos=True)
+    params = SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True)
     return [g.token_ids for g in engine.generate(prompts, params)]
 
 
 ARCH_PROMPTS = [[10, 20, 30, 40, 50, 60, 70, 80, 90], [7, 99, 3]]  # the first outgrows the sliding windows
+# Steps compared where 16-bit activations (or a float16 cache) meet float ones: further on,
+# a router's near-tie in these random expert models (a gap of 0.007 between the 2nd and
+# 3rd expert of gpt-oss's, measured) picks other experts on either side of a rounding.
+N_ROUNDED = 16
 
 
 @pytest.mark.parametrize("arch", ["qwen2", "qwen3"])  # llama: the demo model's tests above
@@ -277,22 +216,6 @@ def test_a_float16_gguf_matches_transformers_on_the_rounded_weights(folder, conv
         {k: (v.half().float() if v.dim() == 2 else v) for k, v in weights.items()}, str(halved / "model.safetensors")
     )
     assert _greedy(path, ARCH_PROMPTS) == transformers_greedy(halved, ARCH_PROMPTS)
-
-
-# Each architecture slotserve serves from HF folders, beyond llama/qwen2/qwen3 above
-# (Mistral converts as llama). What the converter changes is undone: Gemma's norms +1,
-# Mamba's A as -exp(A_log), stacked experts and AltUp projections, Granite's split
-# gate/up, Falcon-H1's multipliers folded into the weights.
-@pytest.mark.parametrize("arch", ARCHS)
-def test_each_architecture_converts_and_matches_transformers(converted, arch):
-    ckpt, path = converted[arch]
-    assert (
-        GGUFCheckpoint(path).hf_config()["architectures"]
-        == json.loads((ckpt / "config.json").read_text())["architectures"]
-    )
-    ours = _greedy(path, ARCH_PROMPTS)
-    assert ours == transformers_greedy(ckpt, ARCH_PROMPTS)
-    assert len({t for row in ours for t in row}) > 4  # not a degenerate repeat
 
 
 @pytest.mark.parametrize("arch", ["gemma3n", "granitemoehybrid", "jamba", "qwen3_next"])
@@ -315,11 +238,11 @@ def test_architectures_with_rebuilt_tensors_keep_the_rest_in_blocks(converted, f
     n_kept = sum(isinstance(m, BlockLinear | BlockEmbedding) for m in kept.modules())
     assert n_kept >= 20, f"{n_kept} layers in blocks"
     monkeypatch.setattr(blocks, "ACTIVATIONS", "int16")
-    ours = _greedy(path, ARCH_PROMPTS, repack=False, cache_type_k="f32", cache_type_v="f32")
+    ours = _greedy(path, ARCH_PROMPTS, N_ROUNDED, repack=False, cache_type_k="f32", cache_type_v="f32")
     key = GGUFCheckpoint(path).arch
     monkeypatch.setitem(archs.ARCHITECTURES, key, dataclasses.replace(archs.ARCHITECTURES[key], keeps_blocks=False))
     assert not any(isinstance(m, BlockLinear) for m in Engine.from_pretrained(str(path), n_seq_max=1).model.modules())
-    assert ours == _greedy(path, ARCH_PROMPTS)
+    assert ours == _greedy(path, ARCH_PROMPTS, N_ROUNDED)
 
 
 @pytest.mark.parametrize(
@@ -348,10 +271,10 @@ def test_stacked_experts_and_tiled_heads_stay_in_blocks(converted, folder, monke
         or {"model.layers.0.linear_attn.out_proj", "model.layers.0.linear_attn.in_proj_qkv"} <= kept
     )
     monkeypatch.setattr(blocks, "ACTIVATIONS", "int16")
-    ours = _greedy(path, ARCH_PROMPTS, repack=False, cache_type_k="f32", cache_type_v="f32")
+    ours = _greedy(path, ARCH_PROMPTS, N_ROUNDED, repack=False, cache_type_k="f32", cache_type_v="f32")
     key = GGUFCheckpoint(path).arch
     monkeypatch.setitem(archs.ARCHITECTURES, key, dataclasses.replace(archs.ARCHITECTURES[key], keeps_blocks=False))
-    assert ours == _greedy(path, ARCH_PROMPTS)
+    assert ours == _greedy(path, ARCH_PROMPTS, N_ROUNDED)
 
 
 def test_mxfp4_experts_stay_in_blocks_and_answer_as_transformers_on_their_values(converted, folder, monkeypatch):
@@ -378,11 +301,11 @@ def test_mxfp4_experts_stay_in_blocks_and_answer_as_transformers_on_their_values
                 yield t.name, data, None
 
     path = write_gguf(f32, folder / "gpt_oss-mxfp4.gguf", list(tensors()))
-    rounded = folder / "tiny-gpt_oss-mxfp4"  # the folder with the file's expert values
-    shutil.copytree(ckpt, rounded, dirs_exist_ok=True)
+    # the folder with the file's expert values (and YaRN as the file reads it)
+    rounded = FAMILIES["gpt_oss"].as_file(ckpt, folder / "gpt_oss-mxfp4")
     weights = load_file(str(ckpt / "model.safetensors"))
     file = {t.name: t for t in reader_of(path).tensors}
-    for i in range(GPT_OSS_TINY["num_hidden_layers"]):
+    for i in range(json.loads((ckpt / "config.json").read_text())["num_hidden_layers"]):
 
         def values(kind: str, i: int = i) -> torch.Tensor:  # [E, out, in] as the file holds them, dequantized
             t = file[f"blk.{i}.ffn_{kind}_exps.weight"]
@@ -400,9 +323,10 @@ def test_mxfp4_experts_stay_in_blocks_and_answer_as_transformers_on_their_values
     assert not torch.equal(weights["model.layers.1.mlp.experts.down_proj"], load_file(str(ckpt / "model.safetensors"))[
         "model.layers.1.mlp.experts.down_proj"])  # MXFP4 really rounded  # fmt: skip
     expect = transformers_greedy(rounded, ARCH_PROMPTS)
-    assert _greedy(path, ARCH_PROMPTS) == expect  # the default 8-bit activations
+    f32_cache = dict(cache_type_k="f32", cache_type_v="f32")  # (the default's float16: see N_ROUNDED)
+    assert _greedy(path, ARCH_PROMPTS, **f32_cache) == expect  # the default 8-bit activations
     monkeypatch.setattr(blocks, "ACTIVATIONS", "float")
-    assert _greedy(path, ARCH_PROMPTS, cache_type_k="f32", cache_type_v="f32") == expect
+    assert _greedy(path, ARCH_PROMPTS, **f32_cache) == expect
 
 
 def _sentencepiece_ids(folder: Path, text: str, added: dict[str, int]) -> list[int]:
