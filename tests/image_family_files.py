@@ -22,10 +22,12 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from family_files import CHATML, GEMMA_TURNS, QWEN35, SIZES, Family, _mark_special, write_tokenizer
+from family_files import CHATML, GEMMA_TURNS, LLAMA3_SPECIALS, QWEN35, SIZES, Family, _mark_special, write_tokenizer
 
 QWEN_VISION = ("<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>")
 GEMMA3_IMAGE = ("<start_of_image>", "<image_soft_token>", "<end_of_image>")
+IDEFICS3_TOKENS = ("<fake_token_around_image>", "<image>", "<end_of_utterance>", "<global-img>",
+                   *(f"<row_{r}_col_{c}>" for r in range(1, 7) for c in range(1, 7)))  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -42,6 +44,10 @@ class ImageFamily:
     images: dict  # the image processor's arguments
     marker: str
     processor: str | None = None  # the processor class, where it can be built here
+    processor_args: dict = field(default_factory=dict)
+    text_config: str | None = None  # the text config's class; None: the composite's name with TextConfig
+    gguf: bool = True  # whether the pinned converter writes its language model
+    expansion: str = "qwen"  # without a processor here: the processor's rule, "qwen" or "smolvlm"
     text_sizes: dict = field(default_factory=dict)  # text_config sizes over tests/family_files.SIZES
     vision: dict = field(default_factory=dict)
     tokens: dict = field(default_factory=dict)
@@ -86,9 +92,50 @@ IMAGE_FAMILIES: dict[str, ImageFamily] = {
                                          num_attention_heads=2, image_size=28, patch_size=7),
                              tokens=dict(image_token_index="<image_soft_token>", boi_token_index="<start_of_image>",
                                          eoi_token_index="<end_of_image>"),
-                             sizes=dict(mm_tokens_per_image=4),
+                             sizes=dict(mm_tokens_per_image=4), processor_args=dict(image_seq_length=4),
                              named=dict(boi_token="<start_of_image>", eoi_token="<end_of_image>",
                                         image_token="<image_soft_token>")),
+    # no Qwen2.5-VL template in the corpus (Qwen2.5's takes no images): served by /completion;
+    # the processor (Qwen2_5_VLProcessor) needs torchvision for its video half
+    "qwen2_5_vl": ImageFamily("Qwen2_5_VLConfig", "Qwen2_5_VLForConditionalGeneration",
+                              Family("", "", None, pre="qwen2", tokenizer_class="Qwen2Tokenizer",
+                                     specials=CHATML + QWEN_VISION),
+                              "Qwen2VLImageProcessor",
+                              dict(size={"shortest_edge": 56 * 56, "longest_edge": 112 * 112}, patch_size=14,
+                                   merge_size=2, temporal_patch_size=2),
+                              "<|vision_start|><|image_pad|><|vision_end|>",
+                              # M-RoPE's sections for a 16-wide head (8 frequencies)
+                              text_sizes=dict(rope_parameters={"rope_type": "default", "rope_theta": 1000000.0,
+                                                               "mrope_section": [2, 3, 3]}),
+                              vision=dict(depth=3, hidden_size=32, intermediate_size=64, num_heads=2,
+                                          out_hidden_size=64, patch_size=14, spatial_merge_size=2,
+                                          temporal_patch_size=2, window_size=112, fullatt_block_indexes=[1]),
+                              tokens=QWEN_TOKENS),
+    # no Idefics3 template in the corpus: served by /completion; the pinned converter writes
+    # only its projector (SmolVLM's language model, not Idefics3's): served from the folder
+    "idefics3": ImageFamily("Idefics3Config", "Idefics3ForConditionalGeneration",
+                            Family("", "", None, pre="llama-bpe", specials=LLAMA3_SPECIALS + IDEFICS3_TOKENS,
+                                   bos="<|begin_of_text|>", eos="<end_of_utterance>"),
+                            "Idefics3ImageProcessor",
+                            dict(do_image_splitting=True, size={"longest_edge": 56},
+                                 max_image_size={"longest_edge": 28}, image_mean=[0.5] * 3, image_std=[0.5] * 3),
+                            "<image>", processor="Idefics3Processor", processor_args=dict(image_seq_len=4),
+                            text_config="LlamaConfig",
+                            vision=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                        num_attention_heads=2, image_size=28, patch_size=7),
+                            tokens=dict(image_token_id="<image>"), sizes=dict(scale_factor=2), gguf=False),
+    # no SmolVLM template in the corpus: served by /completion; the processor (SmolVLMProcessor)
+    # needs torchvision for its video half
+    "smolvlm": ImageFamily("SmolVLMConfig", "SmolVLMForConditionalGeneration",
+                           Family("", "", None, pre="smollm", tokenizer_class="GPT2Tokenizer",
+                                  specials=CHATML + IDEFICS3_TOKENS, eos="<end_of_utterance>"),
+                           "SmolVLMImageProcessor",
+                           dict(do_image_splitting=True, size={"longest_edge": 56},
+                                max_image_size={"longest_edge": 28}, image_mean=[0.5] * 3, image_std=[0.5] * 3),
+                           "<image>", text_config="LlamaConfig",
+                           vision=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                       num_attention_heads=2, image_size=28, patch_size=7),
+                           tokens=dict(image_token_id="<image>"), sizes=dict(scale_factor=2), expansion="smolvlm"),
 }  # fmt: skip
 
 
@@ -112,16 +159,16 @@ def build(folder: Path, name: str, seed: int = 0) -> Path:
         image_processor.save_pretrained(folder)
     else:
         processor_cls = getattr(transformers, fam.processor)
-        extra = {"image_seq_length": fam.sizes["mm_tokens_per_image"]} if "mm_tokens_per_image" in fam.sizes else {}
         tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
-        processor_cls(image_processor=image_processor, tokenizer=tokenizer, **extra).save_pretrained(folder)
+        processor = processor_cls(image_processor=image_processor, tokenizer=tokenizer, **fam.processor_args)
+        processor.save_pretrained(folder)
         # transformers 5 saved the tokenizer again without added_tokens_decoder, which the
         # hub's files carry and the converter reads the special tokens from
         _mark_special(folder, fam.text.specials, fam.text.rstrip)
     vocab = HFTokenizer.from_file(str(folder / "tokenizer.json"))
     ids = {k: vocab.token_to_id(t) for k, t in fam.tokens.items()}
     end = vocab.token_to_id(fam.text.eos)
-    text_cls = getattr(transformers, fam.config.replace("Config", "TextConfig"))
+    text_cls = getattr(transformers, fam.text_config or fam.config.replace("Config", "TextConfig"))
     known = inspect.signature(text_cls.__init__).parameters
     text = {k: v for k, v in {**SIZES, "vocab_size": vocab.get_vocab_size(), **fam.text_sizes}.items() if k in known}
     text.update({k: end for k in ("eos_token_id", "pad_token_id") if k in known})
@@ -136,34 +183,45 @@ def build(folder: Path, name: str, seed: int = 0) -> Path:
 
 
 def hub_spelling(folder: Path, dst: Path, name: str) -> Path:
-    """The folder as the family's releases lay out its tensors, where transformers 5 saves
-    them in a way the pinned converter cannot read: Gemma 3's vision tower under
+    """The folder as the family's releases spell it, where transformers 5 saves it in a
+    way the pinned converter cannot read: Gemma 3's vision tower under
     ``vision_tower.vision_model.`` (transformers 5.25 saves it under ``vision_tower.``,
-    which the converter cannot map). ``folder`` itself for every other family."""
+    which the converter cannot map); SmolVLM's ``text_config.architectures``
+    (``VLlama3ForCausalLM``, by which the converter takes its language model; transformers
+    5 writes none). ``folder`` itself for every other family."""
     import shutil
 
     from safetensors.torch import load_file, save_file
 
-    if name != "gemma3_vl":
+    if name not in ("gemma3_vl", "smolvlm"):
         return folder
     shutil.copytree(folder, dst)
-    weights = load_file(dst / "model.safetensors")
-    moved = {k.replace("vision_tower.", "vision_tower.vision_model.", 1): v for k, v in weights.items()}
-    save_file(moved, dst / "model.safetensors", metadata={"format": "pt"})
+    if name == "gemma3_vl":
+        weights = load_file(dst / "model.safetensors")
+        moved = {k.replace("vision_tower.", "vision_tower.vision_model.", 1): v for k, v in weights.items()}
+        save_file(moved, dst / "model.safetensors", metadata={"format": "pt"})
+    else:
+        config = json.loads((dst / "config.json").read_text())
+        config["text_config"]["architectures"] = ["VLlama3ForCausalLM"]
+        (dst / "config.json").write_text(json.dumps(config, indent=2))
     return dst
 
 
-def convert(folder: Path, name: str, root: Path) -> tuple[Path, Path]:
-    """(model GGUF, projector GGUF) of the folder (as the family's releases spell it) by
-    the pinned converter."""
+def convert(folders: dict[str, Path], root: Path) -> dict[str, tuple[Path, Path]]:
+    """family -> (model GGUF, projector GGUF) of each folder (as the family's releases
+    spell it) by the pinned converter: the language models in one interpreter, the
+    projectors in another, side by side."""
     from gguf_tools import _run_converters
 
-    fam = IMAGE_FAMILIES[name]
-    folder = hub_spelling(folder, root / f"{name}-hub", name)
-    model, mmproj = root / f"{name}.gguf", root / f"{name}-mmproj.gguf"
-    pre = fam.text.pre if fam.text.tokenizer == "bpe" else None
-    _run_converters([[
-        ("convert_hf_to_gguf.py", ["--outfile", str(model), "--outtype", "f32", *fam.flags, str(folder)], pre),
-        ("convert_hf_to_gguf.py", ["--outfile", str(mmproj), "--outtype", "f32", "--mmproj", str(folder)], None),
-    ]])  # fmt: skip
-    return model, mmproj
+    models, projectors, out = [], [], {}
+    for name, folder in folders.items():
+        fam = IMAGE_FAMILIES[name]
+        source = str(hub_spelling(folder, root / f"{name}-hub", name))
+        model, mmproj = root / f"{name}.gguf", root / f"{name}-mmproj.gguf"
+        pre = fam.text.pre if fam.text.tokenizer == "bpe" else None
+        models.append(("convert_hf_to_gguf.py", ["--outfile", str(model), "--outtype", "f32", *fam.flags, source], pre))
+        projectors.append(("convert_hf_to_gguf.py", ["--outfile", str(mmproj), "--outtype", "f32", "--mmproj", source],
+                           None))  # fmt: skip
+        out[name] = (model, mmproj)
+    _run_converters([models, projectors])
+    return out

@@ -41,7 +41,9 @@ def files(tmp_path_factory) -> dict[str, tuple[Path, Path, Path]]:
     except RuntimeError as exc:
         unavailable(f"llama.cpp's converter, the GGUF oracle, cannot be had: {exc}", "SLOTSERVE_SKIP_GGUF")
     root = tmp_path_factory.mktemp("image-families")
-    return {name: (build(root / name, name), *convert(root / name, name, root)) for name in IMAGE_FAMILIES}
+    folders = {name: build(root / name, name) for name in IMAGE_FAMILIES}
+    files = convert({name: f for name, f in folders.items() if IMAGE_FAMILIES[name].gguf}, root)
+    return {name: (folder, *files.get(name, (None, None))) for name, folder in folders.items()}
 
 
 def transformers_turn(folder: Path, name: str, turn: list[dict] | str) -> tuple[list[int], list[int], torch.Tensor]:
@@ -65,6 +67,8 @@ def transformers_turn(folder: Path, name: str, turn: list[dict] | str) -> tuple[
             out = model.generate(**inputs, max_new_tokens=N_NEW, do_sample=False, output_logits=True,
                                  return_dict_in_generate=True)  # fmt: skip
         return ids, out.sequences[0, len(ids) :].tolist(), torch.stack(out.logits)[:, 0]
+    if fam.expansion == "smolvlm":
+        return smolvlm_turn(folder, model, tok, text)
     pixels = transformers.AutoImageProcessor.from_pretrained(folder)(images=[IMAGE], return_tensors="pt")
     grid = pixels["image_grid_thw"]
     before, after = text.split("<|image_pad|>")
@@ -72,6 +76,27 @@ def transformers_turn(folder: Path, name: str, turn: list[dict] | str) -> tuple[
     with torch.no_grad():
         tokens, logits = qwen_reference(model, ids, pixels["pixel_values"], grid, N_NEW)
     return ids, tokens, logits
+
+
+def smolvlm_turn(folder: Path, model, tok, text: str) -> tuple[list[int], list[int], torch.Tensor]:
+    """SmolVLMProcessor's rule: the image's tiles and the whole image from the image
+    processor, ``<image>`` replaced by the prompt string for its rows and columns."""
+    import transformers
+    from transformers.models.smolvlm.processing_smolvlm import get_image_prompt_string
+
+    pixels = transformers.AutoImageProcessor.from_pretrained(folder)(
+        images=[[IMAGE]], return_tensors="pt", return_row_col_info=True
+    )
+    vision = model.config.vision_config
+    per_frame = (vision.image_size // vision.patch_size) ** 2 // model.config.scale_factor**2
+    rows, cols = pixels["rows"][0][0], pixels["cols"][0][0]
+    image = get_image_prompt_string(rows, cols, per_frame, "<fake_token_around_image>", "<image>", "<global-img>")
+    ids = tok.encode(text.replace("<image>", image))
+    with torch.no_grad():
+        out = model.generate(torch.tensor([ids]), pixel_values=pixels["pixel_values"], max_new_tokens=N_NEW,
+                             do_sample=False, output_logits=True, return_dict_in_generate=True,
+                             attention_mask=torch.ones(1, len(ids), dtype=torch.long))  # fmt: skip
+    return ids, out.sequences[0, len(ids) :].tolist(), torch.stack(out.logits)[:, 0]
 
 
 def image_end(folder: Path, ids: list[int]) -> int:
@@ -118,8 +143,10 @@ def assert_as_transformers(answer: dict, ids: list[int], tokens: list[int], logi
         assert answer["logprobs"] == pytest.approx(want[: len(answer["logprobs"])], abs=1e-4)
 
 
-@pytest.mark.parametrize("source", ["folder", "gguf"])
-@pytest.mark.parametrize("name", sorted(IMAGE_FAMILIES))
+SERVED = [(name, src) for name, fam in sorted(IMAGE_FAMILIES.items()) for src in ("folder", "gguf")[: 1 + fam.gguf]]
+
+
+@pytest.mark.parametrize("name,source", SERVED)
 def test_an_image_family_served_answers_as_transformers_and_restores_its_slot(files, tmp_path, name, source):
     folder, model, mmproj = files[name]
     first, turns = (FIRST, TURNS) if IMAGE_FAMILIES[name].text.template else (FIRST_TEXT, NEXT_TEXT)
