@@ -301,11 +301,11 @@ def write_gemma4_tokenizer(folder: Path, vocab_size: int = 1000) -> None:
     """A tokenizer shaped as Gemma 4's tokenizer.json: BPE over raw UTF-8 with byte
         fallback (``<0xNN>`` tokens), spaces written as U+2581 by the normalizer, text split
         only at newlines, merges trained on ``spm_corpus``; ``<pad>``, ``<eos>``, ``<bos>``,
-        ``<unk>`` first and ``<unusedN>`` filling the vocabulary to ``vocab_size``; ``<bos>`` put
+        ``<unk>``, ``<mask>`` first and ``<unusedN>`` filling the vocabulary to ``vocab_size``; ``<bos>`` put
     in front."""
     from tokenizers import Regex, Tokenizer, models, normalizers, pre_tokenizers, trainers
 
-    specials = ["<pad>", "<eos>", "<bos>", "<unk>"]
+    specials = ["<pad>", "<eos>", "<bos>", "<unk>", "<mask>"]  # Gemma 4's first five
     split = pre_tokenizers.Split(Regex("[^\n]+|[\n]+"), behavior="isolated")
     trained = Tokenizer(models.BPE())
     trained.normalizer = normalizers.Replace(" ", "\u2581")
@@ -335,7 +335,8 @@ def write_gemma4_tokenizer(folder: Path, vocab_size: int = 1000) -> None:
                   "vocab": {t: i for i, t in enumerate(pieces)}, "merges": model["merges"]},
     }  # fmt: skip
     Tokenizer.from_str(json.dumps(spec)).save(str(folder / "tokenizer.json"))
-    config = {"bos_token": "<bos>", "eos_token": "<eos>", "pad_token": "<pad>", "unk_token": "<unk>"}
+    config = {"bos_token": "<bos>", "eos_token": "<eos>", "pad_token": "<pad>", "unk_token": "<unk>",
+              "mask_token": "<mask>"}  # fmt: skip
     (folder / "tokenizer_config.json").write_text(json.dumps(config))
 
 

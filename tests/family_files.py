@@ -66,15 +66,22 @@ LLAMA3_SPECIALS = ("<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>"
                    "<|eom_id|>", "<|python_tag|>")  # fmt: skip
 GPT_OSS_SPECIALS = ("<|startoftext|>", "<|endoftext|>", "<|start|>", "<|message|>", "<|end|>", "<|channel|>",
                     "<|return|>", "<|call|>", "<|constrain|>")  # fmt: skip
+# the default pattern: 3 Gated DeltaNet layers, then attention; key and value heads of one
+# size, as every published Qwen3.5 / Qwen3-Next (llama.cpp's loader assumes it)
 QWEN35 = dict(
     num_hidden_layers=4,
     linear_num_value_heads=4,
     linear_num_key_heads=2,
     linear_key_head_dim=16,
-    linear_value_head_dim=8,
-)  # fmt: skip  (the default pattern: 3 Gated DeltaNet layers, then attention)
+    linear_value_head_dim=16,
+)  # fmt: skip
+# M-RoPE's sections cut to a 16-wide head (the class's default, [11, 11, 10], fits Qwen3.5's
+# 256-wide heads: llama.cpp refuses sections wider than the rotary part)
+QWEN35_ROPE = {"rope_type": "default", "rope_theta": 10000000.0, "partial_rotary_factor": 0.5,
+               "mrope_section": [1, 1, 1], "mrope_interleaved": True}  # fmt: skip
 EXPERTS = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32)
 GEMMA_TURNS = ("<start_of_turn>", "<end_of_turn>")
+GEMMA3N_LAYERS = (["sliding_attention"] * 4 + ["full_attention"]) * 4 + ["sliding_attention"] * 2
 # Phi-3's: those after <|endoftext|> swallow the whitespace after them (its tokenizer.json's rstrip)
 PHI3_SPECIALS = ("<|endoftext|>", "<|system|>", "<|user|>", "<|assistant|>", "<|end|>")
 
@@ -95,10 +102,12 @@ FAMILIES: dict[str, Family] = {
                          tokenizer_class="Qwen2Tokenizer",
                          sizes=dict(QWEN35, **EXPERTS, shared_expert_intermediate_size=48), flags=("--no-mtp",)),
     "qwen3_5": Family("Qwen3_5TextConfig", "Qwen3_5ForCausalLM", "Qwen3.5-4B", pre="qwen35",
-                      tokenizer_class="Qwen2Tokenizer", sizes=QWEN35, flags=("--no-mtp",)),
+                      tokenizer_class="Qwen2Tokenizer", sizes=dict(QWEN35, rope_parameters=QWEN35_ROPE),
+                      flags=("--no-mtp",)),
     "qwen3_5_moe": Family("Qwen3_5MoeTextConfig", "Qwen3_5MoeForCausalLM", "Qwen3.5-4B", pre="qwen35",
                           tokenizer_class="Qwen2Tokenizer",
-                          sizes=dict(QWEN35, **EXPERTS, shared_expert_intermediate_size=48), flags=("--no-mtp",)),
+                          sizes=dict(QWEN35, **EXPERTS, shared_expert_intermediate_size=48,
+                                     rope_parameters=QWEN35_ROPE), flags=("--no-mtp",)),
     "gpt_oss": Family("GptOssConfig", "GptOssForCausalLM", "openai-gpt-oss-120b", pre="gpt-4o",
                       specials=GPT_OSS_SPECIALS, eos="<|return|>",
                       sizes=dict(num_local_experts=4, num_experts_per_tok=2, intermediate_size=32)),
@@ -124,13 +133,17 @@ FAMILIES: dict[str, Family] = {
                      sizes=dict(num_hidden_layers=6, sliding_window=8, query_pre_attn_scalar=16)),
     "gemma3n": Family("Gemma3nTextConfig", "Gemma3nForCausalLM", "google-gemma-2-2b-it", tokenizer="gemma-spm",
                       tokenizer_class="GemmaTokenizer", specials=GEMMA_TURNS, bos="<bos>", eos="<end_of_turn>",
-                      sizes=dict(num_hidden_layers=4, layer_types=["sliding_attention", "full_attention"] * 2,
-                                 sliding_window=8, num_kv_shared_layers=2, vocab_size_per_layer_input=VOCAB,
-                                 hidden_size_per_layer_input=16, laurel_rank=8, activation_sparsity_pattern=[0.0] * 4,
-                                 intermediate_size=[128] * 4)),
+                      # as Gemma 3n E2B: 20 layers with their own KV (llama.cpp fixes that count), 4 local
+                      # to 1 global, the first 10 with activation sparsity; then 2 layers sharing KV
+                      sizes=dict(num_hidden_layers=22, layer_types=GEMMA3N_LAYERS, sliding_window=8,
+                                 num_kv_shared_layers=2, vocab_size_per_layer_input=VOCAB,
+                                 hidden_size_per_layer_input=256, laurel_rank=64,
+                                 activation_sparsity_pattern=[0.95] * 10 + [0.0] * 12, intermediate_size=[128] * 22)),
     "gemma4": Family("Gemma4TextConfig", "Gemma4ForCausalLM", "google-gemma-4-31B-it", tokenizer="gemma4",
                      tokenizer_class="GemmaTokenizer", specials=(), bos="<bos>", eos="<eos>",
-                     sizes=dict(num_hidden_layers=6, layer_types=(["sliding_attention"] * 2 + ["full_attention"]) * 2,
+                     # the layers sharing their KV come after a sliding and a full one, as in Gemma 4's
+                     # (llama.cpp's loader takes the last two unshared layers as the ones shared)
+                     sizes=dict(num_hidden_layers=6, layer_types=["sliding_attention", "full_attention"] * 3,
                                 sliding_window=4, global_head_dim=32, num_global_key_value_heads=1,
                                 num_kv_shared_layers=2, hidden_size_per_layer_input=8,
                                 vocab_size_per_layer_input=VOCAB)),
@@ -152,7 +165,8 @@ FAMILIES: dict[str, Family] = {
                                   num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32)),
     "nemotron_h": Family("NemotronHConfig", "NemotronHForCausalLM", "NVIDIA-Nemotron-3-Nano-30B-A3B-BF16",
                          pre="llama-bpe",
-                         sizes=dict(layers_block_type=["mamba", "moe", "attention", "mlp"], mamba_num_heads=8,
+                         # Nemotron 3's kinds of layer (Mamba, experts, attention: its pattern has no dense MLP)
+                         sizes=dict(layers_block_type=["mamba", "moe", "attention", "moe"], mamba_num_heads=8,
                                     mamba_head_dim=16, ssm_state_size=16, n_groups=1, chunk_size=8,
                                     n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
                                     moe_shared_expert_intermediate_size=48)),
@@ -175,8 +189,23 @@ def hub_spelling(folder: Path, dst: Path, name: str) -> Path:
     ``mamba`` / ``attention`` (transformers 5 saves ``linear_attention`` /
     ``full_attention``, which the converter does not know: it would write every layer as
     Mamba), Falcon-H1's ``head_dim`` (transformers 5's class no longer writes it; the
-    converter requires it). ``folder`` itself for every other family."""
+    converter requires it), Gemma 3n's key and value projections in the layers that share
+    another's KV (the published files carry them, unused; transformers 5 builds none, and
+    llama.cpp's loader requires them: they are copied from the last layer with its own).
+    ``folder`` itself for every other family."""
     cfg = json.loads((folder / "config.json").read_text())
+    if name == "gemma3n":
+        from safetensors.torch import load_file, save_file
+
+        shutil.copytree(folder, dst)
+        weights = load_file(dst / "model.safetensors")
+        own = cfg["num_hidden_layers"] - cfg["num_kv_shared_layers"]
+        for i in range(own, cfg["num_hidden_layers"]):
+            for part in ("k_proj.weight", "v_proj.weight", "k_norm.weight"):
+                weights[f"model.layers.{i}.self_attn.{part}"] = weights[
+                    f"model.layers.{own - 1}.self_attn.{part}"].clone()  # fmt: skip
+        save_file(weights, dst / "model.safetensors", metadata={"format": "pt"})
+        return dst
     if name == "granitemoehybrid":
         cfg["layer_types"] = ["attention" if t == "full_attention" else "mamba" for t in cfg["layer_types"]]
     elif name == "falcon_h1":

@@ -22,7 +22,17 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from family_files import CHATML, GEMMA_TURNS, LLAMA3_SPECIALS, QWEN35, SIZES, Family, _mark_special, write_tokenizer
+from family_files import (
+    CHATML,
+    GEMMA_TURNS,
+    LLAMA3_SPECIALS,
+    QWEN35,
+    QWEN35_ROPE,
+    SIZES,
+    Family,
+    _mark_special,
+    write_tokenizer,
+)
 
 QWEN_VISION = ("<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>")
 GEMMA3_IMAGE = ("<start_of_image>", "<image_soft_token>", "<end_of_image>")
@@ -60,9 +70,6 @@ QWEN35_TEXT = Family("", "", "Qwen3.5-4B", pre="qwen35", tokenizer_class="Qwen2T
                      specials=CHATML + QWEN_VISION)  # fmt: skip
 QWEN35_VISION = dict(depth=2, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64, patch_size=16,
                      spatial_merge_size=2, temporal_patch_size=2, num_position_embeddings=36)  # fmt: skip
-# a 16-wide head at Qwen3.5's rotary fraction leaves 2 frequencies: one each for M-RoPE's t and h
-QWEN35_ROPE = {"rope_type": "default", "rope_theta": 10000000.0, "partial_rotary_factor": 0.5,
-               "mrope_section": [1, 1, 1], "mrope_interleaved": True}  # fmt: skip
 # sizes, and the mean and deviation Qwen3.5's published preprocessor_config.json carries
 QWEN35_IMAGES = dict(size={"shortest_edge": 64 * 64, "longest_edge": 128 * 128}, patch_size=16, merge_size=2,
                      temporal_patch_size=2, image_mean=[0.5] * 3, image_std=[0.5] * 3)  # fmt: skip

@@ -77,9 +77,8 @@ class SSMShape:
             state, groups = int(get("state_size")), int(get("n_groups", default=1))
             kernel, chunk = int(get("conv_kernel", default=4)), int(get("chunk_size", default=256))
             bias, conv_bias = bool(get("use_bias", default=False)), bool(get("use_conv_bias", default=True))
-        limit = raw.get("time_step_limit") or (0.0, float("inf"))
         eps = float(get("layer_norm_epsilon", "rms_norm_eps", default=1e-5))
-        return cls(hidden, n_heads, head_dim, state, groups, kernel, chunk, eps, bias, conv_bias, _limit(limit))
+        return cls(hidden, n_heads, head_dim, state, groups, kernel, chunk, eps, bias, conv_bias, dt_limit(raw))
 
     def spec(self, dtype: torch.dtype) -> RecurrentSpec:
         return RecurrentSpec(
@@ -87,8 +86,12 @@ class SSMShape:
         )
 
 
-def _limit(value) -> tuple[float, float]:
-    """``time_step_limit``: two numbers; transformers 5 writes infinity as {"__float__": "Infinity"}."""
+def dt_limit(raw: dict) -> tuple[float, float]:
+    """The range the time step is clamped to: the config's ``time_step_limit`` (two
+    numbers; transformers 5 writes infinity as {"__float__": "Infinity"}), by default
+    none (0, inf), as transformers' scan and llama.cpp's (``time_step_min`` only
+    initializes training)."""
+    value = raw.get("time_step_limit") or (0.0, float("inf"))
     lo, hi = (float(v["__float__"]) if isinstance(v, dict) else float(v) for v in value)
     return lo, hi
 

@@ -23,7 +23,7 @@ from torch import nn
 from engine.models.base import DecoderLM
 from engine.models.config import NEMOTRON_PATTERN, ModelConfig
 from engine.models.layers import NoPositionAttention, RMSNorm, embedding
-from engine.models.mamba2 import Mamba2Mixer, SSMShape
+from engine.models.mamba2 import Mamba2Mixer, SSMShape, dt_limit
 from engine.models.moe import SigmoidRouter, run_experts
 from memory import ForwardView, FullAttentionSpec, LayerSpec
 
@@ -100,7 +100,7 @@ class NemotronHForCausalLM(DecoderLM):
             eps=eps,
             use_bias=bool(raw.get("use_bias", False)),
             use_conv_bias=bool(raw.get("use_conv_bias", True)),
-            dt_limit=(float(raw.get("time_step_min", 0.001)), float("inf")),  # transformers' prefill clamp
+            dt_limit=dt_limit(raw),
         )
         self.backbone = nn.Module()
         self.backbone.embeddings = embedding(cfg.vocab_size, hidden)
