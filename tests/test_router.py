@@ -132,6 +132,32 @@ def test_a_page_on_another_site_cannot_unload(router):
     assert statuses(router.url)["beta"]["value"] == before["beta"]["value"]
 
 
+def test_a_path_spelled_around_the_cross_site_guard_is_refused(router):
+    """The guard judges the decoded path; a ``#`` or a dot segment spelled with percent
+    escapes would have become another route once the child parsed the path again
+    (``/slots%23`` -> ``/slots``): such paths are a 400 at the router, and the path a
+    child gets is the one judged (an escaped slash is judged as the slash it is)."""
+    evil = {"Origin": "https://evil.example"}
+    spelled = [("GET", "/slots%23?model=beta"), ("GET", "/v1%2F..%2Fslots?model=beta"), ("POST", "/lora-adapters%23"),
+               ("POST", "/v1%2F..%2Fslots%2F0?action=erase"), ("GET", "/v1/.%2E/slots?model=beta")]  # fmt: skip
+    for method, path in spelled:
+        r = httpx.request(method, router.url + path, headers=evil, json={"model": "beta"} if method == "POST" else None)
+        assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error", (path, r.text)
+    r = httpx.post(router.url + "/slots%2F0?action=erase", headers=evil, json={"model": "beta"})
+    assert r.status_code == 403  # judged as /slots/0
+    assert httpx.get(router.url + "/slots?model=beta").status_code == 200  # plainly, from no page: served
+
+
+def test_a_body_over_the_limit_is_refused_before_any_load(router):
+    """The router's body gate is the model server's (--max-body-size, 8 MiB by default):
+    a bigger body is a 413 at the router, read no further, and loads nothing."""
+    assert httpx.post(router.url + "/models/unload", json={"model": "beta"}).status_code == 200
+    body = json.dumps({"model": "beta", "prompt": "x" * (9 << 20)})
+    r = httpx.post(router.url + "/v1/completions", content=body, headers={"Content-Type": "application/json"})
+    assert r.status_code == 413 and "--max-body-size" in r.json()["error"]["message"]
+    assert statuses(router.url)["beta"]["value"] == "unloaded"
+
+
 def test_load_unload_and_metrics(router):
     assert httpx.post(router.url + "/models/unload", json={"model": "beta"}).json() == {"success": True}
     assert statuses(router.url)["beta"]["value"] == "unloaded"

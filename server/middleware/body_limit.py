@@ -1,13 +1,16 @@
-"""A request body limit as plain ASGI middleware: a body over ``max_bytes`` is answered
-413 (OpenAI error shape) without reading the rest, whether the client announced its
-length or streams it in chunks. The body is read here, then handed to the app as it
-came; every later ``receive`` (``http.disconnect``) goes to the server as before."""
+"""The body gate, as plain ASGI middleware (the model server's and the router's): a body
+over ``max_bytes`` is answered 413 (OpenAI error shape) without reading the rest,
+whether the client announced its length or streams it in chunks; a body holding a lone
+UTF-16 surrogate escape is a 400 (server/middleware/surrogates.py). The body is read
+here, then handed to the app as it came; every later ``receive`` (``http.disconnect``)
+goes to the server as before."""
 
 from __future__ import annotations
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from server.errors import APIError
+from server.middleware.surrogates import lone_surrogate
 
 
 class BodyLimitMiddleware:
@@ -32,7 +35,12 @@ class BodyLimitMiddleware:
                 return await self._refuse(scope, receive, send, True)
             if not message.get("more_body", False):
                 break
-        await self.app(scope, _replay(b"".join(chunks), receive), send)
+        body = b"".join(chunks)
+        lone = lone_surrogate(body)
+        if lone is not None:
+            refusal = APIError(400, f"the request body holds {lone}, a lone UTF-16 surrogate: no text can hold it")
+            return await refusal.response()(scope, _replay(body, receive), send)
+        await self.app(scope, _replay(body, receive), send)
 
     async def _refuse(self, scope: Scope, receive: Receive, send: Send, too_large: bool) -> None:
         if too_large:

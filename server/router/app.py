@@ -24,6 +24,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response, Streami
 from server import errors
 from server.errors import APIError
 from server.middleware.auth import APIKeyMiddleware
+from server.middleware.body_limit import BodyLimitMiddleware
 from server.middleware.cors import CORSMiddleware, CORSPolicy, parse_origins
 from server.middleware.cross_site import CrossSiteGuard
 from server.middleware.header_case import HeaderCase
@@ -32,6 +33,7 @@ from server.middleware.paths import PublicPaths
 from server.router.catalog import catalog
 from server.router.child import Child, ClientGone, ModelGone
 from server.router.children import DEBUG_DELAY_S, Children
+from server.router.forward_path import forward_path
 from server.router.metrics import joined, props_of, router_families, scrape
 from server.router.upstream import Upstream, UpstreamError
 
@@ -184,6 +186,7 @@ def create_router_app(settings, shared_args: list[str]) -> FastAPI:
 
     @app.api_route("/{path:path}", methods=["GET", "POST", "PUT", "DELETE", "PATCH"])
     async def proxy(path: str, request: Request) -> Response:
+        target = forward_path("/" + path)  # the decoded path the guards judged
         body = await request.body()
         name = None
         if body:
@@ -209,7 +212,7 @@ def create_router_app(settings, shared_args: list[str]) -> FastAPI:
                 await asyncio.sleep(DEBUG_DELAY_S)
             proc = child.proc
             try:
-                response = await upstream.send(child, request.method, f"/{path}", query, request.headers, body)
+                response = await upstream.send(child, request.method, target, query, request.headers, body)
             except UpstreamError as exc:
                 children.release(child)
                 children.refresh()
@@ -240,6 +243,7 @@ def create_router_app(settings, shared_args: list[str]) -> FastAPI:
         return StreamingResponse(relay(), status_code=response.status, headers=Upstream.headers(response))
 
     keys = settings.api_keys
+    app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_size)  # the model server's limit, before a load
     app.add_middleware(APIKeyMiddleware, keys=keys, public=PublicPaths(False, settings.metrics_public))
     cors = CORSPolicy(
         parse_origins(settings.cors_origins), settings.cors_methods, settings.cors_headers, settings.cors_credentials

@@ -18,6 +18,7 @@ import contextlib
 
 import aiohttp
 import httpx
+import yarl
 
 HOP_HEADERS = {"host", "content-length", "connection", "keep-alive", "transfer-encoding", "te", "upgrade"}
 NOT_FORWARDED = HOP_HEADERS | {"authorization", "x-api-key", "origin", "cookie"}
@@ -63,11 +64,12 @@ class Upstream:
     async def send(
         self, child, method: str, path: str, query: list[tuple[str, str]], headers: dict[str, str], body: bytes
     ) -> aiohttp.ClientResponse:
-        """The child's answer, its body still to read (``relay``). Raises one of
-        UpstreamError when the child cannot be reached or closes before answering."""
+        """The child's answer, its body still to read (``relay``); ``path`` percent-encoded,
+        sent as it is (server/router/forward_path.py). Raises one of UpstreamError when
+        the child cannot be reached or closes before answering."""
         return await self._session(child.socket).request(
             method,
-            child.url + path,
+            yarl.URL(child.url + path, encoded=True),
             params=query,
             headers=forwarded(headers, child),
             data=body or None,
