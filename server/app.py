@@ -77,7 +77,7 @@ def create_app(settings: ServerSettings) -> FastAPI:
     _add_metrics(app, state)
     _add_openapi(app, state, public, sleep)
     if sleep is not None:  # innermost: after the key check and the path prefix, a request waits for the wake
-        app.add_middleware(WakeOnRequest, sleep=sleep)
+        app.add_middleware(WakeOnRequest, sleep=sleep, routes=app.router.routes)
     _add_middleware(app, state, public)
     return app
 

@@ -50,16 +50,23 @@ def _serve(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     from server.config.flags import add_flags
 
-    ap = argparse.ArgumentParser(prog="slotserve", description="OpenAI-compatible LLM server built around slots")
+    # no abbreviations: "--hos" is not "--host" (the router passes flags it does not know to
+    # its children, whose parser would have expanded them past its filter)
+    ap = argparse.ArgumentParser(
+        prog="slotserve", description="OpenAI-compatible LLM server built around slots", allow_abbrev=False
+    )
     sub = ap.add_subparsers(dest="command", required=True)
     srv = sub.add_parser(
         "serve",
+        allow_abbrev=False,
         help="serve the OpenAI and llama-server APIs",
         description="Serve a model over HTTP. Every flag also reads SLOTSERVE_<NAME> (flag wins over env).",
     )
     add_flags(srv)
     srv.set_defaults(func=_serve)
-    gen = sub.add_parser("generate", help="generate offline for one or more prompts (all batched together)")
+    gen = sub.add_parser(
+        "generate", help="generate offline for one or more prompts (all batched together)", allow_abbrev=False
+    )
     gen.add_argument("prompt", nargs="+")
     gen.add_argument("-m", "--model", default=None, help="Hugging Face checkpoint folder (default: the demo model)")
     gen.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])

@@ -38,6 +38,10 @@ def test_an_idle_model_sleeps_and_the_next_request_wakes_it(server):
     assert httpx.get(server.url + "/health").status_code == 200
     assert httpx.get(server.url + "/metrics").text == awake  # the figures it had on entering sleep
     assert httpx.get(server.url + "/props").json()["is_sleeping"]  # the probes above did not wake it
+    assert httpx.get(server.url + "/wp-login.php").status_code == 404  # a scanner: no route, no model
+    assert httpx.post(server.url + "/v1/chat/completion", json={}).status_code == 404
+    assert httpx.get(server.url + "/v1/chat/completions").status_code == 405
+    assert httpx.get(server.url + "/props").json()["is_sleeping"]  # none of them woke it
     again = ask(server.url, turn)
     assert again["choices"][0]["message"]["content"] == first["choices"][0]["message"]["content"]
     assert again["usage"]["prompt_tokens_details"]["cached_tokens"] > 0  # restored from the disk tier

@@ -50,3 +50,15 @@ def test_a_setting_declared_without_flags_is_refused():
 
     with pytest.raises(TypeError, match="orphan"):
         add_flags(argparse.ArgumentParser(), Broken)
+
+
+@pytest.mark.parametrize("prefix", ["--hos", "--por", "--api-key-f", "--models-d"])
+def test_a_flags_prefix_is_no_flag(prefix, capsys):
+    """argparse would expand a unique prefix (``--hos`` to ``--host``); the router passes
+    the flags it does not know to its children, whose parser would have expanded them
+    past its filter. Abbreviations are refused, with the flag named."""
+    from server.cli import build_parser
+
+    with pytest.raises(SystemExit) as exited:
+        build_parser().parse_args(["serve", prefix, "x"])
+    assert exited.value.code == 2 and prefix in capsys.readouterr().err

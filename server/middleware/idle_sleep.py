@@ -17,6 +17,8 @@ import gc
 import logging
 import time
 
+from starlette.routing import Match
+
 from server.middleware.paths import rule
 
 log = logging.getLogger("slotserve")
@@ -112,11 +114,17 @@ class WakeOnRequest:
     model never goes to sleep under a request still rendering its template or fetching
     an image; probes, /props, /metrics and the page's /live do neither."""
 
-    def __init__(self, app, sleep: IdleSleep):
-        self.app, self.sleep = app, sleep
+    def __init__(self, app, sleep: IdleSleep, routes=()):
+        """``routes``: the app's routes; a path none of them serves (a 404, a 405) needs
+        no model and wakes nothing (a scanner's ``GET /wp-login.php`` would otherwise
+        reload the weights)."""
+        self.app, self.sleep, self.routes = app, sleep, routes
+
+    def _served(self, scope) -> bool:
+        return any(route.matches(scope)[0] == Match.FULL for route in self.routes)
 
     async def __call__(self, scope, receive, send) -> None:
-        if scope["type"] != "http" or not rule(scope["path"]).wakes:
+        if scope["type"] != "http" or not rule(scope["path"]).wakes or not self._served(scope):
             return await self.app(scope, receive, send)
         self.sleep.active += 1  # before the wake: the model cannot go to sleep under it (rendering, fetching)
         try:
