@@ -109,6 +109,26 @@ def _text(content: str | list) -> str:
     return "".join(b.text for b in content if isinstance(b, TextBlock))
 
 
+BILLING = "x-anthropic-billing-header:"
+
+
+def _system(system: str | list) -> str:
+    """The system prompt less Claude Code's billing header: a first system block that is
+    only an ``x-anthropic-billing-header: ...; cch=<nonce>;`` line, with a new nonce on
+    every request. In the prompt it would make every turn's first tokens new, so no
+    turn would read its conversation from the cache (sglang and vllm-mlx drop it too)."""
+    if isinstance(system, str):
+        first, _, rest = system.partition("\n")
+        return rest if first.strip().startswith(BILLING) else system
+    kept = [b for b in system if not (isinstance(b, TextBlock) and _is_billing(b.text))]
+    return _text(kept)
+
+
+def _is_billing(text: str) -> bool:
+    text = text.strip()
+    return text.startswith(BILLING) and "\n" not in text
+
+
 def _chat_part(block: TextBlock | ImageBlock) -> dict:
     """A text or image block as a chat content part (an image: a data: URL of its base64
     source; a URL source goes as it is, and the chat route says what it takes)."""
@@ -125,8 +145,9 @@ def _chat_part(block: TextBlock | ImageBlock) -> dict:
 def to_chat(body: MessagesFields, extra: dict | None = None) -> ChatCompletionRequest:
     """The chat completion request an Anthropic request means."""
     messages: list[dict] = []
-    if body.system:
-        messages.append({"role": "system", "content": _text(body.system)})
+    system = _system(body.system) if body.system else ""
+    if system:
+        messages.append({"role": "system", "content": system})
     for m in body.messages:
         blocks = [TextBlock(type="text", text=m.content)] if isinstance(m.content, str) else m.content
         nested = [

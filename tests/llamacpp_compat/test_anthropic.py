@@ -142,3 +142,22 @@ def test_a_message_does_not_pay_for_llama_servers_verbose_answer(client, monkeyp
     )
     assert m.stop_reason in ("stop_sequence", "max_tokens", "end_turn")
     assert m.stop_reason != "stop_sequence" or m.stop_sequence == "e"
+
+
+def claude_code_system(nonce: str) -> list[dict]:
+    """Claude Code's system blocks: a billing header with a new nonce on every request,
+    then its system prompt."""
+    header = f"x-anthropic-billing-header: cc_version=2.1.37.abc; cc_entrypoint=cli; cch={nonce};"
+    prompt = "You are Claude Code, a coding agent. Read files before editing them. " * 12
+    return [{"type": "text", "text": header}, {"type": "text", "text": prompt}]
+
+
+def test_claude_codes_billing_header_does_not_cost_the_cache(client):
+    """The header does not reach the prompt, so the second turn reads all of the first
+    turn's prompt from the slot's cache (a nonce in the first tokens made that 0)."""
+    first = client.messages.create(model="demo", max_tokens=8, system=claude_code_system("5f1e"), messages=USER)
+    plain = client.messages.count_tokens(model="demo", system=claude_code_system("5f1e")[1:], messages=USER)
+    assert first.usage.input_tokens == plain.input_tokens
+    turn = [*USER, {"role": "assistant", "content": first.content[0].text}, {"role": "user", "content": "and sub?"}]
+    second = client.messages.create(model="demo", max_tokens=8, system=claude_code_system("a9c2"), messages=turn)
+    assert second.usage.cache_read_input_tokens >= first.usage.input_tokens - 1, (first.usage, second.usage)
