@@ -231,3 +231,29 @@ def test_malformed_oversized_unknown_and_still_serving(server):
     ok = httpx.post(server.url + "/v1/completions", json={"prompt": "x", "max_tokens": 2})
     assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] == 2
     assert httpx.get(server.url + "/props").json()["memory"]["integrity"] == "ok"
+
+
+def test_a_stream_a_fault_of_ours_ends_has_an_error_frame_and_done(server, monkeypatch):
+    """A fault while the chunks are made (here: the output reader raising on the third
+    piece) ends the stream with an error frame and ``[DONE]``, not a cut connection,
+    and the server serves on."""
+    from server.pipeline import chat_output
+
+    real, calls = chat_output.ChatOutput.push, []
+
+    def failing(self, text):
+        calls.append(text)
+        if len(calls) == 3:
+            raise RuntimeError("injected")
+        return real(self, text)
+
+    monkeypatch.setattr(chat_output.ChatOutput, "push", failing)
+    body = {"messages": [{"role": "user", "content": "Count to ten."}], "max_tokens": 12, "stream": True}
+    with httpx.stream("POST", server.url + "/v1/chat/completions", json=body, timeout=60) as r:
+        lines = [line for line in r.iter_lines() if line.startswith("data: ")]
+    assert lines[-1] == "data: [DONE]"
+    error = json.loads(lines[-2][6:])["error"]
+    assert error["type"] == "server_error" and "RuntimeError" in error["message"] and "injected" not in error["message"]
+    monkeypatch.undo()
+    ok = httpx.post(server.url + "/v1/chat/completions", json={**body, "stream": False})
+    assert ok.status_code == 200

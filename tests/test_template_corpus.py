@@ -687,3 +687,59 @@ def test_the_reasoning_budget_counts_the_familys_own_thought():
     assert spec.start == tuple(tok.encode(gpt_oss.start, False))
     assert spec.forced == tuple(tok.encode(gpt_oss.end, False))
     assert not budget_spec(state, engine, body, "<|start|>assistant", gpt_oss).opened
+
+
+# values a model may write where a call's number goes: not JSON, or JSON no JSON text may carry
+HOSTILE = ["...", "b'x'", "1j", "{1, frozenset({2})}", "1" + "0" * 5000, "NaN", "-Infinity", "[1, {2: 3}]",
+           "{'a': b''}"]  # fmt: skip
+
+
+def _strict(arguments: str) -> object:
+    """JSON text as strict JSON reads it (NaN and infinities refused)."""
+
+    def refuse(name):
+        raise ValueError(f"{name} is not JSON")
+
+    return json.loads(arguments, parse_constant=refuse)
+
+
+def test_no_value_a_model_writes_makes_a_reader_raise(templates):
+    """Each family's rendered calls with a value JSON cannot carry in place of a number
+    (Python literals, bytes, complex, sets, an integer over 4,300 digits, NaN): reading
+    never raises, whole or streamed a piece at a time, and every call read has strict
+    JSON arguments (it was a 500, or a stream cut after its first chunk)."""
+    from server.pipeline.tool_calls import ToolCallStream, family, parse
+
+    for name, source in templates.items():
+        fmt, written = family(source), written_answer(source, PLAN, TRIPS)
+        if written is None or "1200.5" not in written[0]:
+            continue
+        for bad in HOSTILE:
+            text = written[0].replace("1200.5", bad)
+            content, calls = parse(fmt, text, [PLAN])
+            stream = ToolCallStream(fmt, [PLAN])
+            pieces = [p for i in range(0, len(text), 7) for p in stream.push(text[i : i + 7])] + stream.flush()
+            assert [_strict(c.arguments) for c in calls] == [
+                _strict(c.arguments) for c in pieces if not isinstance(c, str)
+            ], (name, bad)
+
+
+def test_a_call_of_a_tool_the_request_did_not_offer_is_content(templates):
+    """A call is a call of one of the request's tools: each family's rendered calls with
+    another tool's name read as no call, their text kept as content; and a Llama 3
+    answer that is a JSON object (``{"name": "Alice", "age": 30}``) is an answer."""
+    from server.pipeline.tool_calls import family, parse
+
+    checked = 0
+    for name, source in templates.items():
+        fmt, written = family(source), written_answer(source, PLAN, TRIPS)
+        if written is None:
+            continue
+        content, calls = parse(fmt, written[0].replace("plan_trip", "launch_rockets"), [PLAN])
+        assert calls == [] and "launch_rockets" in content, (name, fmt)
+        assert parse(fmt, written[0], [PLAN])[1], name  # offered: read as calls
+        checked += 1
+    assert checked > 40
+    answer = '{"name": "Alice", "age": 30}'
+    assert parse("llama3", answer, [WEATHER]) == (answer, [])
+    assert parse("llama3", '{"name": "get_weather", "parameters": {"city": "Paris"}}', [WEATHER])[1]

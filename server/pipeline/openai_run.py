@@ -6,6 +6,7 @@ their own events, with no text parsed back)."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
@@ -17,8 +18,10 @@ from server import __version__
 from server.pipeline.generation import OPENAI_DEFAULTS, build_request
 from server.pipeline.native_answer import verbose_answer
 from server.pipeline.run import Run
-from server.pipeline.sse import run_events, sse
+from server.pipeline.sse import run_events, sse, sse_fault
 from server.schemas.requests import OpenAIFields
+
+log = logging.getLogger("slotserve")
 
 
 def piece(engine: Engine, token_id: int) -> str:
@@ -111,9 +114,15 @@ async def chunks(
 
 
 async def sse_chunks(stream: AsyncIterator[dict]) -> AsyncIterator[str]:
-    """OpenAI's SSE: each chunk a ``data:`` frame, then ``[DONE]`` (not after an error)."""
-    async for chunk in stream:
-        yield sse(chunk)
-        if "error" in chunk:
-            return
+    """OpenAI's SSE: each chunk a ``data:`` frame, then ``[DONE]`` (not after a failure
+    the engine reported). A fault of ours while the chunks are made ends the stream
+    with an error frame and ``[DONE]`` (a client waits for one or the other), logged."""
+    try:
+        async for chunk in stream:
+            yield sse(chunk)
+            if "error" in chunk:
+                return
+    except Exception as exc:  # noqa: BLE001 - the client gets a clean end; the log gets the fault
+        log.exception("a stream failed mid-way")
+        yield sse_fault(exc)
     yield sse("[DONE]")

@@ -96,6 +96,12 @@ def sse_error(failure: Failed) -> str:
     return sse({"error": {"message": failure.message, "type": failure.type, "code": failure.status}})
 
 
+def sse_fault(exc: BaseException) -> str:
+    """The last frame of a stream a fault of ours ended (its type named, not its text)."""
+    message = f"internal error while streaming: {type(exc).__name__}"
+    return sse({"error": {"message": message, "type": "server_error", "code": 500}})
+
+
 async def run_events(run: Run) -> AsyncIterator[tuple[int, RequestEvent]]:
     """(0, event) for each event of one run: the shape ``sse_frames`` reads (a batch of
     runs gives its own: server/pipeline/run_batch.py)."""
@@ -107,12 +113,16 @@ async def sse_frames(events: AsyncIterator[tuple[int, RequestEvent]], render, ta
     """The SSE frames of ``render(index, event)`` (None: no frame) for each event, then
     ``tail()``'s frames; a failure ends the stream with its error frame instead. Every
     streaming route uses this loop."""
-    async for index, event in events:
-        if isinstance(event, Failed):
-            yield sse_error(event)
-            return
-        data = render(index, event)
-        if data is not None:
-            yield sse(data)
-    for frame in tail() if tail else ():
-        yield frame
+    try:
+        async for index, event in events:
+            if isinstance(event, Failed):
+                yield sse_error(event)
+                return
+            data = render(index, event)
+            if data is not None:
+                yield sse(data)
+        for frame in tail() if tail else ():
+            yield frame
+    except Exception as exc:  # noqa: BLE001 - a fault of ours: the stream ends with its error frame
+        log.exception("a stream failed mid-way")
+        yield sse_fault(exc)

@@ -26,6 +26,13 @@ class ToolCall:
 Schemas = dict[str, dict[str, dict]]  # {tool name: {parameter: its JSON schema}}
 
 
+def tool_names(tools: list[dict] | None) -> frozenset[str] | None:
+    """The names of the request's tools; None when it sent none (no name to check)."""
+    if not tools:
+        return None
+    return frozenset(str((t.get("function") or {}).get("name", "")) for t in tools if isinstance(t, dict))
+
+
 def param_schemas(tools: list[dict] | None) -> Schemas:
     """Each tool's parameters' schemas, from the request's ``tools``."""
     out: Schemas = {}
@@ -43,7 +50,11 @@ def make(name: str, args: object, call_id: str = "") -> ToolCall | None:
         args = loads(args) if args.strip() else {}
     if not isinstance(name, str) or not name.strip() or not isinstance(args, dict):
         return None
-    return ToolCall(name.strip(), json.dumps(args, ensure_ascii=False), call_id)
+    try:  # a value JSON cannot carry (bytes, a set, NaN, an int of 4,300 digits...): not a call
+        arguments = json.dumps(args, ensure_ascii=False, allow_nan=False)
+    except (TypeError, ValueError, OverflowError, RecursionError):
+        return None
+    return ToolCall(name.strip(), arguments, call_id)
 
 
 def from_object(obj: object) -> ToolCall | None:
@@ -67,7 +78,7 @@ def loads(text: str) -> object:
     """JSON ``text``'s value, or None when it is not JSON."""
     try:
         return json.loads(text)
-    except (json.JSONDecodeError, RecursionError):
+    except (ValueError, RecursionError):  # (an integer of more than 4,300 digits is a ValueError too)
         return None
 
 

@@ -1,11 +1,14 @@
 """Tool calls found in a model's text as it streams: content goes out at once, except
 what may begin a call's opening marker; a call goes out when its closing marker (or the
-answer's end) completes it; what the family's reader cannot read goes out as content."""
+answer's end) completes it; what the family's reader cannot read goes out as content,
+and so does a call of a tool the request did not offer (a JSON answer
+``{"name": "Alice", "age": 30}`` is no call of a tool named Alice). No text a model
+writes makes a reader raise: whatever it cannot take is content."""
 
 from __future__ import annotations
 
 from server.pipeline.reasoning import held
-from server.pipeline.tool_calls.call import ToolCall, param_schemas
+from server.pipeline.tool_calls.call import ToolCall, param_schemas, tool_names
 from server.pipeline.tool_calls.families import BY_NAME
 
 
@@ -18,6 +21,7 @@ class ToolCallStream:
         schemas type the values of families that write arguments one by one."""
         self.syntax = BY_NAME[fmt]
         self._schemas = param_schemas(tools)
+        self._names = tool_names(tools)
         self._buf = ""
         self._open: tuple[str, str | None] | None = None  # the markers of the call being read
         self._said = False  # whether any content went out (``first`` families: a call only before)
@@ -70,7 +74,13 @@ class ToolCallStream:
     def _read(self, body: str) -> list[str | ToolCall]:
         opening, closing = self._open
         self._open, self._searched = None, 0
-        got = self.syntax.read(self.syntax.region(opening, body, closing or ""), self._schemas)
+        try:
+            got = self.syntax.read(self.syntax.region(opening, body, closing or ""), self._schemas)
+        except Exception:  # noqa: BLE001 - a reader's failure on model text: the text stays content
+            got = None
+        if got is not None and self._names is not None:
+            if any(isinstance(p, ToolCall) and p.name not in self._names for p in got):
+                got = None  # a tool the request did not offer: no call
         return got if got is not None else [opening + body + (closing or "")]
 
     def flush(self) -> list[str | ToolCall]:
