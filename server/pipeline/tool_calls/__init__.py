@@ -33,7 +33,12 @@ def marker_text(fmt: str) -> str:
     grammar's literals for a sample tool, and its openings and closings)."""
     syntax = BY_NAME[fmt]
     grammar = syntax.grammar([{"type": "function", "function": {"name": "f", "parameters": SAMPLE}}], True)
-    literals = [json.loads(x) for x in LITERAL.findall(grammar)]
+    literals = []
+    for found in LITERAL.findall(grammar):  # (a quote inside one of the grammar's regexes opens no literal)
+        try:
+            literals.append(json.loads(found))
+        except ValueError:
+            continue
     return "".join(literals + [m for pair in syntax.pairs for m in pair if m])
 
 

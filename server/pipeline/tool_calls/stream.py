@@ -26,6 +26,7 @@ class ToolCallStream:
         self._open: tuple[str, str | None] | None = None  # the markers of the call being read
         self._said = False  # whether any content went out (``first`` families: a call only before)
         self._searched = 0  # how much of a call's buffered text holds no closing marker
+        self._after_call = False  # a call just closed: the newlines that follow are dropped
 
     def _opening(self) -> tuple[int, tuple[str, str | None]] | None:
         if self.syntax.first:
@@ -43,13 +44,20 @@ class ToolCallStream:
             head = self._buf.lstrip()
             maybe = not self._said and (not head or any(p[0].startswith(head) for p in self.syntax.pairs))
             return len(self._buf) if maybe else 0
-        return max(held(self._buf, p[0]) for p in self.syntax.pairs)
+        partial = max(held(self._buf, p[0]) for p in self.syntax.pairs)
+        before = self._buf[: len(self._buf) - partial]
+        return partial + len(before) - len(before.rstrip("\n"))  # newlines a call's opening would drop
 
     def push(self, text: str) -> list[str | ToolCall]:
         self._buf += text
         out: list[str | ToolCall] = []
         while self._buf:
             if self._open is None:
+                if self._after_call:  # newlines after a call's closing marker are the call's, in any chunks
+                    self._buf = self._buf.lstrip("\n")
+                    if not self._buf:
+                        break
+                    self._after_call = False
                 found = self._opening()
                 if found is None:
                     keep = self._hold()
@@ -65,7 +73,8 @@ class ToolCallStream:
                 if end < 0:
                     self._searched = len(self._buf)  # a long call is searched once, not at every piece
                     break
-                body, self._buf = self._buf[:end], self._buf[end + len(closing) :].lstrip("\n")
+                body, self._buf = self._buf[:end], self._buf[end + len(closing) :]
+                self._after_call = True
                 out += self._read(body)
         out = [p for p in out if p != ""]
         self._said = self._said or any(isinstance(p, str) and p.strip() for p in out)
