@@ -153,25 +153,25 @@ def test_an_embedding_gemma_gguf_file_serves_sentence_transformers_vectors(embed
 
 
 def test_a_batch_larger_than_the_queue_is_served_and_counted(embedder):
-    """10,000 inputs in one request (--max-queue 4 bounds requests, not inputs), with a
-    one-input request beside it; /metrics counts every input."""
+    """2,048 inputs in one request, as many as --max-inputs takes (--max-queue 4 bounds
+    requests, not inputs), with a one-input request beside it; /metrics counts every input."""
     import concurrent.futures
 
     _, srv = embedder
     families = {f.name: f for f in text_string_to_metric_families(httpx.get(srv.url + "/metrics").text)}
     before = families["slotserve_encoder_inputs"].samples[0].value
     words = ["slot", "cache", "query", "window", "file", "retrieval"]
-    batch = [" ".join(words[(i + k) % 6] for k in range(1 + i % 7)) + f" {i}" for i in range(10_000)]
+    batch = [" ".join(words[(i + k) % 6] for k in range(1 + i % 7)) + f" {i}" for i in range(2048)]
     with concurrent.futures.ThreadPoolExecutor(2) as pool:
         big = pool.submit(httpx.post, srv.url + "/v1/embeddings", json={"input": batch}, timeout=600)
         small = pool.submit(httpx.post, srv.url + "/v1/embeddings", json={"input": batch[123]}, timeout=600)
         big, small = big.result(), small.result()
     assert big.status_code == 200 and small.status_code == 200, (big.text[:300], small.text[:300])
     data = big.json()["data"]
-    assert [d["index"] for d in data] == list(range(10_000))
+    assert [d["index"] for d in data] == list(range(2048))
     np.testing.assert_allclose(data[123]["embedding"], small.json()["data"][0]["embedding"], atol=1e-6)
     families = {f.name: f for f in text_string_to_metric_families(httpx.get(srv.url + "/metrics").text)}
-    assert families["slotserve_encoder_inputs"].samples[0].value - before == 10_001
+    assert families["slotserve_encoder_inputs"].samples[0].value - before == 2049
     assert families["slotserve_encoder_requests_waiting"].samples[0].value == 0
 
 
@@ -244,6 +244,21 @@ def test_a_thousand_document_rerank_is_served_and_long_pairs_are_refused_or_cut(
     got = {res["index"]: res["relevance_score"] for res in r.json()["results"]}
     np.testing.assert_allclose(got[1], _cross_encoder_scores(folder, [long])[0], atol=1e-4)  # cut as it cuts
     assert httpx.get(srv.url + "/v1/models").json()["models"][0]["capabilities"] == ["rerank"]
+
+
+def test_more_inputs_or_documents_than_the_server_takes_are_a_413(embedder, reranker):
+    """--max-inputs (2048 by default) bounds an embeddings request's inputs and a rerank
+    request's documents: one more is a 413 naming the setting, before any work (it was
+    seconds of work and hundreds of MB for a 1 MB body), and the server serves on."""
+    _, srv = embedder
+    r = httpx.post(srv.url + "/v1/embeddings", json={"input": ["a"] * 2049})
+    assert r.status_code == 413 and "--max-inputs" in r.json()["error"]["message"]
+    r = httpx.post(srv.url + "/embedding", json={"content": ["a"] * 2049})
+    assert r.status_code == 413
+    assert httpx.post(srv.url + "/v1/embeddings", json={"input": ["a"] * 3}).status_code == 200
+    _, srv = reranker
+    r = httpx.post(srv.url + "/v1/rerank", json={"query": QUERY, "documents": ["a"] * 2049})
+    assert r.status_code == 413 and "2049 documents" in r.json()["error"]["message"]
 
 
 def test_rerank_with_a_generation_model_fails_at_start_with_a_clear_line(tmp_path):

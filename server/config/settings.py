@@ -365,6 +365,12 @@ class ServerSettings(SamplerSettings, LoraSettings, RouterSettings, MediaSetting
     max_body_size: int = setting(
         8 << 20, gt=0, description="largest request body in bytes; larger is 413", flags=("--max-body-size",)
     )
+    max_inputs: int = setting(
+        2048,
+        gt=0,
+        description="most inputs of one embeddings request, and documents of one rerank request; more is 413",
+        flags=("--max-inputs",),
+    )
     log_prompts: bool = setting(
         False,
         description="log prompt and completion text (off: never in the logs)",

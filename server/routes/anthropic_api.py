@@ -112,16 +112,17 @@ def _text(content: str | list) -> str:
 BILLING = "x-anthropic-billing-header:"
 
 
-def _system(system: str | list) -> str:
+def _system(system: str | list) -> str | None:
     """The system prompt less Claude Code's billing header: a first system block that is
     only an ``x-anthropic-billing-header: ...; cch=<nonce>;`` line, with a new nonce on
     every request. In the prompt it would make every turn's first tokens new, so no
-    turn would read its conversation from the cache (sglang and vllm-mlx drop it too)."""
+    turn would read its conversation from the cache (sglang and vllm-mlx drop it too).
+    None when the header was all there was."""
     if isinstance(system, str):
         first, _, rest = system.partition("\n")
-        return rest if first.strip().startswith(BILLING) else system
+        return (rest or None) if first.strip().startswith(BILLING) else system
     kept = [b for b in system if not (isinstance(b, TextBlock) and _is_billing(b.text))]
-    return _text(kept)
+    return _text(kept) if kept else None
 
 
 def _is_billing(text: str) -> bool:
@@ -145,8 +146,8 @@ def _chat_part(block: TextBlock | ImageBlock) -> dict:
 def to_chat(body: MessagesFields, extra: dict | None = None) -> ChatCompletionRequest:
     """The chat completion request an Anthropic request means."""
     messages: list[dict] = []
-    system = _system(body.system) if body.system else ""
-    if system:
+    system = _system(body.system) if body.system else None
+    if system is not None:
         messages.append({"role": "system", "content": system})
     for m in body.messages:
         blocks = [TextBlock(type="text", text=m.content)] if isinstance(m.content, str) else m.content

@@ -16,6 +16,7 @@ leading values before normalizing (vLLM's rule: config.json's ``is_matryoshka`` 
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import math
 import struct
@@ -30,6 +31,7 @@ from engine import EncoderService, Request, SamplingParams
 from server.errors import APIError
 from server.pipeline.encoder_call import encoder_call
 from server.pipeline.generation import prompt_ids
+from server.pipeline.input_cap import capped
 from server.pipeline.media import ImageBudget, media_prompt
 from server.pipeline.run_batch import run_batch
 from server.schemas.answers import EmbeddingList, NativeEmbedding, documented
@@ -144,12 +146,13 @@ async def _embed(http: HTTPRequest, body: EmbeddingRequest, oai: bool) -> tuple[
     if pooling == "rank":
         raise APIError(400, "this server ranks (pooling rank): send query and documents to /v1/rerank")
     size, entries = _dimensions(engine, body.dimensions), body.entries()
+    capped(state, len(entries), "inputs")
     if isinstance(engine, EncoderService):
         inputs = await _encoder_inputs(engine, entries, body.truncate)
         vectors = await encoder_call(state, http, engine.embed(inputs, pooling))
         if vectors is None:
             return [], -1  # the client left
-        return _finished(state, body, vectors, size, pooling), sum(map(len, inputs))
+        return await asyncio.to_thread(_finished, state, body, vectors, size, pooling), sum(map(len, inputs))
     budget = ImageBudget()  # one budget for the images of all the inputs
     prompts = [await _ids(state, engine, e, budget, _where(k, entries)) for k, e in enumerate(entries)]
     reqs = [Request(ids, SamplingParams(max_tokens=1), pooling=pooling, media=media) for ids, media in prompts]
@@ -162,7 +165,7 @@ async def _embed(http: HTTPRequest, body: EmbeddingRequest, oai: bool) -> tuple[
     finally:
         await batch.close()
     vectors = [run.choices[0].embedding for run in batch.runs]
-    return _finished(state, body, vectors, size, pooling), sum(len(ids) for ids, _ in prompts)
+    return await asyncio.to_thread(_finished, state, body, vectors, size, pooling), sum(len(i) for i, _ in prompts)
 
 
 def _where(k: int, entries: list) -> str:
@@ -227,15 +230,19 @@ async def embeddings_oai(body: EmbeddingRequest, http: HTTPRequest) -> Response:
     vectors, n_tokens = await _embed(http, body, oai=True)
     if n_tokens < 0:
         return Response(status_code=499)
-    data = []
-    for i, vecs in enumerate(vectors):
-        item = {"embedding": vecs[0], "index": i, "object": "embedding"}
-        if body.encoding_format == "base64":
-            item |= {"embedding": _encoded(vecs[0]), "encoding_format": "base64"}
-        data.append(item)
     model = body.model or http.app.state.slotserve.settings.model_name
-    usage = {"prompt_tokens": n_tokens, "total_tokens": n_tokens}
-    return JSONResponse({"model": model, "object": "list", "usage": usage, "data": data})
+
+    def answer() -> JSONResponse:  # thousands of vectors to JSON: off the event loop
+        data = []
+        for i, vecs in enumerate(vectors):
+            item = {"embedding": vecs[0], "index": i, "object": "embedding"}
+            if body.encoding_format == "base64":
+                item |= {"embedding": _encoded(vecs[0]), "encoding_format": "base64"}
+            data.append(item)
+        usage = {"prompt_tokens": n_tokens, "total_tokens": n_tokens}
+        return JSONResponse({"model": model, "object": "list", "usage": usage, "data": data})
+
+    return await asyncio.to_thread(answer)
 
 
 @router.post("/embedding", response_model=None, responses=documented(list[NativeEmbedding], 400, 413, 501, 503))
@@ -246,4 +253,4 @@ async def embeddings_native(body: EmbeddingRequest, http: HTTPRequest) -> Respon
     vectors, n_tokens = await _embed(http, body, oai=False)
     if n_tokens < 0:
         return Response(status_code=499)
-    return JSONResponse([{"index": i, "embedding": vecs} for i, vecs in enumerate(vectors)])
+    return await asyncio.to_thread(lambda: JSONResponse([{"index": i, "embedding": v} for i, v in enumerate(vectors)]))

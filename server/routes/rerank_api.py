@@ -15,6 +15,7 @@ With TEI's ``texts`` instead of ``documents``, the answer is TEI's: a bare list 
 
 from __future__ import annotations
 
+import asyncio
 from typing import Annotated
 
 from fastapi import APIRouter
@@ -26,6 +27,7 @@ from engine import EncoderService
 from server.errors import APIError
 from server.pipeline.decoder_rank import decoder_rerank
 from server.pipeline.encoder_call import encoder_call
+from server.pipeline.input_cap import capped
 from server.schemas.answers import RerankList, documented
 from server.schemas.requests import Int, _Body
 
@@ -72,6 +74,7 @@ async def rerank(body: RerankRequest, http: HTTPRequest) -> Response:
         why = "This server does not support reranking. Start it with `--rerank` and a reranker model"
         raise APIError(501, why, "not_supported_error")
     documents = body.texts_of()
+    capped(state, len(documents), "documents")
     if isinstance(model, EncoderService):
         work = model.rerank(body.query, documents, body.truncate, body.raw_scores)
         ranked = await encoder_call(state, http, work)
@@ -79,6 +82,10 @@ async def rerank(body: RerankRequest, http: HTTPRequest) -> Response:
         ranked = await decoder_rerank(state, http, model, body.query, documents, body.raw_scores)
     if ranked is None:
         return Response(status_code=499)
+    return await asyncio.to_thread(_answer, body, state, documents, ranked)  # thousands of them: off the loop
+
+
+def _answer(body: RerankRequest, state, documents: list[str], ranked: list) -> JSONResponse:
     n_tokens = sum(r.n_tokens for r in ranked)
     ranked = sorted(ranked, key=lambda r: -r.score)[: body.top_n]
     if body.documents is None:  # TEI

@@ -1,0 +1,15 @@
+"""How many inputs one retrieval request may hold (``--max-inputs``): an embeddings
+request's inputs, a rerank request's documents. Each costs a tokenization, a slot or an
+encoder row, and its share of an answer built in memory, so without a cap a 1 MB body
+of 200,000 one-letter documents costs seconds and hundreds of MB."""
+
+from __future__ import annotations
+
+from server.errors import APIError
+
+
+def capped(state, n: int, what: str) -> None:
+    """Raises APIError 413 when ``n`` ``what`` are more than the server takes."""
+    most = state.settings.max_inputs
+    if n > most:
+        raise APIError(413, f"the request holds {n} {what}; this server takes at most {most} (--max-inputs)")
