@@ -1,4 +1,4 @@
-"""Lone UTF-16 surrogates in a JSON body: ``"\ud800"`` is valid JSON, but no string
+"""Lone UTF-16 surrogates in a JSON body: ``"\\ud800"`` is valid JSON, but no string
 holding it can be encoded as UTF-8, so every later step (tokenizers, templates, the
 answer's own JSON) would fail on it. The body gate (server/middleware/body_limit.py)
 refuses such a body once, with a 400 naming the escape, on every route."""
