@@ -350,3 +350,20 @@ def test_embedding_gemma2_embeds_as_sentence_transformers_and_transformers(tmp_p
     torch.testing.assert_close(torch.stack(engine.embed(ids)), expected, atol=1e-5, rtol=1e-4)
     (folder / "modules.json").unlink()  # no sentence-transformers modules: the model card's mean pooling
     assert EncoderEngine.from_pretrained(folder).config.pooling == "mean"
+
+
+def test_an_encoders_window_masks_take_a_byte_an_entry():
+    """ModernBERT's and EmbeddingGemma's masks (global: every real key; local: the real
+    keys within the radius): one input of 8,192 tokens takes 64 MB of masks, not the
+    512 MB two float32 [B, 1, T, T] masks took; and they say what they said."""
+    from engine.models.encoder_base import window_masks
+
+    full, local = window_masks(torch.tensor([8192]), 8192, 64)
+    assert sum(m.numel() * m.element_size() for m in (full, local)) <= 8192 * 8192 + 8192
+    lengths, t, radius = torch.tensor([5, 3]), 5, 1
+    full, local = (m.expand(2, 1, t, t) for m in window_masks(lengths, t, radius))
+    for b, n in enumerate(lengths.tolist()):
+        for q in range(t):
+            for k in range(t):
+                assert bool(full[b, 0, q, k]) == (k < n)
+                assert bool(local[b, 0, q, k]) == (k < n and abs(q - k) <= radius)

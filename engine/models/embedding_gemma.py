@@ -73,7 +73,7 @@ class _Attention(nn.Module):
         self.scale = float(raw.get("query_pre_attn_scalar") or self.head_dim) ** -0.5
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        """x [B, T, hidden]; cos, sin [T, D]; mask [B, 1, T, T] additive -> [B, T, hidden]."""
+        """x [B, T, hidden]; cos, sin [T, D]; mask [B, 1, T or 1, T] boolean (True: attend) -> [B, T, hidden]."""
         b, t, _ = x.shape
         q = self.q_norm(self.q_proj(x).view(b, t, self.n_heads, self.head_dim)).transpose(1, 2)  # [B, H, T, D]
         k = self.k_norm(self.k_proj(x).view(b, t, self.n_kv, self.head_dim)).transpose(1, 2)  # [B, KV, T, D]
@@ -106,7 +106,7 @@ class GemmaBlock(nn.Module):
         self.post_feedforward_layernorm = norm(hidden, eps)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        """x [B, T, hidden]; cos, sin [T, D]; mask [B, 1, T, T] additive -> [B, T, hidden]."""
+        """x [B, T, hidden]; cos, sin [T, D]; mask [B, 1, T or 1, T] boolean (True: attend) -> [B, T, hidden]."""
         x = x + self.post_attention_layernorm(self.self_attn(self.input_layernorm(x), cos, sin, mask))
         h = self.pre_feedforward_layernorm(x)
         h = self.mlp.down_proj(self.act(self.mlp.gate_proj(h)) * self.mlp.up_proj(h))
@@ -143,7 +143,7 @@ class EmbeddingGemmaEncoder(EncoderModel):
     def forward(self, ids: torch.Tensor, lengths: torch.Tensor, type_ids: torch.Tensor | None = None) -> torch.Tensor:
         t = ids.shape[1]
         x = self.embed_tokens(ids) * self.scale  # [B, T, hidden]
-        full, local = window_masks(lengths, t, self.half_window)  # [B, 1, T, T] each
+        full, local = window_masks(lengths, t, self.half_window)  # [B, 1, 1, T], [B, 1, T, T]
         tables = {kind: rope_table(base, self.head_dim, t, factor) for kind, (base, factor) in self.ropes.items()}
         for layer, kind in zip(self.layers, self.kinds):
             x = layer(x, *tables[kind], local if kind == "sliding_attention" else full)

@@ -47,7 +47,7 @@ class _Attention(nn.Module):
         self.v_norm = Norm(head_dim, eps, with_scale=False)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        """x [B, T, hidden]; cos, sin [T, D]; mask [B, 1, T, T] additive -> [B, T, hidden]."""
+        """x [B, T, hidden]; cos, sin [T, D]; mask [B, 1, T or 1, T] boolean (True: attend) -> [B, T, hidden]."""
         b, t, _ = x.shape
         q = self.q_norm(self.q_proj(x).view(b, t, self.n_heads, self.head_dim)).transpose(1, 2)  # [B, H, T, D]
         k = self.k_norm(self.k_proj(x).view(b, t, self.n_kv, self.head_dim)).transpose(1, 2)  # [B, KV, T, D]
@@ -149,7 +149,7 @@ class EmbeddingGemma2Encoder(EncoderModel):
         x = self.embed_tokens(ids) * self.scale  # [B, T, hidden]
         ple = self.ple.per_layer_model_projection(x) * self.scale**-1  # [B, T, L * P]
         ple = self.ple.per_layer_projection_norm(ple.view(b, t, len(self.layers), self.per_layer))  # [B, T, L, P]
-        full, local = window_masks(lengths, t, self.radius)  # [B, 1, T, T] each
+        full, local = window_masks(lengths, t, self.radius)  # [B, 1, 1, T], [B, 1, T, T]
         tables = {}
         for i, (layer, kind) in enumerate(zip(self.layers, self.kinds)):
             key = (kind, self.head_dims[i])

@@ -124,11 +124,12 @@ def rotate_halves(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torc
 
 
 def window_masks(lengths: torch.Tensor, t: int, radius: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Additive masks [B, 1, T, T] over right-padded inputs of ``lengths`` [B]: every
-    real key (a global layer's), and the real keys within ``radius`` positions of the
-    query either way (a local layer's)."""
+    """Boolean masks (True: attend) over right-padded inputs of ``lengths`` [B]: every
+    real key (a global layer's, [B, 1, 1, T]), and the real keys within ``radius``
+    positions of the query either way (a local layer's, [B, 1, T, T]). A byte per entry
+    where two float32 [B, 1, T, T] masks took eight: 64 MB, not 512 MB, for one input
+    of 8,192 tokens."""
     pos = torch.arange(t)
-    keys = pos[None, :] < lengths[:, None]  # [B, T]
+    keys = (pos[None, :] < lengths[:, None])[:, None, None, :]  # [B, 1, 1, T]
     near = (pos[:, None] - pos[None, :]).abs() <= radius  # [T, T]
-    full = torch.zeros(len(lengths), 1, t, t).masked_fill(~keys[:, None, None, :], float("-inf"))
-    return full, full.masked_fill(~near[None, None], float("-inf"))
+    return keys, keys & near[None, None]

@@ -86,7 +86,7 @@ class _Layer(nn.Module):
         self.act = ACTS[act]
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        """x [B, T, hidden]; cos, sin [T, D]; mask [B, 1, T, T] additive -> [B, T, hidden]."""
+        """x [B, T, hidden]; cos, sin [T, D]; mask [B, 1, T or 1, T] boolean (True: attend) -> [B, T, hidden]."""
         b, t, hidden = x.shape
         q, k, v = self.attn.Wqkv(self.attn_norm(x)).view(b, t, 3, self.n_heads, -1).permute(2, 0, 3, 1, 4)
         q, k = rotate_halves(q, cos, sin), rotate_halves(k, cos, sin)  # [B, H, T, D]
@@ -143,7 +143,7 @@ class ModernBertEncoder(EncoderModel):
         t = ids.shape[1]
         emb = self.embeddings
         x = emb.norm(emb.tok_embeddings(ids))  # [B, T, hidden]
-        full, local = window_masks(lengths, t, self.half_window)  # [B, 1, T, T] each
+        full, local = window_masks(lengths, t, self.half_window)  # [B, 1, 1, T], [B, 1, T, T]
         tables = {kind: rope_table(base, self.head_dim, t) for kind, base in self.bases.items()}  # [T, D] each
         for layer, kind in zip(self.layers, self.kinds):
             x = layer(x, *tables[kind], local if kind == "sliding_attention" else full)
