@@ -743,3 +743,35 @@ def test_a_call_of_a_tool_the_request_did_not_offer_is_content(templates):
     answer = '{"name": "Alice", "age": 30}'
     assert parse("llama3", answer, [WEATHER]) == (answer, [])
     assert parse("llama3", '{"name": "get_weather", "parameters": {"city": "Paris"}}', [WEATHER])[1]
+
+
+HARMONY = (
+    "<|channel|>analysis<|message|>Need the weather.<|end|>"
+    "<|start|>assistant<|channel|>commentary<|message|>Let me check.<|end|>"
+    "<|start|>assistant<|channel|>analysis<|message|>Call the tool.<|end|>"
+)
+
+
+@pytest.mark.parametrize(
+    "tail,content,calls",
+    [
+        ("<|start|>assistant<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>"
+         '{"city": "Paris"}<|call|>', "Let me check.", [("get_weather", {"city": "Paris"})]),
+        ("<|start|>assistant<|channel|>final<|message|>Sunny.<|return|>", "Let me check.Sunny.", []),
+    ],
+)  # fmt: skip
+@pytest.mark.parametrize("chunk", [10_000, 1, 4])
+def test_harmony_analysis_is_reasoning_and_a_preamble_is_content(tail, content, calls, chunk):
+    """gpt-oss (harmony): every analysis message is reasoning, a commentary preamble
+    (no recipient) is content without its markers, a call is a call; whole and
+    streamed (the second analysis message and the preamble's markers leaked into
+    ``content``)."""
+    from server.pipeline.chat_output import ChatOutput
+    from server.pipeline.thinking_syntax import BY_NAME
+
+    text = HARMONY + tail
+    out = ChatOutput("auto", False, "gpt-oss", [WEATHER], BY_NAME["gpt-oss"])
+    parts = [out.push(text[i : i + chunk]) for i in range(0, len(text), chunk)] + [out.finish()]
+    assert "".join(p.reasoning for p in parts) == "Need the weather.Call the tool."
+    assert "".join(p.content for p in parts) == content
+    assert [(c.name, json.loads(c.arguments)) for p in parts for c in p.calls] == calls

@@ -36,7 +36,7 @@ class ReasoningSplitter:
     end gives what was held back (a tag's possible beginning)."""
 
     def __init__(self, fmt: str, opened: bool = False, thinking: Thinking = THINK):
-        self.start, self.end = thinking.start, thinking.end
+        self.start, self.end, self.repeats = thinking.start, thinking.end, thinking.repeats
         self._drop = Dropper(thinking.drop if fmt != "none" else ())
         self.split = fmt != "none"
         self.legacy = fmt == "deepseek-legacy"
@@ -77,6 +77,15 @@ class ReasoningSplitter:
             elif self.state == "after":  # the newlines that close a thought are not the answer's
                 self._buf = self._buf.lstrip("\n")
                 self.state = "answer" if self._buf else "after"
+            elif self.repeats:  # a later thought opens in the answer (harmony: each analysis message)
+                at = self._buf.find(self.start)
+                if at < 0:
+                    keep = held(self._buf, self.start)
+                    content += self._buf[: len(self._buf) - keep]
+                    self._buf = self._buf[len(self._buf) - keep :]
+                    break
+                content += self._buf[: at + (len(self.start) if self.legacy else 0)]
+                self._buf, self.state = self._buf[at + len(self.start) :], "think"
             else:
                 content += self._buf
                 self._buf = ""

@@ -16,16 +16,26 @@ class Thinking:
     start: str
     end: str
     drop: tuple[str, ...] = ()  # the format's markers around the answer
+    repeats: bool = False  # a thought may open again after the answer began (harmony's messages)
 
 
 THINK = Thinking("think", (), "<think>", "</think>")
 FAMILIES: tuple[Thinking, ...] = (
+    # harmony: every analysis message is a thought; a commentary message without a
+    # recipient is a preamble the user sees (content, its markers dropped)
     Thinking(
         "gpt-oss",
         ("<|channel|>",),
         "<|channel|>analysis<|message|>",
         "<|end|>",
-        ("<|start|>assistant", "<|channel|>final<|message|>", "<|return|>"),
+        (
+            "<|start|>assistant",
+            "<|channel|>final<|message|>",
+            "<|channel|>commentary<|message|>",
+            "<|return|>",
+            "<|end|>",
+        ),
+        repeats=True,
     ),
     Thinking(
         "muse",
