@@ -67,6 +67,14 @@ def test_a_folder_served_with_rerank_scores_as_transformers(reranker):
         assert [1 / (1 + math.exp(-x)) for x in log_odds] == pytest.approx(expected, abs=1e-4)
         again = _scores(srv.url)  # the pairs' shared head now comes from the slots' caches
         assert again == pytest.approx(expected, abs=1e-4)
+        long = "slot caches keep a conversation warm " * 200  # past the slot's 512 positions
+        body = {"query": QUERY, "documents": [DOCS[0], long]}
+        assert httpx.post(srv.url + "/v1/rerank", json=body, timeout=120).status_code == 400
+        r = httpx.post(srv.url + "/v1/rerank", json={**body, "truncate": True}, timeout=120)
+        assert r.status_code == 200, r.text  # the document cut to fit (it was refused whatever truncate said)
+        got = {res["index"]: res["relevance_score"] for res in r.json()["results"]}
+        assert got[0] == pytest.approx(expected[0], abs=1e-4) and 0 < got[1] < 1
+        assert r.json()["usage"]["prompt_tokens"] > 500
         r = httpx.post(srv.url + "/v1/completions", json={"prompt": "slots", "max_tokens": 2})
         assert r.status_code == 200  # a decoder reranker still generates
         assert "rerank" in httpx.get(srv.url + "/v1/models").json()["models"][0]["capabilities"]

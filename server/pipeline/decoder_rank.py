@@ -16,13 +16,36 @@ from server.state import ServerState
 
 
 async def decoder_rerank(
-    state: ServerState, http: HTTPRequest, engine: EngineService, query: str, documents: list[str], raw: bool
+    state: ServerState,
+    http: HTTPRequest,
+    engine: EngineService,
+    query: str,
+    documents: list[str],
+    raw: bool,
+    truncate: bool = False,
 ) -> list[Ranked] | None:
     """Each document's score in the request's order (the log-odds of "yes" with ``raw``,
-    else its sigmoid); None when the client left. Raises APIError as admission does."""
+    else its sigmoid); None when the client left. ``truncate``: a pair longer than a
+    slot's context has its document cut to fit (the encoders' rule cuts the longer side;
+    here the query and the instruction around it stay whole); else it is refused.
+    Raises APIError as admission does."""
+    tok, limit = engine.tokenizer, engine.n_ctx - 1  # a prompt must leave the slot a position
+
+    def prompt(document: str) -> list[int]:
+        return tok.encode(engine.rerank_prompt(query, document), add_special=False)
+
+    def fitted(document: str) -> list[int]:
+        ids = prompt(document)
+        if not truncate or len(ids) <= limit:
+            return ids
+        words, over = tok.encode(document, add_special=False), len(ids) - limit
+        while len(ids) > limit and over <= len(words):  # tokens may merge anew at the cut: cut again
+            ids = prompt(tok.decode(words[: len(words) - over]))
+            over += max(1, len(ids) - limit)
+        return ids
 
     def prompts() -> list[list[int]]:
-        return [engine.tokenizer.encode(engine.rerank_prompt(query, d), add_special=False) for d in documents]
+        return [fitted(d) for d in documents]
 
     ids = await asyncio.to_thread(prompts)
     reqs = [Request(p, SamplingParams(max_tokens=1), pooling="rank") for p in ids]

@@ -79,7 +79,7 @@ async def rerank(body: RerankRequest, http: HTTPRequest) -> Response:
         work = model.rerank(body.query, documents, body.truncate, body.raw_scores)
         ranked = await encoder_call(state, http, work)
     else:
-        ranked = await decoder_rerank(state, http, model, body.query, documents, body.raw_scores)
+        ranked = await decoder_rerank(state, http, model, body.query, documents, body.raw_scores, body.truncate)
     if ranked is None:
         return Response(status_code=499)
     return await asyncio.to_thread(_answer, body, state, documents, ranked)  # thousands of them: off the loop
