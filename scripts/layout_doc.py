@@ -62,7 +62,8 @@ def write() -> None:
     text = PAGE.read_text(encoding="utf-8")
     head, rest = text.split(BEGIN, 1)
     tail = rest.split(END, 1)[1]
-    PAGE.write_text(f"{head}{BEGIN}\n{render()}\n{END}{tail}", encoding="utf-8")
+    data = f"{head}{BEGIN}\n{render()}\n{END}{tail}".encode()  # encoded first: a failure leaves the page whole
+    PAGE.write_bytes(data)
 
 
 if __name__ == "__main__":
