@@ -37,7 +37,7 @@ from engine.service import EngineService, SlotInfo
 from engine.slot_files import MAX_NAME_CHARS, NAME_PATTERN, SlotFiles
 from engine.text.chat_template import ChatTemplate, ChatTemplateError
 from engine.text.fim import FimTokens, infill_prompt
-from engine.text.images import MAX_IMAGES, BadImage, ImageBudget
+from engine.text.images import MAX_IMAGES, BadImage, ImageBudget, ImagesBusy
 from engine.text.tokenizer import TokenizeError
 
 __all__ = [
@@ -47,6 +47,7 @@ __all__ = [
     "probability",
     "BadImage",
     "ImageBudget",
+    "ImagesBusy",
     "MAX_IMAGES",
     "ANY_JSON_OBJECT",
     "DEMO_MODEL",

@@ -129,6 +129,28 @@ def test_bad_images_are_refused_with_the_part_named(server):
     assert httpx.get(server.url + "/health").status_code == 200
 
 
+def test_images_past_what_the_process_holds_for_pending_requests_are_a_503(checkpoint, monkeypatch):
+    """The frames of all pending requests are bounded together (engine/text/images.py,
+    FRAMES): an image that does not fit beside them is a 503 with Retry-After, not a 400
+    (the request is not at fault), and nothing is queued; with room again it is served."""
+    import httpx
+    from server_proc import InProcessServer
+
+    from engine.text.images import FRAMES
+
+    _, url = png(21)
+    body = {"messages": [{"role": "user", "content": [{"type": "text", "text": "hi"},
+                                                      {"type": "image_url", "image_url": {"url": url}}]}],
+            "max_tokens": 2}  # fmt: skip
+    with InProcessServer(model=checkpoint[0], parallel=1, ctx_size=1024) as srv:
+        monkeypatch.setattr(FRAMES, "nbytes", FRAMES.held + 16)  # less room than one frame
+        r = httpx.post(srv.url + "/v1/chat/completions", json=body, timeout=60)
+        assert r.status_code == 503 and r.headers["retry-after"] == "1", r.text
+        assert "images for pending requests" in r.json()["error"]["message"]
+        monkeypatch.undo()
+        assert httpx.post(srv.url + "/v1/chat/completions", json=body, timeout=60).status_code == 200
+
+
 def test_anthropic_and_responses_take_images_as_the_chat_route(server):
     """An Anthropic image block (base64 source) and a Responses input_image reach the
     model as the chat route's image part does: the same greedy answer, and the prompt

@@ -211,3 +211,23 @@ def test_an_image_is_encoded_in_pieces_while_others_decode(gemma3, engine):
     finally:
         engine.encoder.chunk_flops = budget
     assert seq.output_ids == expect
+
+
+def test_the_frames_of_all_pending_requests_are_bounded_together():
+    """A request's budget bounds its own images; the process's pool bounds every pending
+    request's frames together: past it, ImagesBusy (the server's 503), and the bytes
+    come back when the frames are freed, however their request ended."""
+    import gc
+
+    from engine.text.images import FramePool, ImagesBusy
+
+    pool = FramePool(nbytes=3 * 4 * 1024)
+    first = [torch.zeros(1024), torch.zeros(1024)]  # 8 KiB
+    pool.hold(first, "image 0")
+    assert pool.held == 8 * 1024
+    with pytest.raises(ImagesBusy, match="image 1: the server holds"):
+        pool.hold([torch.zeros(2048)], "image 1")  # 8 KiB more: over the 12 KiB
+    del first
+    gc.collect()
+    assert pool.held == 0
+    pool.hold([torch.zeros(2048)], "image 1")  # fits now

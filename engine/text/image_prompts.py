@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from engine.text.images import ImageBudget, ImageSettings, image_text, normalized, pixels, processor_settings
+from engine.text.images import FRAMES, ImageBudget, ImageSettings, image_text, normalized, pixels, processor_settings
 
 LANCZOS = 1  # PIL's
 MAX_SIDE = 4096  # transformers' absolute cap on a resized image's edge (Idefics3 / SmolVLM)
@@ -196,6 +196,7 @@ def expand(
         if budget is not None:
             nbytes = sum(f.numel() * f.element_size() for f in image_frames)
             budget.take(nbytes, f"{where} {i}", "its tensors for the model")
+            FRAMES.hold(image_frames, f"{where} {i}")  # and the process's, for all pending requests
         frames += image_frames
         out += [its_text, piece]
     return "".join(out), frames

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import io
 import json
+import threading
+import weakref
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -64,6 +66,44 @@ class ImageBudget:
                 f"{REQUEST_BYTES >> 20} MiB for images"
             )
         self.nbytes -= n
+
+
+class ImagesBusy(Exception):
+    """The process holds as many image frames as it takes: a retry later can pass."""
+
+
+PENDING_BYTES = 4 << 30  # every request's frames together, from their making until they are freed
+
+
+class FramePool:
+    """Image frames of all requests together (a request's budget bounds its own: 256
+    queued requests could each hold 1 GiB). Frames are counted when made and given
+    back when the tensors are freed (a finalizer on each), however their request ends:
+    answered, refused, cancelled. Thread-safe: frames are made in worker threads."""
+
+    def __init__(self, nbytes: int = PENDING_BYTES):
+        self.nbytes, self.held = nbytes, 0
+        self._lock = threading.Lock()
+
+    def hold(self, frames: list[torch.Tensor], where: str) -> None:
+        """Count ``frames``; ImagesBusy when they do not fit beside the frames held."""
+        sizes = [f.numel() * f.element_size() for f in frames]
+        with self._lock:
+            if self.held + sum(sizes) > self.nbytes:
+                raise ImagesBusy(
+                    f"{where}: the server holds {self.held >> 20} MiB of images for pending requests, "
+                    f"of {self.nbytes >> 20} MiB; retry when they are done"
+                )
+            self.held += sum(sizes)
+        for frame, n in zip(frames, sizes, strict=True):
+            weakref.finalize(frame, self._give_back, n)
+
+    def _give_back(self, n: int) -> None:
+        with self._lock:
+            self.held -= n
+
+
+FRAMES = FramePool()  # the process's
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,8 @@
 """A request's images: their bytes out of ``data:`` URLs (or fetched), and the prompt
 with them (engine.media_prompt, off the event loop). One ImageBudget per request, across
 all its prompts and on every route: at most MAX_IMAGES images, and one byte budget for
-their files, decoded pixels and tensors, each taken before the work (engine/text/images.py).
+their files, decoded pixels and tensors, each taken before the work (engine/text/images.py),
+and the process's frames of all pending requests together (a 503 past them).
 Bad media, or media over the budget, is a 400 that names the part; nothing reaches the
 scheduler."""
 
@@ -11,7 +12,7 @@ import asyncio
 import base64
 import binascii
 
-from engine import MAX_IMAGES, BadImage, EngineService, ImageBudget
+from engine import MAX_IMAGES, BadImage, EngineService, ImageBudget, ImagesBusy
 from server.errors import APIError
 from server.pipeline.outbound import fetch
 from server.schemas.fields import text_only
@@ -61,6 +62,8 @@ async def media_prompt(
             budget.take(len(data), f"{where}: image {i}", "its file")
             images.append(data)
         return await asyncio.to_thread(engine.media_prompt, prompt, images, MEDIA_MARKER, budget, f"{where}: image")
+    except ImagesBusy as exc:  # the process's frames for pending requests: not this request's fault
+        raise APIError(503, str(exc), "unavailable_error", headers={"Retry-After": "1"}) from None
     except (BadImage, ValueError) as exc:
         raise APIError(400, str(exc)) from None
 
