@@ -120,8 +120,8 @@ def lfm2_config(ck: GGUFMetadata) -> dict:
 def nemotron_h_config(ck: GGUFMetadata) -> dict:
     """Nemotron-H: each block's mixer from what the file holds (KV heads: attention;
     ``ssm_in``: Mamba2; stacked experts: MoE; else the MLP); the MLP's width from its
-    tensor (the converter writes 0 for it); ``time_step_min`` is not written (its
-    default, 0.001, stands in)."""
+    tensor (the converter writes 0 for it); no time-step limit is written, and none
+    applies (llama.cpp's reading, and transformers' default ``time_step_limit``)."""
     a = ck.arch
     cfg = base_config(ck, "nemotron_h")
     n = cfg.pop("num_hidden_layers")
