@@ -20,6 +20,7 @@ from engine.config import EngineConfig
 from engine.core.engine import Engine
 from engine.core.media import KEY_MIN, MediaItem
 from engine.errors import BadSlotFile, NoRoom, SlotError, SlotFilesOff
+from engine.instance_cache import instance_cache
 from engine.loading.pooling_hint import matryoshka_sizes
 from engine.prompt_cache.disk_tier import DiskTier
 from engine.prompt_cache.ram_tier import MIB, PromptCache
@@ -135,7 +136,7 @@ class EngineService:
         """Each loaded LoRA adapter's (task name, prompt prefix), by id ("": not given)."""
         return self._engine.lora_labels
 
-    @functools.lru_cache(maxsize=32)  # noqa: B019 - one service per server
+    @instance_cache(32)
     def dry_breakers(self, texts: tuple[str, ...]) -> DryBreakers:
         """DRY's breakers: every token sequence that writes one of ``texts`` in this
         vocabulary (a scan of it, once per set: call it off the event loop)."""

@@ -79,11 +79,16 @@ class SnapshotShelf(Generic[S]):
         """Mark ``seq``'s kept snapshot at ``end`` as a prompt's end (see ``add``)."""
         self.pins[seq].add(end)
 
-    def put(self, seq: int, snaps: list[S]) -> None:
-        """Replace ``seq``'s snapshots (the newest ``keep`` of them; none pinned)."""
+    def put(self, seq: int, snaps: list[S], pins: set[int] | frozenset[int] = frozenset()) -> None:
+        """Replace ``seq``'s snapshots (the newest ``keep`` of them) and their pins (the
+        ends in ``pins`` that are kept: a restored slot file's prompt ends)."""
         self.by_seq[seq] = list(snaps)[-self.keep :] if self.keep else []
         self.held[seq] = None
-        self.pins[seq] = set()
+        self.pins[seq] = set(pins) & {s.end for s in self.by_seq[seq]}
+
+    def pinned(self, seq: int) -> list[int]:
+        """The ends of ``seq``'s pinned snapshots, oldest first."""
+        return sorted(self.pins[seq])
 
     def cut(self, seq: int, p: int) -> None:
         """Forget ``seq``'s snapshots taken after ``p``."""

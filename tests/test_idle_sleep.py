@@ -108,3 +108,31 @@ def test_a_wake_waits_for_the_engine_thread_that_went_to_sleep():
 
     asyncio.run(scenario())
     assert loads == [True]
+
+
+def test_a_model_put_to_sleep_leaves_nothing_behind():
+    """What requests cached on a model (DRY's vocabulary scans, compiled grammars, token
+    bytes, the markers a chat answer keeps) goes with it: once its engine thread has
+    stopped, nothing keeps the service, its tokenizer or its weights alive (they were
+    kept by class-wide caches keyed by the instance)."""
+    import gc
+    import weakref
+
+    from engine import DEMO_MODEL, EngineConfig
+    from engine.service import EngineService
+    from server.pipeline.preserved import preserved
+    from server.pipeline.thinking_syntax import THINK
+
+    service = EngineService(EngineConfig(model=str(DEMO_MODEL), n_seq_max=1))
+    service.start(None)
+    service.dry_breakers(("\n", "```"))
+    service.compile_constraint("json_schema", '{"type": "object"}')
+    service.tokenizer.token_bytes(7)
+    service.tokenizer.breaker_sequences("\n")
+    preserved(service.tokenizer, "hermes", THINK)
+    assert service.stop(30)
+    weights = next(iter(service._engine.model.parameters()))
+    alive = [weakref.ref(x) for x in (service, service.tokenizer, service._engine, weights)]
+    del service, weights
+    gc.collect()
+    assert [ref() is None for ref in alive] == [True] * 4

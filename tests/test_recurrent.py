@@ -23,7 +23,7 @@ from checkpoints import (
 )
 
 from engine import Engine, SamplingParams
-from memory import MemoryBatch, RecurrentMemory, RecurrentSpec, StateMismatch
+from memory import MemoryBatch, RecurrentMemory, RecurrentSpec, SeqState, StateMismatch
 
 N_STEPS = 32
 EVERY = 16  # checkpoint spacing of these tests: prompts span several
@@ -279,6 +279,38 @@ def test_a_first_prompts_end_outlasts_the_checkpoints_spaced_before_it():
         mem.checkpoint(1)
     assert mem.checkpoints(1) == [15, 37, 38]  # a cut keeps the pin up to it
     assert mem.seq_rm(1, 15) is True and mem.checkpoints(1) == [15]
+    mem.integrity_check()
+
+
+def test_a_restored_state_keeps_its_prompts_end_pinned():
+    """A slot file carries which checkpoints are a prompt's end: restored, later turns
+    push out the spaced checkpoints, not the pinned end. A file naming a pin that is no
+    checkpoint is refused before the slot changes; one from before pins loads unpinned."""
+    mem = small_memory(n_checkpoints=3)
+    for _ in range(2):
+        feed(mem, 1, 4, 1.0)
+        mem.checkpoint(1)
+    feed(mem, 1, 3, 1.0)
+    mem.checkpoint(1, pin=True)
+    saved = mem.save_seq(1)
+    assert saved.meta["checkpoints"] == "4,8,11" and saved.meta["pinned"] == "11"
+    mem.load_seq(2, saved)
+    for _ in range(2):
+        feed(mem, 2, 5, 1.0)
+        mem.checkpoint(2)
+    assert mem.checkpoints(2) == [11, 16, 21]
+    feed(mem, 0, 2, 9.0)
+    before = mem.save_seq(0)
+    bad = SeqState(saved.positions, saved.tensors, {**saved.meta, "pinned": "5"})
+    with pytest.raises(StateMismatch):
+        mem.load_seq(0, bad)
+    assert torch.equal(mem.save_seq(0).tensors["conv.0"], before.tensors["conv.0"])
+    unpinned = SeqState(saved.positions, saved.tensors, {k: v for k, v in saved.meta.items() if k != "pinned"})
+    mem.load_seq(2, unpinned)
+    for _ in range(2):
+        feed(mem, 2, 5, 1.0)
+        mem.checkpoint(2)
+    assert mem.checkpoints(2) == [4, 16, 21]
     mem.integrity_check()
 
 

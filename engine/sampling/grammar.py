@@ -12,7 +12,6 @@ needs ``transformers`` and ``triton`` at run time; outlines-core has no GBNF.
 
 from __future__ import annotations
 
-import functools
 import json
 import os
 import threading
@@ -24,6 +23,7 @@ import llguidance as llg
 import torch
 
 from engine.errors import RequestError
+from engine.instance_cache import instance_cache
 from engine.text.tokenizer import Tokenizer
 
 KINDS = ("gbnf", "lark", "json_schema", "regex", "choice")
@@ -62,7 +62,7 @@ class GrammarCompiler:
         text = source if isinstance(source, str) else json.dumps(source)
         return self._compile(kind, text, strict)
 
-    @functools.lru_cache(maxsize=256)  # noqa: B019 - one compiler per engine, lives as long
+    @instance_cache(256)
     def _compile(self, kind: str, text: str, strict: bool) -> Constraint:
         name = {"json_schema": "json_schema", "gbnf": "grammar"}.get(kind, kind)
         try:  # ValueError includes text the library cannot take (lone surrogates)

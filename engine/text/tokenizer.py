@@ -13,6 +13,7 @@ from typing import Any
 from tokenizers import Tokenizer as HFTokenizer
 
 from engine.errors import CheckpointError
+from engine.instance_cache import instance_cache
 from engine.text.breakers import overlapping_sequences
 from engine.text.chat_template import ChatTemplate
 from engine.text.fim import find_fim_tokens
@@ -169,7 +170,7 @@ class Tokenizer:
         parts = decoder.get("decoders", [decoder]) if decoder.get("type") == "Sequence" else [decoder]
         return any(p.get("type") == "ByteLevel" for p in parts)
 
-    @functools.lru_cache(maxsize=65536)  # noqa: B019 - one tokenizer per engine
+    @instance_cache(65536)
     def token_bytes(self, token_id: int) -> bytes:
         """The bytes one token stands for (a piece of a UTF-8 character stays a piece):
         byte-level BPE entries through GPT-2's byte table, SentencePiece ``<0xNN>``
@@ -182,7 +183,7 @@ class Tokenizer:
         """Every token's bytes (``token_bytes``), by id."""
         return [self._piece_bytes(i) for i in range(self.vocab_size)]
 
-    @functools.lru_cache(maxsize=64)  # noqa: B019 - one tokenizer per engine
+    @instance_cache(64)
     def breaker_sequences(self, breaker: str) -> tuple[tuple[int, ...], ...]:
         """DRY's sequences for one breaker string in this vocabulary (engine/text/breakers.py)."""
         return tuple(overlapping_sequences(self.vocab_bytes, lambda t: self.encode(t, False), breaker))

@@ -187,7 +187,9 @@ class RecurrentMemory(ForgettingKind):
     def save_seq(self, seq: int) -> SeqState:
         """The current state and every checkpoint: ``conv.<layer>`` / ``ssm.<layer>``,
         and ``ckpt<i>.conv.<layer>`` / ``ckpt<i>.ssm.<layer>`` for checkpoint i (ends in
-        ``meta["checkpoints"]``). ``positions`` is 0..n-1 (one per consumed token)."""
+        ``meta["checkpoints"]``; those that are a prompt's end in ``meta["pinned"]``, so a
+        restored slot keeps them past later ones). ``positions`` is 0..n-1 (one per
+        consumed token)."""
         self._check_seq(seq)
         tensors: dict[str, torch.Tensor] = {}
         kept = self.snaps.of(seq)
@@ -200,11 +202,13 @@ class RecurrentMemory(ForgettingKind):
             "memory_kind": self.kind,
             "layers": ",".join(str(la) for la in self.specs),
             "checkpoints": ",".join(str(e) for e in self.snaps.ends(seq)),
+            "pinned": ",".join(str(e) for e in self.snaps.pinned(seq)),
         }
         return SeqState(positions=torch.arange(self.n[seq]), tensors=tensors, meta=meta)
 
-    def validate_state(self, state: SeqState) -> tuple[int, list[int]]:
-        """(n, checkpoint ends) of a state ``load_seq`` accepts; StateMismatch otherwise."""
+    def validate_state(self, state: SeqState) -> tuple[int, list[int], set[int]]:
+        """(n, checkpoint ends, pinned ends) of a state ``load_seq`` accepts; StateMismatch
+        otherwise. A state saved before pins were (no ``pinned``) has none."""
         kind = state.meta.get("memory_kind")
         if kind != self.kind:
             raise StateMismatch(f"the state is of a '{kind}' memory; this one is '{self.kind}'")
@@ -213,13 +217,12 @@ class RecurrentMemory(ForgettingKind):
         n = int(state.positions.numel())
         if not torch.equal(state.positions.to(torch.long), torch.arange(n)):
             raise StateMismatch("recurrent positions must be 0..n-1")
-        raw = state.meta.get("checkpoints", "")
-        try:
-            ends = [int(x) for x in raw.split(",")] if raw else []
-        except ValueError:
-            raise StateMismatch(f"bad checkpoint list '{raw}'") from None
+        ends = _ends(state.meta.get("checkpoints", ""))
         if ends != sorted(set(ends)) or any(not 0 < e <= n for e in ends):
             raise StateMismatch("checkpoints must be increasing positions within the sequence")
+        pinned = set(_ends(state.meta.get("pinned", "")))
+        if not pinned <= set(ends):
+            raise StateMismatch("pinned checkpoints must be among the checkpoints")
         expected = {
             f"{p}{what}.{la}"
             for p in ["", *(f"ckpt{i}." for i in range(len(ends)))]
@@ -233,11 +236,11 @@ class RecurrentMemory(ForgettingKind):
             shape = spec.conv_shape if name.split(".")[-2] == "conv" else spec.ssm_shape
             if tuple(t.shape) != tuple(shape):
                 raise StateMismatch(f"tensor '{name}' has shape {tuple(t.shape)}, expected {tuple(shape)}")
-        return n, ends
+        return n, ends, pinned
 
     def load_seq(self, seq: int, state: SeqState) -> None:
         self._check_seq(seq)
-        n, ends = self.validate_state(state)
+        n, ends, pinned = self.validate_state(state)
 
         def snap(prefix: str, end: int) -> Snapshot:
             conv = {la: state.tensors[f"{prefix}conv.{la}"].to(self.device, s.dtype) for la, s in self.specs.items()}
@@ -248,7 +251,7 @@ class RecurrentMemory(ForgettingKind):
         current = snap("", n)
         self._clear(seq)
         self._restore(seq, current)
-        self.snaps.put(seq, snaps)
+        self.snaps.put(seq, snaps, pinned)
 
     def usage(self, held_by: list[int] | tuple[int, ...] = ()) -> MemoryUsage:
         """A block is one sequence's whole state; checkpoints count as blocks too."""
@@ -303,3 +306,11 @@ class RecurrentView(ForwardView):
                     rows.copy_(new)
             else:
                 target.index_copy_(0, self.index, new.to(target.dtype))
+
+
+def _ends(raw: str) -> list[int]:
+    """A saved list of checkpoint ends ("4,16"); StateMismatch when it is not one."""
+    try:
+        return [int(x) for x in raw.split(",")] if raw else []
+    except ValueError:
+        raise StateMismatch(f"bad checkpoint list '{raw}'") from None
