@@ -131,8 +131,8 @@ class EncoderService:
             raise RequestError(why + ': shorten it, or send "truncate": true', code="context_length_exceeded")
 
     def cut(self, ids: list[int]) -> list[int]:
-        """``ids`` cut to ``n_ctx`` tokens, keeping the last (the closing special token)."""
-        return ids if len(ids) <= self.n_ctx else ids[: self.n_ctx - 1] + ids[-1:]
+        """``ids`` cut to ``n_ctx`` tokens by the encoders' one rule (``EncoderEngine.cut``)."""
+        return self._encoder.cut(ids)
 
     async def embed(self, inputs: list[list[int]], pooling: str | None = None) -> list[list[list[float]]]:
         """Each input's vectors: one pooled vector, or one per token for ``none`` (checked

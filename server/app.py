@@ -127,10 +127,13 @@ def _add_openapi(app: FastAPI, state: ServerState, public: PublicPaths, sleep: I
                 await sleep.wake()
             engine = state.require_model()
             limits = {"vocab": engine.vocab_size, "n_slots": state.settings.parallel, "n_embd": engine.hidden_size}
-            limits["n_lora"] = len(state.lora_scales)
+            limits["n_lora"], limits["max_inputs"] = len(state.lora_scales), state.settings.max_inputs
             document.update(build_openapi(app, limits, bool(state.settings.api_keys), public.exact()))
             if state.embedding_pooling != "rank" or not state.serves_embeddings:  # only a reranker documents it
                 document["paths"].pop("/v1/rerank", None)
+            else:  # and not the embeddings it refuses
+                for path in [p for p in document["paths"] if p.endswith(("/embedding", "/embeddings"))]:
+                    document["paths"].pop(path)
         return JSONResponse(document)
 
 

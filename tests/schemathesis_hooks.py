@@ -25,6 +25,11 @@ stored), a function tool without a name; positive cases do not carry them.
 An embedding input must hold a token: the empty string does only where the model adds
 BOS (as in llama-server), which no schema can say; positive cases carry no empty input.
 
+The retrieval run (an encoder server: embeddings, or a cross-encoder's rerank, with lists
+at and past ``--max-inputs``) sets ``SLOTSERVE_ST_ENCODER_BYTES``: there each input is
+bounded alone (an embeddings input; a rerank query with one document, as one pair), not
+the body, and an empty text is an input (the encoder adds its own tokens).
+
 Likewise a structured-output constraint (a grammar, a JSON schema, a regex, a required
 tool call) must compile, which no JSON schema can say of a string: positive cases that
 carry one are not proposed (negative ones still are; the constraint tests cover what
@@ -34,8 +39,11 @@ compiles and what is refused).
 from __future__ import annotations
 
 import json
+import os
 
 import schemathesis
+
+ENCODER_BYTES = int(os.environ.get("SLOTSERVE_ST_ENCODER_BYTES", "0"))  # the retrieval run: see above
 
 CONSTRAINTS = (
     "grammar",
@@ -124,9 +132,39 @@ def _too_long(path: str, body: dict) -> bool:
     return len(json.dumps(body, ensure_ascii=False).encode("utf-8", "surrogatepass")) > 700
 
 
+def _size(entry) -> int:
+    """An embeddings input's most tokens on the test encoders (at most one a byte)."""
+    if isinstance(entry, str):
+        return len(entry.encode("utf-8", "surrogatepass"))
+    if isinstance(entry, int):
+        return 1
+    if isinstance(entry, list):
+        return sum(map(_size, entry))
+    if isinstance(entry, dict):
+        text = entry.get("prompt_string", "")
+        parts = entry.get("content") if isinstance(entry.get("content"), list) else []
+        return _size(text) + sum(_size(p.get("text", "")) for p in parts if isinstance(p, dict))
+    return 0
+
+
+def _encoder_fits(path: str, body: dict) -> bool:
+    """Whether each input of a retrieval request fits the encoder (ENCODER_BYTES)."""
+    if path.endswith("rerank"):
+        docs = body.get("documents") if body.get("documents") is not None else body.get("texts")
+        query = _size(body.get("query", ""))
+        return all(query + _size(d.get("text", "") if isinstance(d, dict) else d) <= ENCODER_BYTES for d in docs or [])
+    given = body.get("input") if body.get("input") is not None else body.get("content")
+    many = isinstance(given, list) and not (
+        all(isinstance(x, int | str) for x in given) and any(isinstance(x, int) for x in given)
+    )
+    return all(_size(e) <= ENCODER_BYTES for e in (given if many else [given]))
+
+
 @schemathesis.hook
 def filter_case(context, case) -> bool:
     body = case.body
+    if ENCODER_BYTES and isinstance(body, dict) and _positive(case):
+        return not _images(body) and _encoder_fits(str(case.path), body)
     if isinstance(body, dict) and _positive(case) and _constrained(body):
         return False
     if isinstance(body, dict) and _positive(case) and _too_long(str(case.path), body):
@@ -134,7 +172,7 @@ def filter_case(context, case) -> bool:
     if str(case.path).endswith(("/embedding", "/embeddings")) and isinstance(body, dict) and _positive(case):
         entries = [body.get("input"), body.get("content")]
         entries += [x for e in entries if isinstance(e, list) for x in e]
-        if "" in entries or any(isinstance(e, dict) and e.get("prompt_string") == "" for e in entries):
+        if any(_size(e) == 0 for e in entries if e is not None):  # "", empty pieces or parts: no token
             return False
     if isinstance(body, dict) and _positive(case) and _images(body):
         return False  # images: a text model refuses them

@@ -64,6 +64,25 @@ def test_an_encoder_folder_embeds_as_sentence_transformers(tmp_path, kind, pooli
     torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-4)  # the scale too: normalized or not
 
 
+def test_one_truncation_rule_cuts_texts_and_ids_as_sentence_transformers_does(tmp_path):
+    """An input over the limit loses the end of its content and keeps the special tokens
+    the tokenizer puts around a text where it has them: a text, and its ids, are cut as
+    sentence-transformers cuts the text; ids without them are cut at the end (the rule
+    for ids kept their last id, as if it were the closing token)."""
+    from sentence_transformers import SentenceTransformer
+
+    long = " ".join(TEXTS) * 4
+    for kind in ("bert", "xlm-roberta"):
+        folder = make_bert_embedder(tmp_path / kind, kind=kind)
+        theirs = SentenceTransformer(str(folder), device="cpu").tokenize([long])["input_ids"][0].tolist()
+        engine = EncoderEngine.from_pretrained(folder)
+        whole = engine.full_tokenizer.encode(long).ids
+        assert len(whole) > len(theirs) == engine.config.max_tokens
+        assert engine.encode([long])[0] == engine.cut(whole) == theirs
+        bare = whole[1:-1]  # ids without the special tokens
+        assert engine.cut(bare) == bare[: engine.config.max_tokens]
+
+
 @pytest.mark.parametrize("kind", ["bert", "xlm-roberta"])
 def test_a_gguf_bert_file_gives_its_folders_tokens_and_vectors(tmp_path, kind):
     """The pinned converter's ``bert`` file (WordPiece with llama.cpp's phantom spaces,

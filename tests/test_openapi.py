@@ -52,6 +52,32 @@ def test_schemathesis_finds_nothing(tmp_path):
         assert httpx.get(srv.url + "/health").status_code == 200  # and the server is still well
 
 
+@pytest.mark.slow
+def test_schemathesis_finds_nothing_on_the_retrieval_routes(tmp_path):
+    """The retrieval routes of encoder servers (a sentence-transformers BERT's embeddings,
+    a cross-encoder's rerank), whose lists the document bounds by ``--max-inputs`` (here
+    300): the coverage phase sends lists at the bound (each input a pass of the encoder)
+    and one past it (a 400 naming the setting), the fuzzing phase random ones."""
+    from encoders import make_bert_embedder, make_cross_encoder
+
+    folders = {"embeddings": make_bert_embedder(tmp_path / "emb"), "rerank": make_cross_encoder(tmp_path / "rr")}
+    st = Path(sys.executable).with_name("schemathesis")
+    for name, folder in folders.items():
+        with ServerProcess("-m", str(folder), "--max-inputs", "300", log=tmp_path / f"{name}.log") as srv:
+            srv.wait_ready()
+            cmd = [str(st), "run", srv.url + "/openapi.json", "--checks", "all", "--mode", "all", "--seed", "1"]
+            cmd += ["--phases", "coverage,fuzzing", "--max-examples", "20", "--include-path-regex", "embed|rerank"]
+            cmd += ["--request-timeout", "120", "--max-response-time", "60"]
+            hooks = {"SCHEMATHESIS_HOOKS": "schemathesis_hooks", "PYTHONPATH": str(Path(__file__).parent)}
+            env = {**os.environ, **hooks, "SLOTSERVE_ST_ENCODER_BYTES": "40"}  # each input fits the encoders
+            run = subprocess.run(cmd, capture_output=True, text=True, timeout=400, cwd=tmp_path, env=env)
+            (tmp_path / f"st-{name}.out").write_text(run.stdout)
+            assert run.returncode == 0, run.stdout[-6000:]
+            tested = re.search(r"Tested: (\d+)", run.stdout)
+            assert tested and int(tested[1]) >= (1 if name == "rerank" else 2), run.stdout[-3000:]
+            assert httpx.get(srv.url + "/health").status_code == 200
+
+
 def test_the_document_states_the_models_limits(tmp_path):
     with InProcessServer.from_flags("--metrics", "-np", "3", "--api-key", KEY) as srv:
         srv.wait_ready()

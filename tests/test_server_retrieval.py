@@ -99,6 +99,11 @@ def test_native_routes_answer_unnormalized_and_per_token_on_request(embedder):
     ids = _tokens(srv, [TEXTS[0]])[0]  # token ids as input: the same vector
     r = httpx.post(srv.url + "/v1/embeddings", json={"input": ids, "embd_normalize": -1})
     np.testing.assert_allclose(r.json()["data"][0]["embedding"], raw, atol=1e-5)
+    # a mixed prompt's first text piece gets the special tokens (llama-server's tokenize_mixed)
+    r = httpx.post(srv.url + "/v1/embeddings", json={"input": [[TEXTS[0]], [TEXTS[0], 7], ids + [7]]})
+    got = [d["embedding"] for d in r.json()["data"]]
+    np.testing.assert_allclose(got[0], raw / np.linalg.norm(raw), atol=1e-5)
+    np.testing.assert_allclose(got[1], got[2], atol=1e-6)  # [CLS] text [SEP] 7
 
 
 def test_an_input_over_the_limit_is_refused_or_cut_as_sentence_transformers_cuts(embedder):
@@ -246,19 +251,29 @@ def test_a_thousand_document_rerank_is_served_and_long_pairs_are_refused_or_cut(
     assert httpx.get(srv.url + "/v1/models").json()["models"][0]["capabilities"] == ["rerank"]
 
 
-def test_more_inputs_or_documents_than_the_server_takes_are_a_413(embedder, reranker):
-    """--max-inputs (2048 by default) bounds an embeddings request's inputs and a rerank
-    request's documents: one more is a 413 naming the setting, before any work (it was
-    seconds of work and hundreds of MB for a 1 MB body), and the server serves on."""
+def test_more_inputs_or_documents_than_the_server_takes_are_a_400(embedder, reranker):
+    """--max-inputs (2048 by default, OpenAI's own bound) bounds an embeddings request's
+    inputs and a rerank request's documents: one more is a 400 naming the setting, before
+    any work (it was seconds of work and hundreds of MB for a 1 MB body), and the server
+    serves on. Token ids are one input however many; the document says both."""
     _, srv = embedder
     r = httpx.post(srv.url + "/v1/embeddings", json={"input": ["a"] * 2049})
-    assert r.status_code == 413 and "--max-inputs" in r.json()["error"]["message"]
+    assert r.status_code == 400 and "--max-inputs" in r.json()["error"]["message"]
     r = httpx.post(srv.url + "/embedding", json={"content": ["a"] * 2049})
-    assert r.status_code == 413
+    assert r.status_code == 400
     assert httpx.post(srv.url + "/v1/embeddings", json={"input": ["a"] * 3}).status_code == 200
+    r = httpx.post(srv.url + "/v1/embeddings", json={"input": [5] * 3000, "truncate": True})
+    assert r.status_code == 200 and len(r.json()["data"]) == 1  # ids: one input, cut to the encoder's limit
+    r = httpx.post(srv.url + "/v1/embeddings", json={"input": "a query", "content": "a query"})
+    assert r.status_code == 400 and "send one" in r.json()["error"]["message"]  # content was ignored, unchecked
+    listed = httpx.get(srv.url + "/openapi.json").json()["components"]["schemas"]["EmbeddingRequest"]
+    forms = next(f for f in listed["properties"]["input"]["anyOf"] if "anyOf" in f)["anyOf"]
+    assert [f.get("maxItems") for f in forms] == [None, 2048] and forms[0]["contains"] == {"type": "integer"}
     _, srv = reranker
     r = httpx.post(srv.url + "/v1/rerank", json={"query": QUERY, "documents": ["a"] * 2049})
-    assert r.status_code == 413 and "2049 documents" in r.json()["error"]["message"]
+    assert r.status_code == 400 and "2049 documents" in r.json()["error"]["message"]
+    listed = httpx.get(srv.url + "/openapi.json").json()["components"]["schemas"]["RerankRequest"]
+    assert [f.get("maxItems") for f in listed["properties"]["documents"]["anyOf"]] == [2048, None]
 
 
 def test_rerank_with_a_generation_model_fails_at_start_with_a_clear_line(tmp_path):

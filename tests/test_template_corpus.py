@@ -332,11 +332,12 @@ def test_calls_a_template_renders_parse_back_to_the_same_calls(templates):
     slotserve finds in the template — to the same calls, whole and streamed a character
     at a time, and no part of a call is left in the content. Every family of the
     corpus whose templates render past calls is read (families.FAMILIES)."""
-    from server.pipeline.tool_calls import FAMILIES, ToolCallStream, family, parse
+    from server.pipeline.template_family import template_family
+    from server.pipeline.tool_calls import FAMILIES, ToolCallStream, parse
 
     read, wrong = {}, {}
     for name, source in templates.items():
-        fmt = family(source)
+        fmt = template_family(source).name
         written = written_answer(source, PLAN, TRIPS)
         if written is None:
             continue
@@ -417,7 +418,8 @@ def test_the_forced_call_is_the_syntax_the_template_writes(templates):
     into Hermes' JSON)."""
     from engine import Engine
     from engine.sampling.grammar import GrammarCompiler
-    from server.pipeline.tool_calls import family, forced_grammar
+    from server.pipeline.template_family import template_family
+    from server.pipeline.tool_calls import forced_grammar
     from server.pipeline.tool_calls.families import BY_NAME
 
     tool = function_tool("forecast", {"city": {"type": "string"}, "days": {"type": "integer"}})
@@ -428,7 +430,7 @@ def test_the_forced_call_is_the_syntax_the_template_writes(templates):
         written = written_answer(source, tool, [{"city": "Oslo", "days": 3}])
         if written is None:
             continue
-        fmt = family(source)
+        fmt = template_family(source).name
         text = written[0]
         candidates = [text]  # or from the call's opening to its end: what precedes it (thinking) is not forced
         for opening, closing in BY_NAME[fmt].pairs:
@@ -464,7 +466,7 @@ def test_thoughts_a_template_renders_split_back(templates):
     thought and answer, whole and streamed a character at a time; the format's own
     markers (gpt-oss's channels, Command R's response tags, ...) are not content."""
     from server.pipeline.reasoning import opens_thinking
-    from server.pipeline.thinking_syntax import thinking_family
+    from server.pipeline.template_family import template_family
 
     user = {"role": "user", "content": "2 + 2?"}
     turn = {"role": "assistant", "content": "The answer is 4.", "reasoning_content": "Two and two make four."}
@@ -483,7 +485,7 @@ def test_thoughts_a_template_renders_split_back(templates):
         end = plain[plain.rindex("XYZZY") + 5 :]
         text = full[len(prompt) :]
         text = text[: len(text) - len(end)] if end.strip() and text.endswith(end) else text
-        thinking = thinking_family(source)
+        thinking = template_family(source).thinking
         got = [split_thought(thinking, text, opens_thinking(prompt, thinking), s) for s in (False, True)]
         if got[0] != got[1] or got[0][0] != turn["reasoning_content"] or got[0][1].strip() != turn["content"]:
             wrong[name] = (thinking.name, got[0], text[:200])
@@ -530,14 +532,14 @@ def test_an_agents_next_turn_begins_with_its_last_prompt_and_answer(templates, n
     from server.pipeline.chat_output import ChatAnswer
     from server.pipeline.chat_prompt import render_chat
     from server.pipeline.reasoning import opens_thinking
-    from server.pipeline.thinking_syntax import thinking_family
-    from server.pipeline.tool_calls import family
+    from server.pipeline.template_family import template_family
     from server.schemas.requests import ChatCompletionRequest
 
     source = templates[name]
     template = ChatTemplate(source, SPECIAL)
     tok = SimpleNamespace(chat_template=template, adds_bos=False, bos_token="<s>")
-    thinking, fmt = thinking_family(source), family(source)
+    found = template_family(source)
+    thinking, fmt = found.thinking, found.name
     messages: list[dict] = [{"role": "user", "content": "Plan a week of trips."}]  # as the client sends them
     given = list(messages)  # as transformers takes them: arguments as objects
     for k in range(8):
@@ -658,13 +660,16 @@ def test_apply_template_answers_as_transformers_renders_or_refuses(templates, tm
 
 
 def test_the_compatibility_page_lists_every_family():
-    """docs/compatibility.md names every tool-call and reasoning family the server knows."""
-    from server.pipeline.thinking_syntax import FAMILIES as THOUGHTS
+    """docs/compatibility.md names every tool-call and reasoning family the server knows;
+    every thought syntax is listed under a tool-call family (one record: a template's
+    family is found once, and names both)."""
+    from server.pipeline.thinking_syntax import BY_FAMILY, BY_NAME
     from server.pipeline.tool_calls import FAMILIES as CALLS
 
     page = (Path(__file__).parent.parent / "docs" / "compatibility.md").read_text(encoding="utf-8")
-    missing = [f.name for f in (*CALLS, *THOUGHTS) if f"`{f.name}`" not in page]
+    missing = [f.name for f in (*CALLS, *BY_NAME.values()) if f"`{f.name}`" not in page]
     assert not missing, missing
+    assert set(BY_FAMILY) <= {f.name for f in CALLS}
 
 
 def test_the_reasoning_budget_counts_the_familys_own_thought():
@@ -708,10 +713,11 @@ def test_no_value_a_model_writes_makes_a_reader_raise(templates):
     (Python literals, bytes, complex, sets, an integer over 4,300 digits, NaN): reading
     never raises, whole or streamed a piece at a time, and every call read has strict
     JSON arguments (it was a 500, or a stream cut after its first chunk)."""
-    from server.pipeline.tool_calls import ToolCallStream, family, parse
+    from server.pipeline.template_family import template_family
+    from server.pipeline.tool_calls import ToolCallStream, parse
 
     for name, source in templates.items():
-        fmt, written = family(source), written_answer(source, PLAN, TRIPS)
+        fmt, written = template_family(source).name, written_answer(source, PLAN, TRIPS)
         if written is None or "1200.5" not in written[0]:
             continue
         for bad in HOSTILE:
@@ -728,11 +734,12 @@ def test_a_call_of_a_tool_the_request_did_not_offer_is_content(templates):
     """A call is a call of one of the request's tools: each family's rendered calls with
     another tool's name read as no call, their text kept as content; and a Llama 3
     answer that is a JSON object (``{"name": "Alice", "age": 30}``) is an answer."""
-    from server.pipeline.tool_calls import family, parse
+    from server.pipeline.template_family import template_family
+    from server.pipeline.tool_calls import parse
 
     checked = 0
     for name, source in templates.items():
-        fmt, written = family(source), written_answer(source, PLAN, TRIPS)
+        fmt, written = template_family(source).name, written_answer(source, PLAN, TRIPS)
         if written is None:
             continue
         content, calls = parse(fmt, written[0].replace("plan_trip", "launch_rockets"), [PLAN])

@@ -17,6 +17,7 @@ document) pair, encoded as its tokenizer pairs them (the document's tokens of ty
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -31,25 +32,10 @@ from engine.loading.checkpoint import iter_tensors, weight_files
 from engine.loading.dense_modules import folder_dense, out_features, weights_dense
 from engine.loading.gguf.encoder_file import EncoderFile
 from engine.loading.pooling_hint import checkpoint_pooling, matryoshka_sizes
-from engine.models.bert import ARCHITECTURES as BERTS
-from engine.models.bert import CLASSIFIERS as BERT_CLASSIFIERS
-from engine.models.bert import BertEncoder, n_labels
-from engine.models.embedding_gemma import EmbeddingGemmaEncoder
-from engine.models.embedding_gemma2 import EmbeddingGemma2Encoder
+from engine.models.bert import n_labels
 from engine.models.encoder_base import EncoderModel
-from engine.models.modernbert import ModernBertEncoder
-from engine.models.nomic_bert import NomicBertEncoder
+from engine.models.encoder_registry import SERVED, find
 from engine.text.tokenizer_classes import folder_tokenizer
-
-ARCHITECTURES = {**BERTS, "NomicBertModel": "nomic", "ModernBertModel": "modernbert"}  # architecture -> kind
-ARCHITECTURES["Gemma3TextModel"] = "embedding-gemma"  # with use_bidirectional_attention (else a decoder)
-ARCHITECTURES |= {"EmbeddingGemma2Model": "embedding-gemma2", "EmbeddingGemma2TextModel": "embedding-gemma2"}
-CLASSIFIERS = {**BERT_CLASSIFIERS, "ModernBertForSequenceClassification": "ModernBertModel"}
-MODEL_TYPES = {"bert": "BertModel", "xlm-roberta": "XLMRobertaModel", "roberta": "RobertaModel"}
-MODEL_TYPES |= {"nomic_bert": "NomicBertModel", "modernbert": "ModernBertModel"}
-MODEL_TYPES |= {"embedding_gemma2": "EmbeddingGemma2Model", "embedding_gemma2_text": "EmbeddingGemma2TextModel"}
-MODELS = {"nomic": NomicBertEncoder, "modernbert": ModernBertEncoder, "embedding-gemma": EmbeddingGemmaEncoder}
-MODELS["embedding-gemma2"] = EmbeddingGemma2Encoder  # (kind -> class; others: BertEncoder)
 
 POOLINGS = ("none", "mean", "cls", "last", "rank")
 
@@ -82,12 +68,12 @@ def is_encoder(folder: Path) -> bool:
 
 
 def _architecture(raw: dict) -> str | None:
-    arch = (raw.get("architectures") or [None])[0]
-    if arch == "Gemma3TextModel" and not raw.get("use_bidirectional_attention"):
-        return None  # Gemma 3's bare causal model: the decoders' (last-token pooling)
-    if arch in ARCHITECTURES or arch in CLASSIFIERS:
-        return arch
-    return MODEL_TYPES.get(raw.get("model_type", "")) if arch is None else None
+    """The encoder architecture a config names (engine/models/encoder_registry.py), or None."""
+    found = find(raw)
+    if found is None:
+        return None
+    enc, classifier = found
+    return enc.classifier if classifier else enc.architecture
 
 
 def _width(raw: dict) -> int:
@@ -151,10 +137,10 @@ def _loaded(
     head (``head_dense``: with the dense layer before the projection). ``blocks``: the
     weights that come in GGUF blocks; their layers compute on them (repacked for the
     integer kernel where the type has a packed layout)."""
-    head = (n_labels(raw), head_dense) if arch in CLASSIFIERS else None
-    kind = ARCHITECTURES[CLASSIFIERS.get(arch, arch)]
+    enc, classifier = find({**raw, "architectures": [arch]})
+    head = (n_labels(raw), head_dense) if classifier else None
     with torch.device("meta"):
-        model = MODELS.get(kind, BertEncoder)(raw, kind, head)
+        model = enc.build(raw, head)
     model.to_blocks(blocks)
     model = model.to_empty(device="cpu").float()
     with torch.no_grad():
@@ -200,7 +186,7 @@ class EncoderEngine:
             raise CheckpointError(f"{folder / 'config.json'}: {exc}") from exc
         arch = _architecture(raw)
         if arch is None:
-            served = ", ".join([*ARCHITECTURES, *CLASSIFIERS])
+            served = ", ".join(SERVED)
             raise CheckpointError(f"{folder / 'config.json'}: not an encoder slotserve serves ({served})")
         model = _loaded(raw, arch, iter_tensors(weight_files(folder)))
         tokenizer = folder_tokenizer(folder, _tokenizer_config(folder))
@@ -248,8 +234,32 @@ class EncoderEngine:
         return engine
 
     def encode(self, texts: list[str]) -> list[list[int]]:
-        """Token ids of each text, special tokens in, cut at ``max_tokens``."""
-        return [e.ids for e in self.tokenizer.encode_batch(texts, add_special_tokens=True)]
+        """Token ids of each text, special tokens in, cut at ``max_tokens`` (``cut``)."""
+        return [self.cut(e.ids) for e in self.full_tokenizer.encode_batch(texts, add_special_tokens=True)]
+
+    @functools.cached_property
+    def _around(self) -> tuple[list[int], list[int]]:
+        """The special tokens the tokenizer puts before and after a text ([CLS] / [SEP],
+        <s> / </s>, <bos> / <eos>; none where it adds none)."""
+        marked = self.full_tokenizer.encode("a", add_special_tokens=True)
+        mask, ids = marked.special_tokens_mask, marked.ids
+        lead = next((i for i, m in enumerate(mask) if not m), len(ids))
+        trail = next((i for i, m in enumerate(reversed(mask)) if not m), 0)
+        return ids[:lead], ids[len(ids) - trail :]
+
+    def cut(self, ids: list[int]) -> list[int]:
+        """An input cut to ``max_tokens``: the one rule for every encoder input (a text
+        and ids alike), sentence-transformers' and TEI's: the end of its content goes, the
+        special tokens the tokenizer puts around a text stay where the input has them
+        (ids without them are cut at the end). A (query, document) pair is cut by the
+        tokenizer, the longer side first (``encode_pairs``), as sentence-transformers'
+        CrossEncoder cuts it."""
+        n = self.config.max_tokens
+        if len(ids) <= n:
+            return ids
+        _, after = self._around
+        keep = after if after and ids[-len(after) :] == after else []
+        return ids[: n - len(keep)] + keep
 
     def encode_pairs(self, query: str, documents: list[str], cut: bool = True) -> list[tuple[list[int], list[int]]]:
         """(token ids, token types) of each (query, document) pair as the tokenizer pairs

@@ -21,12 +21,6 @@ from torch import nn
 from engine.errors import CheckpointError
 from engine.models.encoder_base import EncoderModel
 
-ARCHITECTURES = {"BertModel": "bert", "XLMRobertaModel": "roberta", "RobertaModel": "roberta"}
-CLASSIFIERS = {  # a cross-encoder's architecture -> its base's
-    "BertForSequenceClassification": "BertModel",
-    "XLMRobertaForSequenceClassification": "XLMRobertaModel",
-    "RobertaForSequenceClassification": "RobertaModel",
-}
 PREFIXES = ("bert.", "roberta.")
 SKIPPED = ("pooler.", "classifier.", "cls.", "lm_head.", "embeddings.position_ids", "embeddings.token_type_ids")
 HEAD_NAMES = {  # a classifier's tensors -> the head's (BERT's pooler is its dense layer)

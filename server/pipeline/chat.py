@@ -22,9 +22,9 @@ from server.pipeline.openai_run import chunks, header, piece, start_run
 from server.pipeline.preserved import preserved
 from server.pipeline.reasoning import opens_thinking
 from server.pipeline.run import Run
+from server.pipeline.template_family import template_family
 from server.pipeline.thinking_budget import budget_spec
-from server.pipeline.thinking_syntax import thinking_family
-from server.pipeline.tool_calls import family, forced_grammar
+from server.pipeline.tool_calls import forced_grammar
 from server.schemas.requests import ChatCompletionRequest, NamedToolChoice
 
 
@@ -83,7 +83,7 @@ def forced_call(engine, body: ChatCompletionRequest) -> tuple[str, str] | None:
         tools = [t for t in tools if t["function"]["name"] == choice.function.name]
         if not tools:
             raise APIError(400, f"tool_choice: no tool named {choice.function.name!r}")
-    fmt = family(chat_template(engine).source)
+    fmt = template_family(chat_template(engine).source).name
     return "lark", forced_grammar(fmt, tools, body.parallel_tool_calls)
 
 
@@ -114,10 +114,11 @@ async def open_chat(http: HTTPRequest, body: ChatCompletionRequest) -> ChatRun |
     state = http.app.state.slotserve
     engine = state.require_ready()
     prompt, ids, media, turn_start = await chat_prompt(state, engine, body)
-    thinking = thinking_family(chat_template(engine).source)
+    found = template_family(chat_template(engine).source)
+    thinking = found.thinking
     budget = budget_spec(state, engine, body, prompt, thinking)
     forced = forced_call(engine, body)
-    tool_format = family(chat_template(engine).source) if uses_tools(body) else None
+    tool_format = found.name if uses_tools(body) else None
     keep = preserved(engine.tokenizer, tool_format, thinking)
     limits = (chat_max_tokens(body), chat_top(body))
     run = await start_run(http, body, ids, *limits, forced, budget, media, keep, turn_start)

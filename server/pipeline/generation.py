@@ -169,13 +169,17 @@ async def decode(engine: EngineService, ids: list[int], skip_special: bool = Tru
 
 async def prompt_ids(engine: EngineService, prompt: str | list[int | str]) -> list[int]:
     """A generation prompt as token ids: text is checked against the context, then
-    encoded; text pieces among ids (llama-server's mixed prompt) are encoded in place."""
+    encoded; text pieces among ids (llama-server's mixed prompt) are encoded in place,
+    the model's special tokens (BOS; an encoder's CLS and SEP) around a first piece that
+    is text, as llama-server's ``tokenize_mixed`` adds them."""
     if isinstance(prompt, str):
         check_text_fits(engine, len(prompt))
         return await encode(engine, prompt)
     if any(isinstance(x, str) for x in prompt):
         check_text_fits(engine, sum(len(x) for x in prompt if isinstance(x, str)))
-        pieces = [[x] if isinstance(x, int) else await encode(engine, x, add_special=False) for x in prompt]
+        pieces = [
+            [x] if isinstance(x, int) else await encode(engine, x, add_special=k == 0) for k, x in enumerate(prompt)
+        ]
         prompt = [t for piece in pieces for t in piece]
     check_token_ids(prompt, engine.vocab_size)
     return list(prompt)

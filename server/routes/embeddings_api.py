@@ -53,15 +53,24 @@ class ContentObject(_Body):
 
 Mixed = Annotated[list[TokenId | str], Field(min_length=1)]
 Entry = str | Mixed | PromptObject | ContentObject
-Inputs = str | PromptObject | ContentObject | Annotated[list[TokenId | str | Mixed | PromptObject | ContentObject], Field(min_length=1)]  # fmt: skip  # noqa: E501
+# a list: one input of ids (text pieces mixed in), or inputs, at most --max-inputs (x-limit)
+Listed = Annotated[
+    list[TokenId | str | Mixed | PromptObject | ContentObject],
+    Field(min_length=1, json_schema_extra={"x-limit": "inputs_or_ids"}),
+]
+Inputs = str | PromptObject | ContentObject | Listed
+
+
+_GIVEN = {k: {"required": [k], "properties": {k: {"not": {"type": "null"}}}} for k in ("input", "content")}
+_BOTH = {"required": ["input", "content"], "properties": {k: {"not": {"type": "null"}} for k in ("input", "content")}}
 
 
 class EmbeddingRequest(_Body):
-    """``input`` (or llama-server's ``content``): text, token ids (text pieces may be
-    mixed in), a prompt object, or a list of them (each one input; a bare id in such a
-    list is a one-token input)."""
+    """``input`` (or llama-server's ``content``, not both): text, token ids (text pieces
+    may be mixed in), a prompt object, or a list of them (each one input; a bare id in
+    such a list is a one-token input)."""
 
-    model_config = ConfigDict(json_schema_extra={"anyOf": [{"required": ["input"]}, {"required": ["content"]}]})
+    model_config = ConfigDict(json_schema_extra={"anyOf": [_GIVEN["input"], _GIVEN["content"]], "not": _BOTH})
     input: Inputs = None  # one of the two is required (not null)
     content: Inputs = None
     model: str | None = None
@@ -75,6 +84,8 @@ class EmbeddingRequest(_Body):
         given = self.input if self.input is not None else self.content
         if given is None:
             raise APIError(400, '"input" or "content" must be provided')
+        if self.input is not None and self.content is not None:
+            raise APIError(400, '"input" and "content" are the same field: send one')
         if not isinstance(given, list):
             return [given]
         if all(isinstance(x, int | str) for x in given) and any(isinstance(x, int) for x in given):

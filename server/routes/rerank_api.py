@@ -28,7 +28,7 @@ from server.errors import APIError
 from server.pipeline.decoder_rank import decoder_rerank
 from server.pipeline.encoder_call import encoder_call
 from server.pipeline.input_cap import capped
-from server.schemas.answers import RerankList, documented
+from server.schemas.answers import RerankList, TEIRank, documented
 from server.schemas.requests import Int, _Body
 
 router = APIRouter()
@@ -40,11 +40,15 @@ class DocumentObject(_Body):
     text: str
 
 
-Documents = Annotated[list[str | DocumentObject], Field(min_length=1)]
+Documents = Annotated[list[str | DocumentObject], Field(min_length=1, json_schema_extra={"x-limit": "inputs"})]
+
+
+_GIVEN = {k: {"required": [k], "properties": {k: {"not": {"type": "null"}}}} for k in ("documents", "texts")}
+_BOTH = {"required": ["documents", "texts"], "properties": {k: _GIVEN[k]["properties"][k] for k in _GIVEN}}
 
 
 class RerankRequest(_Body):
-    model_config = ConfigDict(json_schema_extra={"anyOf": [{"required": ["documents"]}, {"required": ["texts"]}]})
+    model_config = ConfigDict(json_schema_extra={"anyOf": [_GIVEN["documents"], _GIVEN["texts"]], "not": _BOTH})
     query: str
     documents: Documents | None = None
     texts: Documents | None = None  # TEI's name: the answer is TEI's list
@@ -59,10 +63,12 @@ class RerankRequest(_Body):
         given = self.documents if self.documents is not None else self.texts
         if given is None:
             raise APIError(400, '"documents" must be a non-empty string array')
+        if self.documents is not None and self.texts is not None:
+            raise APIError(400, '"documents" and "texts" (TEI\'s name) are the same field: send one')
         return [d.text if isinstance(d, DocumentObject) else d for d in given]
 
 
-@router.post("/v1/rerank", response_model=None, responses=documented(RerankList, 400, 413, 501, 503))
+@router.post("/v1/rerank", response_model=None, responses=documented(RerankList | list[TEIRank], 400, 413, 501, 503))
 @router.post("/rerank", include_in_schema=False)
 @router.post("/reranking", include_in_schema=False)
 @router.post("/v1/reranking", include_in_schema=False)

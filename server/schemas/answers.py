@@ -104,6 +104,14 @@ class RerankList(_Out):
     results: list[RerankResult]
 
 
+class TEIRank(_Out):
+    """Hugging Face TEI's rerank answer, one per document (asked with ``texts``)."""
+
+    index: int
+    score: float
+    text: str | None = None  # with return_text
+
+
 class LoraAdapter(_Out):
     id: int
     path: str

@@ -3,11 +3,14 @@
 FastAPI's generated document is post-processed: validation errors are 400 in the error
 shape (not 422), limits that depend on the model or the settings are filled in where
 the request schemas mark them (``x-limit``: a token id below the vocabulary size, a
-slot index, the number of slots), and the API-key schemes are declared when keys are
-configured (the probes, and /metrics when public, need none).
+slot index, the number of slots, the inputs one retrieval request may hold), and the
+API-key schemes are declared when keys are configured (the probes, and /metrics when
+public, need none).
 """
 
 from __future__ import annotations
+
+import copy
 
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
@@ -33,7 +36,8 @@ def int_range_pattern(hi: int) -> str:
 
 
 def build_openapi(app: FastAPI, limits: dict[str, int], api_keys: bool, public: frozenset[str]) -> dict:
-    """``limits``: vocab (token ids < vocab), n_slots, n_embd (the embedding size) and n_lora (adapters loaded)."""
+    """``limits``: vocab (token ids < vocab), n_slots, n_embd (the embedding size), n_lora
+    (adapters loaded) and max_inputs (``--max-inputs``)."""
     spec = get_openapi(title=app.title, version=app.version, routes=app.routes)
     for path, ops in spec["paths"].items():
         for op in ops.values():
@@ -71,6 +75,10 @@ def _fill_limits(node, limits: dict[str, int]) -> None:
         node["maximum"] = limits["n_lora"] - 1
     elif mark == "n_embd":
         node["minimum"] = node["maximum"] = limits["n_embd"]
+    elif mark == "inputs":
+        node["maxItems"] = limits["max_inputs"]
+    elif mark == "inputs_or_ids":  # embeddings: ids (text pieces among them) are one input, else each is one
+        _inputs_or_ids(node, limits["max_inputs"])
     elif mark == "token_keys":
         for option in node.get("anyOf", [node]):
             if option.get("type") == "object":
@@ -78,3 +86,14 @@ def _fill_limits(node, limits: dict[str, int]) -> None:
                 option["propertyNames"] = {"pattern": f"^(?:{ids}|.*[^0-9].*|)$"}  # a token id, or text
     for value in node.values():
         _fill_limits(value, limits)
+
+
+def _inputs_or_ids(node: dict, most: int) -> None:
+    """An embeddings list: token ids with text pieces among them (at least one id) are
+    one input, bounded by the context, not by ``--max-inputs``; any other list is that
+    many inputs, at most ``most``."""
+    listed = {k: v for k, v in node.items() if k != "x-limit"}
+    pieces = [o for o in listed["items"].get("anyOf", []) if o.get("type") in ("integer", "string")]
+    ids = {"type": "array", "minItems": 1, "items": {"anyOf": copy.deepcopy(pieces)}, "contains": {"type": "integer"}}
+    node.clear()
+    node["anyOf"] = [ids, {**listed, "maxItems": most}]

@@ -1,7 +1,8 @@
-"""Tool calls in chat completions, in each template family's own syntax: which family a
-chat template is (``family``), the calls found in the model's text, whole or streamed
-(``parse``, ``ToolCallStream``), and the grammar that forces a call when ``tool_choice``
-requires one (``forced_grammar``). The families and their syntax: ``families.FAMILIES``."""
+"""Tool calls in chat completions, in each template family's own syntax (which family a
+chat template is: server/pipeline/template_family.py): the calls found in the model's
+text, whole or streamed (``parse``, ``ToolCallStream``), and the grammar that forces a
+call when ``tool_choice`` requires one (``forced_grammar``). The families and their
+syntax: ``families.FAMILIES``."""
 
 from __future__ import annotations
 
@@ -10,14 +11,13 @@ import json
 import re
 
 from server.pipeline.tool_calls.call import ToolCall, param_schemas
-from server.pipeline.tool_calls.families import BY_NAME, FAMILIES, family
+from server.pipeline.tool_calls.families import BY_NAME, FAMILIES
 from server.pipeline.tool_calls.stream import ToolCallStream, parse
 
 __all__ = [
     "FAMILIES",
     "ToolCall",
     "ToolCallStream",
-    "family",
     "forced_grammar",
     "marker_text",
     "param_schemas",

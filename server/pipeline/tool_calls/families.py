@@ -1,11 +1,9 @@
-"""Every tool-call family slotserve reads, in the order they are tried: ``family(source)``
-picks the first whose marks the template holds; a template with none is ``hermes``
-(templates that render no tools get Hermes' instructions in a system turn of the
-server's own)."""
+"""Every tool-call family slotserve reads, in the order they are tried:
+server/pipeline/template_family.py picks the first whose marks the template holds; a
+template with none is ``hermes`` (templates that render no tools get Hermes'
+instructions in a system turn of the server's own)."""
 
 from __future__ import annotations
-
-import functools
 
 from server.pipeline.tool_calls import readers as r
 from server.pipeline.tool_calls.grammar import NL, keyed, lit, named, objects
@@ -359,9 +357,3 @@ FAMILIES: tuple[Syntax, ...] = (
     Syntax("hermes", (), (HERMES,), r.json_calls, objects(HERMES[0] + "\n", "\n" + HERMES[1])),
 )
 BY_NAME = {s.name: s for s in FAMILIES}
-
-
-@functools.lru_cache(maxsize=16)  # once per template, not per request
-def family(source: str) -> str:
-    """The tool-call family of a chat template's source (see FAMILIES; else ``hermes``)."""
-    return next(s.name for s in FAMILIES if all(mark in source for mark in s.marks))
