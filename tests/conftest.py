@@ -107,21 +107,33 @@ def kernel_threads():
 
 
 # The longest modules first, so the workers finish together (longest processing time
-# first): seconds each took in one process on 2 cores, 2026-11-27. A module missing here
+# first): seconds each took in one worker of a 2-core run (--durations=0), 2026-12-07. A module missing here
 # keeps its place after them; a stale figure only costs balance.
 LONGEST = {
+    "test_openapi.py": 139,
+    "test_router.py": 116,
+    "test_family_files.py": 91,
+    "test_template_corpus.py": 77,
+    "test_encoders.py": 69,
+    "test_router_defects.py": 56,
+    "test_recurrent.py": 56,
     "test_quantized_models.py": 45,
-    "test_server_lifecycle.py": 40,
-    "test_openapi.py": 24,
-    "test_recurrent.py": 20,
-    "test_gguf.py": 18,
+    "test_gguf.py": 38,
+    "test_server_lifecycle.py": 34,
+    "test_image_family_files.py": 31,
+    "test_parity.py": 30,
+    "test_vision_gguf.py": 20,
+    "test_server_retrieval.py": 20,
     "test_server_clients.py": 17,
-    "test_parity.py": 16,
-    "test_server_isolation.py": 15,
-    "test_server_prompt_cache.py": 15,
-    "test_server_layouts.py": 15,
-    "test_samplers.py": 12,
-    "test_server_batches.py": 10,
+    "test_samplers.py": 16,
+    "test_server_prompt_cache.py": 16,
+    "test_server_vision.py": 15,
+    "test_server_hybrid.py": 15,
+    "test_webui.py": 14,
+    "test_server_isolation.py": 13,
+    "test_speculation.py": 13,
+    "test_pre_tokenizers.py": 12,
+    "test_server_slot_files.py": 11,
 }
 
 
