@@ -129,15 +129,13 @@ def _st_modules(folder: Path) -> list[dict]:
         return []
 
 
-def _loaded(
-    raw: dict, arch: str, tensors, head_dense: bool = True, blocks: frozenset[str] = frozenset()
-) -> EncoderModel:
+def _loaded(raw: dict, tensors, head_dense: bool = True, blocks: frozenset[str] = frozenset()) -> EncoderModel:
     """The encoder ``raw`` describes, built on the meta device, then filled from
-    (file, name, tensor) triples; float32, for inference. A classifier ``arch`` gets its
+    (file, name, tensor) triples; float32, for inference. A classifier (a cross-encoder) gets its
     head (``head_dense``: with the dense layer before the projection). ``blocks``: the
     weights that come in GGUF blocks; their layers compute on them (repacked for the
     integer kernel where the type has a packed layout)."""
-    enc, classifier = find({**raw, "architectures": [arch]})
+    enc, classifier = find(raw)
     head = (n_labels(raw), head_dense) if classifier else None
     with torch.device("meta"):
         model = enc.build(raw, head)
@@ -188,7 +186,7 @@ class EncoderEngine:
         if arch is None:
             served = ", ".join(SERVED)
             raise CheckpointError(f"{folder / 'config.json'}: not an encoder slotserve serves ({served})")
-        model = _loaded(raw, arch, iter_tensors(weight_files(folder)))
+        model = _loaded(raw, iter_tensors(weight_files(folder)))
         tokenizer = folder_tokenizer(folder, _tokenizer_config(folder))
         limit = min(model.max_positions, _max_seq_length(folder) or model.max_positions)
         modules = _st_modules(folder)
@@ -217,7 +215,7 @@ class EncoderEngine:
         file = EncoderFile(path)
         raw = file.config()
         blocks = file.block_names()
-        model = _loaded(raw, raw["architectures"][0], file.iter_tensors(True), "cls.weight" in file.tensors, blocks)
+        model = _loaded(raw, file.iter_tensors(True), "cls.weight" in file.tensors, blocks)
         tokenizer = file.tokenizer()
         dense = weights_dense(file.dense())
         named = checkpoint_pooling(str(path), file.fields)
