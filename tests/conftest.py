@@ -20,10 +20,15 @@ import httpx  # noqa: E402
 import pytest  # noqa: E402
 
 # Every HTTP call of the tests waits up to HTTP_TIMEOUT seconds unless it names its own
-# timeout (httpx's default, 5 s, fails a call on a loaded 2-core CI machine).
+# timeout (httpx's default, 5 s, fails a call on a loaded 2-core CI machine). And every
+# one shares one TLS context: httpx.get builds a client, whose default context loads
+# certifi's bundle (~80-125 ms of CPU on the 2-core machine, even for http:// URLs) —
+# for each call, and the tests poll (wait_ready, wait_for) while the server under test
+# needs the CPU.
 HTTP_TIMEOUT = 120.0
+TLS = httpx.create_ssl_context()
 for _verb in ("request", "get", "post", "put", "patch", "delete", "options", "head", "stream"):
-    setattr(httpx, _verb, functools.partial(getattr(httpx, _verb), timeout=HTTP_TIMEOUT))
+    setattr(httpx, _verb, functools.partial(getattr(httpx, _verb), timeout=HTTP_TIMEOUT, verify=TLS))
 
 
 def once_per_run(tmp_path_factory, name: str, build):

@@ -118,3 +118,34 @@ def test_each_address_of_a_name_is_tried(monkeypatch):
         assert get(f"http://two.test:{server.port}/cat.png") == b"cat"
     finally:
         server.close()
+
+
+def test_the_ca_bundle_is_loaded_once_not_for_each_request(monkeypatch):
+    """httpx loads the CA bundle for each client it builds with its default context
+    (~80 ms of CPU on the event loop each time): image fetches share the process's
+    one context (loaded on the first), and the router's calls to its children over
+    their UNIX sockets load none."""
+    import ssl
+    from types import SimpleNamespace
+
+    from server.pipeline import outbound
+    from server.router.upstream import child_get
+
+    loads = []
+    real = ssl.SSLContext.load_verify_locations
+
+    def counted(self, *args, **kwargs):
+        loads.append(args or kwargs)
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(ssl.SSLContext, "load_verify_locations", counted)
+    outbound.tls.cache_clear()
+    server = OneAnswer(lambda conn: conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\n\r\ncat"))
+    try:
+        assert [get(f"http://127.0.0.1:{server.port}/cat.png") for _ in range(3)] == [b"cat"] * 3
+    finally:
+        server.close()
+    assert len(loads) == 1
+    child = SimpleNamespace(socket="/nonexistent/child.sock", url="http://child", secret="s")
+    assert [asyncio.run(child_get(child, "/ready", timeout=1)) for _ in range(3)] == [None] * 3  # nobody there
+    assert len(loads) == 1

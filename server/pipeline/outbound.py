@@ -8,13 +8,17 @@ which targets it may reach, checked after DNS resolution, and a capped GET.
 - The connection goes to an address that was checked (no second lookup a rebinding DNS
   could answer differently), each of the name's addresses tried in turn until one
   accepts; ``Host`` is the target's own.
+- One TLS context for every outbound client of the process (``tls``): httpx's default
+  loads the CA bundle for each client it builds, ~80 ms of CPU on the event loop.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import ipaddress
 import socket
+import ssl
 import zlib
 from urllib.parse import urljoin, urlsplit
 
@@ -24,6 +28,13 @@ from server.errors import APIError
 
 MAX_REDIRECTS = 5
 REDIRECTS = frozenset({301, 302, 303, 307, 308})
+
+
+@functools.cache
+def tls() -> ssl.SSLContext:
+    """The process's context for outbound HTTPS (the CA bundle httpx would load, with
+    ``SSL_CERT_FILE`` / ``SSL_CERT_DIR`` as httpx reads them), built on first use."""
+    return httpx.create_ssl_context()
 
 
 def target(url: str) -> str:
@@ -125,7 +136,7 @@ async def fetch(url: str, allow_private: bool, who: str, flag: str, max_bytes: i
 
 
 async def _fetch(url: str, allow_private: bool, who: str, flag: str, max_bytes: int, timeout: float) -> bytes:
-    async with httpx.AsyncClient(timeout=httpx.Timeout(timeout), follow_redirects=False) as client:
+    async with httpx.AsyncClient(timeout=httpx.Timeout(timeout), follow_redirects=False, verify=tls()) as client:
         for _ in range(MAX_REDIRECTS + 1):
             try:
                 answer = await send_pinned(

@@ -33,7 +33,7 @@ from fastapi.responses import StreamingResponse
 from starlette.background import BackgroundTask
 
 from server.errors import APIError
-from server.pipeline.outbound import MAX_REDIRECTS, REDIRECTS, send_pinned
+from server.pipeline.outbound import MAX_REDIRECTS, REDIRECTS, send_pinned, tls
 
 log = logging.getLogger("slotserve")
 PREFIX = "x-llama-server-proxy-header-"
@@ -96,7 +96,7 @@ async def _capped(upstream: httpx.Response, close) -> AsyncIterator[bytes]:
 async def _forward(http: HTTPRequest, method: str, url: str) -> StreamingResponse:
     if not http.app.state.slotserve.settings.ui_mcp_proxy:
         raise APIError(403, "the CORS proxy is off: start the server with --ui-mcp-proxy", "permission_error")
-    client = httpx.AsyncClient(timeout=TIMEOUT, follow_redirects=False)
+    client = httpx.AsyncClient(timeout=TIMEOUT, follow_redirects=False, verify=tls())
     try:
         upstream = await _open(client, http, method, url)
     except BaseException:
