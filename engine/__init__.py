@@ -5,97 +5,63 @@ plan, forward, sample), ``sampling/`` (sampler, parameters, grammars), ``text/``
 (tokenizer, detokenizer, chat templates), ``loading/`` (HF folders and GGUF files),
 ``models/`` (one file per architecture), ``kernels/`` (compute kernels). At the top:
 ``service`` (the facade the server drives), ``config``, ``errors`` and ``slot_files``.
+
+The door opens lazily: a name is imported from its room when first asked for, so a
+process that needs only a light part (the router, ``slotserve --help``: settings,
+errors, the demo model's path) never imports torch.
 """
 
-from engine.config import DEMO_MODEL, EngineConfig
-from engine.core.encoder import is_encoder
-from engine.core.engine import Engine, Generation
-from engine.core.sequence import FinishReason, Sequence, StepEvent, TokenLogprob
-from engine.encoder_service import EncoderService, Ranked, probability
-from engine.errors import (
-    BadSlotFile,
-    CheckpointError,
-    EngineError,
-    EngineStopped,
-    NoRoom,
-    QueueFull,
-    RequestError,
-    SlotBusy,
-    SlotError,
-    SlotFileMissing,
-    SlotFilesOff,
-    SlotWriteFailed,
-    StepFailed,
-    UnsupportedArchitecture,
-    check_token_ids,
-)
-from engine.sampling.grammar import ANY_JSON_OBJECT, JSON_OPTIONS, Constraint
-from engine.sampling.params import GREEDY, LLAMA_ORDER, OPENAI_ORDER, SAMPLERS, SamplingParams
-from engine.sampling.reasoning_budget import BudgetSpec
-from engine.scheduling.request import Admitted, Delta, Failed, Progress, Request, RequestEnd, RequestEvent
-from engine.service import EngineService, SlotInfo
-from engine.slot_files import MAX_NAME_CHARS, NAME_PATTERN, SlotFiles
-from engine.text.chat_template import ChatTemplate, ChatTemplateError
-from engine.text.fim import FimTokens, infill_prompt
-from engine.text.images import MAX_IMAGES, BadImage, ImageBudget, ImagesBusy
-from engine.text.tokenizer import TokenizeError
+from __future__ import annotations
 
-__all__ = [
-    "EncoderService",
-    "Ranked",
-    "is_encoder",
-    "probability",
-    "BadImage",
-    "ImageBudget",
-    "ImagesBusy",
-    "MAX_IMAGES",
-    "ANY_JSON_OBJECT",
-    "DEMO_MODEL",
-    "GREEDY",
-    "LLAMA_ORDER",
-    "OPENAI_ORDER",
-    "SAMPLERS",
-    "JSON_OPTIONS",
-    "MAX_NAME_CHARS",
-    "NAME_PATTERN",
-    "Admitted",
-    "BadSlotFile",
-    "BudgetSpec",
-    "ChatTemplate",
-    "ChatTemplateError",
-    "CheckpointError",
-    "Constraint",
-    "Delta",
-    "Engine",
-    "EngineConfig",
-    "EngineError",
-    "EngineService",
-    "EngineStopped",
-    "Failed",
-    "FimTokens",
-    "FinishReason",
-    "Generation",
-    "NoRoom",
-    "Progress",
-    "QueueFull",
-    "Request",
-    "RequestEnd",
-    "RequestError",
-    "RequestEvent",
-    "SamplingParams",
-    "Sequence",
-    "SlotBusy",
-    "SlotError",
-    "SlotFileMissing",
-    "SlotFiles",
-    "SlotFilesOff",
-    "SlotInfo",
-    "SlotWriteFailed",
-    "StepEvent",
-    "StepFailed",
-    "TokenLogprob",
-    "TokenizeError",
-    "UnsupportedArchitecture",
-    "check_token_ids",
-    "infill_prompt",
-]
+import importlib
+
+_ROOMS = {  # room -> the names it gives the door
+    "engine.demo": ("DEMO_MODEL",),
+    "engine.config": ("EngineConfig",),
+    "engine.core.encoder": ("is_encoder",),
+    "engine.core.engine": ("Engine", "Generation"),
+    "engine.core.sequence": ("FinishReason", "Sequence", "StepEvent", "TokenLogprob"),
+    "engine.encoder_service": ("EncoderService", "Ranked", "probability"),
+    "engine.errors": (
+        "BadSlotFile",
+        "CheckpointError",
+        "EngineError",
+        "EngineStopped",
+        "NoRoom",
+        "QueueFull",
+        "RequestError",
+        "SlotBusy",
+        "SlotError",
+        "SlotFileMissing",
+        "SlotFilesOff",
+        "SlotWriteFailed",
+        "StepFailed",
+        "UnsupportedArchitecture",
+        "check_token_ids",
+    ),
+    "engine.sampling.grammar": ("ANY_JSON_OBJECT", "JSON_OPTIONS", "Constraint"),
+    "engine.sampling.params": ("GREEDY", "LLAMA_ORDER", "OPENAI_ORDER", "SAMPLERS", "SamplingParams"),
+    "engine.sampling.reasoning_budget": ("BudgetSpec",),
+    "engine.scheduling.request": ("Admitted", "Delta", "Failed", "Progress", "Request", "RequestEnd", "RequestEvent"),
+    "engine.service": ("EngineService", "SlotInfo"),
+    "engine.slot_files": ("MAX_NAME_CHARS", "NAME_PATTERN", "SlotFiles"),
+    "engine.text.chat_template": ("ChatTemplate", "ChatTemplateError"),
+    "engine.text.fim": ("FimTokens", "infill_prompt"),
+    "engine.text.images": ("MAX_IMAGES", "BadImage", "ImageBudget", "ImagesBusy"),
+    "engine.text.tokenizer": ("TokenizeError",),
+}
+_WHERE = {name: room for room, names in _ROOMS.items() for name in names}
+__all__ = list(_WHERE)
+
+
+def __getattr__(name: str):
+    room = _WHERE.get(name)
+    if room is None:
+        raise AttributeError(f"module 'engine' has no attribute {name!r}")
+    value = getattr(importlib.import_module(room), name)
+    globals()[name] = value  # asked once
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import torch
 
+from engine.demo import DEMO_MODEL
 from memory.kv_codec import CODECS
 
-DEMO_MODEL = Path(__file__).resolve().parent / "demo_model"
 SPEC_TYPES = (None, "ngram-simple", "draft-simple")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 

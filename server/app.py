@@ -10,7 +10,7 @@ from fastapi import FastAPI
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from server import errors
+from server import engine_errors, errors
 from server.config.settings import ServerSettings
 from server.errors import APIError
 from server.middleware.auth import APIKeyMiddleware
@@ -60,6 +60,7 @@ def create_app(settings: ServerSettings) -> FastAPI:
     app = FastAPI(title="slotserve", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     app.state.slotserve = state
     errors.install(app)
+    engine_errors.install(app)
     app.include_router(openai_api.router)
     app.include_router(native_api.router)
     app.include_router(infill_api.router)

@@ -5,10 +5,10 @@ from __future__ import annotations
 import argparse
 import sys
 
-from engine import DEMO_MODEL, Engine, EngineError, SamplingParams
-
 
 def _generate(args: argparse.Namespace) -> int:
+    from engine import DEMO_MODEL, Engine, EngineError, SamplingParams
+
     try:
         engine = Engine.from_pretrained(
             args.model or str(DEMO_MODEL), dtype=args.dtype, n_threads=args.threads, n_seq_max=max(1, len(args.prompt))
@@ -29,7 +29,6 @@ def _serve(args: argparse.Namespace) -> int:
     from pydantic import ValidationError
 
     from server.config.flags import settings_from_args
-    from server.serve import serve
 
     try:
         settings = settings_from_args(args)
@@ -44,6 +43,8 @@ def _serve(args: argparse.Namespace) -> int:
         from server.router.serve import serve_router
 
         return serve_router(settings, getattr(args, "argv", sys.argv[2:]))
+    from server.serve import serve  # the model server: torch and the engine
+
     return serve(settings)
 
 

@@ -1,4 +1,7 @@
-"""Every error leaves the server in the OpenAI shape: {"error": {"message", "type", "code"}}."""
+"""Every error leaves the server in the OpenAI shape: {"error": {"message", "type", "code"}}.
+
+The shapes and the handlers every app installs (the router's too, which imports no
+engine); the engine's own errors are mapped in server/engine_errors.py."""
 
 from __future__ import annotations
 
@@ -9,19 +12,6 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
-
-from engine import (
-    BadSlotFile,
-    EngineStopped,
-    NoRoom,
-    RequestError,
-    SlotBusy,
-    SlotError,
-    SlotFileMissing,
-    SlotFilesOff,
-    SlotWriteFailed,
-    TokenizeError,
-)
 
 log = logging.getLogger("slotserve")
 
@@ -53,27 +43,6 @@ class APIError(Exception):
 
     def response(self) -> JSONResponse:
         return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
-
-
-_SLOT_STATUS = {  # most specific first
-    SlotBusy: 409,
-    SlotFilesOff: 501,
-    SlotFileMissing: 404,
-    BadSlotFile: 400,
-    SlotWriteFailed: 507,
-    NoRoom: 503,
-    SlotError: 400,
-}
-
-
-def slot_error(exc: SlotError) -> APIError:
-    """The HTTP form of an engine slot error (its code and extra fields kept)."""
-    status = next(code for cls, code in _SLOT_STATUS.items() if isinstance(exc, cls))
-    code, type_ = exc.code, "server_error" if status == 507 else None
-    if code == "exceed_context_size_error":  # llama-server's shape: the type names it, the code is 400
-        code, type_ = None, code
-    headers = {"Retry-After": "1"} if status == 503 else None
-    return APIError(status, str(exc), type_, code, headers, **exc.extra)
 
 
 _TAGS = {"body", "str", "int", "float", "bool", "none", "list", "dict"}
@@ -119,43 +88,27 @@ def shaped(path: str, error: APIError) -> JSONResponse:
     return error.response()
 
 
-def _answer(request: Request, error: APIError) -> JSONResponse:
+def answer(request: Request, error: APIError) -> JSONResponse:
     return shaped(request.url.path, error)
 
 
 def install(app: FastAPI) -> None:
     @app.exception_handler(APIError)
     async def _api_error(request: Request, exc: APIError) -> JSONResponse:
-        return _answer(request, exc)
+        return answer(request, exc)
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
-        return _answer(request, APIError(400, _validation_message(exc), code=_validation_code(exc)))
+        return answer(request, APIError(400, _validation_message(exc), code=_validation_code(exc)))
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         message = "not found" if exc.status_code == 404 else str(exc.detail)
-        return _answer(request, APIError(exc.status_code, message, headers=exc.headers))  # 405 keeps its Allow
-
-    @app.exception_handler(TokenizeError)
-    async def _untokenizable(request: Request, exc: TokenizeError) -> JSONResponse:
-        return _answer(request, APIError(400, str(exc)))
-
-    @app.exception_handler(RequestError)
-    async def _refused(request: Request, exc: RequestError) -> JSONResponse:  # what can never run: the engine says why
-        return _answer(request, APIError(400, str(exc), exc.type, **exc.extra))
-
-    @app.exception_handler(SlotError)
-    async def _slot(_: Request, exc: SlotError) -> JSONResponse:
-        return slot_error(exc).response()
-
-    @app.exception_handler(EngineStopped)
-    async def _stopped(_: Request, exc: EngineStopped) -> JSONResponse:
-        return APIError(503, f"the server is shutting down: {exc}", headers={"Retry-After": "1"}).response()
+        return answer(request, APIError(exc.status_code, message, headers=exc.headers))  # 405 keeps its Allow
 
     @app.exception_handler(Exception)
     async def _internal(request: Request, exc: Exception) -> JSONResponse:
         # where it failed, not what it said: a message may quote client text
         frames = "".join(traceback.format_tb(exc.__traceback__))
         log.error("internal error on %s %s: %s\n%s", request.method, request.url.path, type(exc).__name__, frames)
-        return _answer(request, APIError(500, f"internal error: {type(exc).__name__}"))
+        return answer(request, APIError(500, f"internal error: {type(exc).__name__}"))

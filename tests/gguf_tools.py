@@ -26,8 +26,8 @@ import numpy as np
 PACKAGE = "llama-cpp-python==0.3.36"
 CACHE = Path(os.environ.get("SLOTSERVE_CACHE", Path.home() / ".cache" / "slotserve")) / "llama-cpp-converter"
 RUNNER = """
-import json, runpy, sys
-tree, runs = sys.argv[1], json.loads(sys.argv[2])
+import gc, json, os, runpy, sys, traceback
+tree, answers = sys.argv[1], os.fdopen(int(sys.argv[2]), "w")
 sys.path[:0] = [tree, tree + "/gguf-py"]
 import conversion.base as base
 known = base.TextModel.get_vocab_base_pre
@@ -40,24 +40,78 @@ def get_vocab_base_pre(self, tokenizer):
     except NotImplementedError:
         return "gpt-2"
 base.TextModel.get_vocab_base_pre = get_vocab_base_pre
-for script, args, forced in runs:  # one interpreter for several conversions: the imports are paid once
-    sys.argv = [tree + "/" + script, *args]
-    runpy.run_path(sys.argv[0], run_name="__main__")
+for line in sys.stdin:  # a group of conversions a line, until the test process ends
+    error = None
+    for script, args, forced in json.loads(line):
+        sys.argv = [tree + "/" + script, *args]
+        try:
+            runpy.run_path(sys.argv[0], run_name="__main__")
+        except SystemExit as exc:
+            error = None if exc.code in (None, 0) else f"{script} exited with {exc.code}"
+        except BaseException:
+            error = traceback.format_exc()
+        if error:
+            break
+    gc.collect()  # the last conversion's tensors, before the next group
+    answers.write(json.dumps(error) + "\\n")
+    answers.flush()
 """
 
 
+class _Converter:
+    """One interpreter that has imported llama.cpp's converter (torch, transformers,
+    gguf-py: ~4 s of CPU) and runs the conversions it is sent, one group at a time, for
+    as long as the test process lives (it ends at its stdin's end)."""
+
+    def __init__(self, tree: Path):
+        import tempfile
+
+        self.log = tempfile.TemporaryFile()  # its stderr: the converter's log, read back on a failure
+        read, write = os.pipe()
+        cmd = [sys.executable, "-c", RUNNER, str(tree), str(write)]
+        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=self.log,
+                                     pass_fds=(write,), text=True)  # fmt: skip
+        os.close(write)
+        self.answers = os.fdopen(read)
+        self.start = 0
+
+    def send(self, runs: list) -> None:
+        self.start = self.log.seek(0, os.SEEK_END)
+        self.proc.stdin.write(json.dumps(runs) + "\n")
+        self.proc.stdin.flush()
+
+    def wait(self) -> str | None:
+        """None when the group converted, else what went wrong (with its log)."""
+        line = self.answers.readline()
+        self.log.seek(self.start)
+        log = self.log.read().decode(errors="replace")[-2000:]
+        if not line:
+            return f"the converter exited with {self.proc.wait()}: {log}"
+        error = json.loads(line)
+        return None if error is None else f"{error[-2000:]}\n{log}"
+
+
+_CONVERTERS: list[_Converter] = []
+
+
 def _run_converters(groups: list[list[tuple[str, list[str], str | None]]]) -> None:
-    """Each group of (script, args, pre-tokenizer name or None) runs in one interpreter,
-    the groups side by side."""
+    """Each group of (script, args, pre-tokenizer name or None) runs in one of this
+    process's converter interpreters (started on first use, kept for the next call:
+    the suite converts ~25 times), the groups side by side."""
     tree = converter_tree()
-    running = []
-    for runs in groups:
-        cmd = [sys.executable, "-c", RUNNER, str(tree), json.dumps(runs)]
-        running.append((runs, subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)))
-    for runs, proc in running:
-        _, err = proc.communicate(timeout=600)
-        if proc.returncode != 0:
-            raise RuntimeError(f"{', '.join(sorted({run[0] for run in runs}))} failed: {err[-2000:]}")
+    while len(_CONVERTERS) < len(groups):
+        _CONVERTERS.append(_Converter(tree))
+    used = list(zip(groups, _CONVERTERS, strict=False))
+    for runs, converter in used:
+        converter.send(runs)
+    failures = []
+    for runs, converter in used:
+        if (error := converter.wait()) is not None:
+            failures.append(f"{', '.join(sorted({run[0] for run in runs}))} failed: {error}")
+            if converter.proc.poll() is not None:
+                _CONVERTERS.remove(converter)
+    if failures:
+        raise RuntimeError("\n".join(failures))
 
 
 MTMD_PHOTO = "tools/mtmd/test-1.jpeg"  # the photo llama.cpp's multimodal tests use

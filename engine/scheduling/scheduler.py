@@ -92,6 +92,7 @@ class Scheduler:
             prompt_cache.disk.on_ready = self._wake  # a state read off this thread: a waiting request may start
         self.board = TaskBoard(engine, self.table, self._emit, on_end, prompt_cache, cache_idle_slots)  # engine thread
         self._stop = False
+        self._dying = False  # the thread is ending on an error (set before its requests are failed)
         self._busy_since: float | None = None
         self.n_faults = 0
         self.n_faults_in_row = 0
@@ -185,7 +186,7 @@ class Scheduler:
     def health(self) -> Health:
         busy = self._busy_since
         stalled = busy is not None and time.monotonic() - busy > self.stall_timeout
-        alive = self._thread.is_alive()
+        alive = self._thread.is_alive() and not self._dying
         clock = dataclasses.replace(self.clock)
         n_running = len(self.board.active)
         return Health(alive, stalled, self._n_waiting, n_running, self.n_faults, self.n_faults_in_row, clock)
@@ -230,6 +231,9 @@ class Scheduler:
         try:
             while self._turn():
                 pass
+        except BaseException:
+            self._dying = True  # /health says so before any request hears of it
+            raise
         finally:  # asked to stop, or dying: nobody may wait for this thread any more
             self._shut_down()
 

@@ -14,9 +14,9 @@ import signal
 
 import uvicorn
 
+from server.listen import bind
 from server.router.app import create_router_app
 from server.router.handoff import child_args
-from server.serve import bind
 
 
 class RouterServer(uvicorn.Server):
