@@ -125,3 +125,25 @@ def test_gemma3_transformers4_spelling_loads_the_same(tmp_path):
     got = Engine.from_pretrained(str(v4))
     assert got.model_config.layer_types == ("sliding_attention",) * 5 + ("full_attention",)
     assert got.generate([prompt], GREEDY)[0].token_ids == want
+
+
+def test_materialize_gives_meta_weights_storage_and_keeps_what_modules_share():
+    """Every parameter and buffer of a meta-built model gets storage of its shape,
+    strides and dtype on the device (as ``to_empty``); one shared by two modules stays
+    one tensor (``to_empty`` made two)."""
+    import torch
+
+    from engine.loading.materialize import materialize
+
+    with torch.device("meta"):
+        model = torch.nn.Sequential(torch.nn.Embedding(10, 4), torch.nn.Linear(4, 10), torch.nn.BatchNorm1d(10))
+        model[1].weight = model[0].weight  # tied, as an LM head on its embeddings
+        model[2].weight.requires_grad_(False)
+        model[0].weight.data = torch.empty(4, 10, dtype=torch.float16).t()  # [10, 4], transposed strides
+    materialize(model, "cpu")
+    tensors = [*model.parameters(), *model.buffers()]
+    assert all(t.device.type == "cpu" for t in tensors)
+    assert model[1].weight is model[0].weight and model[0].weight.stride() == (1, 10)
+    assert model[0].weight.dtype == torch.float16 and model[2].num_batches_tracked.dtype == torch.long
+    assert not model[2].weight.requires_grad and model[1].bias.requires_grad
+    assert model[2].running_mean.shape == (10,) and isinstance(model[1].bias, torch.nn.Parameter)

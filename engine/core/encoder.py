@@ -31,6 +31,7 @@ from engine.kernels.block_model import pack_block_linears
 from engine.loading.checkpoint import iter_tensors, weight_files
 from engine.loading.dense_modules import folder_dense, out_features, weights_dense
 from engine.loading.gguf.encoder_file import EncoderFile
+from engine.loading.materialize import materialize
 from engine.loading.pooling_hint import checkpoint_pooling, matryoshka_sizes
 from engine.models.bert import n_labels
 from engine.models.encoder_base import EncoderModel
@@ -140,7 +141,7 @@ def _loaded(raw: dict, tensors, head_dense: bool = True, blocks: frozenset[str] 
     with torch.device("meta"):
         model = enc.build(raw, head)
     model.to_blocks(blocks)
-    model = model.to_empty(device="cpu").float()
+    model = materialize(model, "cpu").float()
     with torch.no_grad():
         model.load_weights(tensors)
     if blocks:

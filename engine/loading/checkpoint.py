@@ -14,6 +14,7 @@ from engine.errors import CheckpointError
 from engine.kernels.blocks import BlockWeight
 from engine.loading.block_plan import BlockPlan, finish_blocks, plan_blocks, route_blocks
 from engine.loading.gguf.checkpoint import GGUFCheckpoint
+from engine.loading.materialize import materialize
 from engine.models.base import DecoderLM
 from engine.models.config import ModelConfig
 from engine.models.registry import model_class
@@ -97,7 +98,7 @@ def load_model(
     names = [n for n in names if n not in set(vision)]
     shapes = {n: p.shape for n, p in model.named_parameters() if n in set(vision)}
     plan = plan_blocks(model, gguf, names) if gguf is not None and device.type == "cpu" else BlockPlan()
-    model = model.to_empty(device=device).to(dtype)
+    model = materialize(model, device).to(dtype)
     model.tie_weights()
     model.init_buffers(device)  # computed, not loaded: the meta-device build left them empty
     with torch.no_grad():

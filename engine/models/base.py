@@ -95,7 +95,7 @@ class DecoderLM(nn.Module):
 
     def tie_weights(self) -> None:
         """Point the LM head at the input embeddings when the config ties them (after
-        ``to_empty``, which unties parameters; a head kept in blocks shares them already)."""
+        ``materialize``; a head kept in blocks shares them already)."""
         if self.cfg.tie_word_embeddings and isinstance(self.lm_head, nn.Linear):
             self.lm_head.weight = self.model.embed_tokens.weight
 
