@@ -44,6 +44,7 @@ import os
 import schemathesis
 
 ENCODER_BYTES = int(os.environ.get("SLOTSERVE_ST_ENCODER_BYTES", "0"))  # the retrieval run: see above
+PROMPT_BYTES = int(os.environ.get("SLOTSERVE_ST_PROMPT_BYTES", "700"))  # 700 for a slot of 1024 tokens: see _too_long
 
 CONSTRAINTS = (
     "grammar",
@@ -123,13 +124,13 @@ NOT_EVALUATED = (  # routes whose text is not a prompt run in a slot
 
 
 def _too_long(path: str, body: dict) -> bool:
-    """A body whose text may not fit the slot (1024 tokens, one per byte with the test
-    model's byte tokenizer): every string in it, keys too (tools are rendered as JSON),
-    against a margin for the template's own text. Only the size of the rendered prompt
+    """A body whose text may not fit the slot (PROMPT_BYTES: 700 for 1024 tokens, one
+    per byte with the test model's byte tokenizer): every string in it, keys too (tools
+    are rendered as JSON), against a margin for the template's own text. Only the size of the rendered prompt
     says, and no schema can."""
     if path.startswith(NOT_EVALUATED):
         return False
-    return len(json.dumps(body, ensure_ascii=False).encode("utf-8", "surrogatepass")) > 700
+    return len(json.dumps(body, ensure_ascii=False).encode("utf-8", "surrogatepass")) > PROMPT_BYTES
 
 
 def _size(entry) -> int:

@@ -23,10 +23,13 @@ KEY = "schema-key"
 def test_schemathesis_finds_nothing(tmp_path):
     model = add_fim_tokens(make_checkpoint(tmp_path / "m", "llama", max_position_embeddings=1024))  # /infill served
     slots = tmp_path / "slots"
-    # a slot holds at most 1024 tokens and the pool 2048 + 2 blocks: both slots can be full at
+    # a slot holds at most 512 tokens and the pool 1024 + 2 blocks: both slots can be full at
     # once, so no schema-valid load can exhaust the pool (that 503 is real, but a load
-    # question, not the schema's); -n 4 bounds requests that set no max_tokens
-    args = ("-m", str(model), "-np", "2", "-c", "2048", "-n", "4", "--slot-save-path", str(slots), "--api-key", KEY,
+    # question, not the schema's); -n 4 bounds requests that set no max_tokens. The slot's
+    # size bounds what an open or huge max_tokens decodes: 512 (not 1024) halves the
+    # server's CPU (18k tokens decoded -> 5-7k), and the positive bodies the hooks send
+    # are bounded to match (SLOTSERVE_ST_PROMPT_BYTES)
+    args = ("-m", str(model), "-np", "2", "-c", "1024", "-n", "4", "--slot-save-path", str(slots), "--api-key", KEY,
             "--embeddings", "--props")  # fmt: skip
     with ServerProcess("--metrics", *args, log=tmp_path / "server.log") as srv:
         srv.wait_ready()
@@ -42,7 +45,7 @@ def test_schemathesis_finds_nothing(tmp_path):
         cmd += ["--request-timeout", "120", "--max-response-time", "60"]
         cmd += ["-H", f"Authorization: Bearer {KEY}"]
         hooks = {"SCHEMATHESIS_HOOKS": "schemathesis_hooks", "PYTHONPATH": str(Path(__file__).parent)}
-        env = {**os.environ, **hooks}  # rules counted from the end of a conversation: see the hooks
+        env = {**os.environ, **hooks, "SLOTSERVE_ST_PROMPT_BYTES": "350"}  # what fits a slot: see the hooks
         run = subprocess.run(cmd, capture_output=True, text=True, timeout=400, cwd=tmp_path, env=env)
         (tmp_path / "st.out").write_text(run.stdout)
         assert run.returncode == 0, run.stdout[-6000:]
