@@ -136,3 +136,26 @@ def test_a_model_put_to_sleep_leaves_nothing_behind():
     del service, weights
     gc.collect()
     assert [ref() is None for ref in alive] == [True] * 4
+
+
+def test_props_asked_as_the_model_goes_to_sleep_says_it_sleeps(monkeypatch):
+    """A /props whose memory report is still pending when the model goes to sleep (the
+    engine thread stops under it) answers as asleep, not 503: a probe keeps nothing
+    awake, and it once counted a 5xx in a suite run."""
+    import asyncio
+
+    from server_proc import InProcessServer
+
+    from engine import EngineService
+
+    real = EngineService.memory_report
+    with InProcessServer.from_flags("--sleep-idle-seconds", "1", "-np", "1", "-c", "256") as srv:
+
+        async def report_after_sleep_began(self):
+            while not srv.state.sleeping:  # the model goes to sleep while this call waits its turn
+                await asyncio.sleep(0.01)
+            return await real(self)
+
+        monkeypatch.setattr(EngineService, "memory_report", report_after_sleep_began)
+        r = httpx.get(srv.url + "/props", timeout=60)
+        assert r.status_code == 200 and r.json()["is_sleeping"] is True, r.text

@@ -10,7 +10,7 @@ from fastapi import APIRouter
 from fastapi import Request as HTTPRequest
 from fastapi.responses import Response
 
-from engine import EncoderService, SlotInfo, check_token_ids
+from engine import EncoderService, EngineStopped, SlotInfo, check_token_ids
 from server.errors import APIError
 from server.pipeline.chat_prompt import render_chat
 from server.pipeline.generation import (
@@ -116,21 +116,31 @@ def _default_params(state) -> dict:
     return params
 
 
+def _asleep_props(state) -> dict:
+    """--sleep-idle-seconds: what is known without the model (asking does not wake it)."""
+    return {
+        "is_sleeping": True,
+        "total_slots": state.settings.parallel,
+        "model_path": str(state.settings.model),
+        "model_alias": state.settings.model_name,
+        "build_info": "slotserve",
+    }
+
+
 @router.get("/props", response_model=None, responses=documented(Props | SleepingProps, 503))
 async def props(http: HTTPRequest) -> dict:
     state = http.app.state.slotserve
-    if state.sleeping:  # --sleep-idle-seconds: what is known without the model (asking does not wake it)
-        return {
-            "is_sleeping": True,
-            "total_slots": state.settings.parallel,
-            "model_path": str(state.settings.model),
-            "model_alias": state.settings.model_name,
-            "build_info": "slotserve",
-        }
+    if state.sleeping:
+        return _asleep_props(state)
     if state.encoder is not None and state.status == "ready":
         return _encoder_props(state, state.encoder)
     engine = state.require_ready()
-    memory = await engine.memory_report()
+    try:
+        memory = await engine.memory_report()
+    except EngineStopped:
+        if state.sleeping:  # the model went to sleep while this asked it (a probe keeps nothing awake)
+            return _asleep_props(state)
+        raise
     tok = engine.tokenizer
     template = tok.chat_template
     return {
